@@ -1,0 +1,87 @@
+"""dtwork: a Jupyter-first workbench for synchronous data-parallel PyTorch training.
+
+``%load_ext dtwork`` then ``%dtrain start``; or from Python ``dtwork.start(n=2)``.
+Imports are lazy so that engines importing ``dtwork.runtime`` stay light and the kernel
+never imports torch by importing dtwork.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dtwork.errors import ConfigError, DtworkError, DtworkWarning, RankFailure
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cluster",
+    "ConfigError",
+    "DtworkError",
+    "DtworkWarning",
+    "RankFailure",
+    "load_config",
+    "report",
+    "runs",
+    "start",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+    "__version__",
+]
+
+if TYPE_CHECKING:
+    from dtwork.cluster import Cluster, start
+    from dtwork.config import load_config
+
+_LAZY = {
+    "Cluster": ("dtwork.cluster", "Cluster"),
+    "start": ("dtwork.cluster", "start"),
+    "load_config": ("dtwork.config", "load_config"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'dtwork' has no attribute {name!r}")
+
+
+def runs(store: Any = None) -> list[dict[str, Any]]:
+    """List the runs in the run store (newest first)."""
+    from dtwork.store import RunStore, default_store_path
+
+    path = store or default_store_path()
+    if not __import__("pathlib").Path(path).exists():
+        return []
+    with RunStore(path, readonly=True) as s:
+        return s.list_runs()
+
+
+def report(run_id: int | None = None, path: Any = None, **kwargs: Any) -> Any:
+    """Export a run as a re-runnable notebook (see ``dtwork.report.export``)."""
+    from dtwork.report import export
+
+    return export(run_id, path, **kwargs)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext dtwork``: register the ``%dtrain`` line and cell magics."""
+    from dtwork.magics import DtrainMagics
+
+    ipython.register_magics(DtrainMagics(ipython))
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from dtwork.magics import stop_all
+
+    stop_all()
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": "labextension", "dest": "dtwork"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "dtwork.server"}]

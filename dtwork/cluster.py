@@ -1,0 +1,448 @@
+"""Kernel-side cluster: start/stop/restart, GPU discovery and pinning, rendezvous, run/push/pull.
+
+Stands on ipyparallel: its ``Cluster`` starts a controller and engines (locally, or on other
+hosts through a profile's launcher: SSH, MPI, Slurm), its ``DirectView`` runs code on them.
+This module only decides ranks and joins them in a torch.distributed process group. It never
+imports torch: the kernel must not initialise CUDA (engines own the GPUs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import ipyparallel as ipp
+
+from dtwork import registry, rendezvous, telemetry
+from dtwork.errors import DtworkError
+
+DEFAULT_TIMEOUT = 300.0  # process-group timeout (s): bounded, unlike NCCL's 30 minutes
+ENGINE_TIMEOUT = 60  # seconds to wait for engines to register
+
+
+def _kernel_record() -> dict[str, Any]:
+    rec = registry.proc_record(os.getpid())
+    assert rec is not None
+    return rec
+
+
+class Cluster:
+    """A set of engines, one per rank, joined in a process group.
+
+    Use ``dtwork.start(...)`` (or ``%dtrain start``); usable as a context manager.
+    """
+
+    def __init__(
+        self,
+        n: int | None = None,
+        *,
+        backend: str = "auto",
+        timeout: float = DEFAULT_TIMEOUT,
+        interface: str | None = None,
+        profile: str | None = None,
+        global_batch_size: int | None = None,
+        config: Any = None,
+        store: Any = None,
+        engine_timeout: int = ENGINE_TIMEOUT,
+    ) -> None:
+        from dtwork.config import load_config
+
+        self.config = load_config(config)
+        if global_batch_size is None:
+            global_batch_size = self.config.global_batch_size
+        if n is None:
+            n = self.config.resources.slots_per_trial
+        self.profile = profile
+        gpus = 0 if profile else telemetry.gpu_count()
+        self.n, self.backend = rendezvous.validate_request(
+            n, backend, gpus, timeout=timeout, global_batch_size=global_batch_size
+        )
+        if profile and backend == "auto":
+            self.backend = "auto"  # decided from what the engines report
+        self.requested_backend = backend
+        self.timeout = float(timeout)
+        self.interface = interface
+        self.global_batch_size = global_batch_size
+        self.engine_timeout = engine_timeout
+        self.store_path = store
+        self.state = "new"
+        self.cluster_id = f"dtwork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.ranks: list[rendezvous.RankPlan] = []
+        self.rank_info: list[dict[str, Any]] = []
+        self.master_addr: str | None = None
+        self.master_port: int | None = None
+        self.started_at: float | None = None
+        self.start_seconds: float | None = None
+        self._ipp: ipp.Cluster | None = None
+        self.client: ipp.Client | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._session: Any = None  # the trial session (runs, store, dashboard), made lazily
+        self._listeners: list[Callable[[Cluster], None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Cluster:
+        """Start the engines and join them in a process group; clean up on any failure."""
+        if self.state == "running":
+            return self
+        registry.clean_stale()
+        t0 = time.perf_counter()
+        self._set_state("starting")
+        try:
+            self._start_engines()
+            self._register()
+            self._join_process_group()
+        except BaseException:
+            self._teardown()
+            self._set_state("failed")
+            raise
+        self.start_seconds = time.perf_counter() - t0
+        self.started_at = time.time()
+        self._set_state("running")
+        self._register()
+        return self
+
+    def _start_engines(self) -> None:
+        kwargs: dict[str, Any] = {
+            "n": self.n,
+            "cluster_id": self.cluster_id,
+            "engine_timeout": self.engine_timeout,
+            "delay": 0.05,
+            "log_level": logging.WARNING,
+        }
+        if self.profile:
+            kwargs["profile"] = self.profile
+        else:
+            kwargs["controller_ip"] = rendezvous.LOOPBACK
+        if self.interface and not self.profile:
+            kwargs["controller_ip"] = "*"
+        self._ipp = ipp.Cluster(**kwargs)
+        try:
+            self.client = self._ipp.start_and_connect_sync()
+        except TimeoutError as exc:
+            got = len(self.client.ids) if self.client else 0
+            raise DtworkError(
+                f"only {got} of {self.n} engines registered within {self.engine_timeout} s: "
+                f"check the launcher (profile {self.profile or 'default'}) or ask for fewer ranks"
+            ) from exc
+        if len(self.client.ids) < self.n:
+            raise DtworkError(f"only {len(self.client.ids)} of {self.n} engines started: ask for fewer ranks")
+
+    def _join_process_group(self) -> None:
+        assert self.client is not None
+        ids = sorted(self.client.ids)[: self.n]
+        host = socket.gethostname()
+        probes = dict(zip(ids, self.client[ids].apply_sync(_probe, _kernel_record(), host), strict=True))
+        any_gpus = all(p["gpus"] for p in probes.values())
+        if self.backend == "auto":
+            self.backend = "nccl" if any_gpus else "gloo"
+        if self.backend == "nccl" and not any_gpus:
+            raise DtworkError("--backend nccl needs a GPU on every engine host, and NVML sees none on some")
+        self.ranks = rendezvous.assign_ranks(probes, use_gpus=self.backend == "nccl")
+        self._probes = probes
+        self._register()
+        iface = rendezvous.choose_interface(probes, self.interface)
+        rank0 = self.ranks[0]
+        self.master_addr = rendezvous.master_address(probes[rank0.engine_id], iface)
+        if len({p["hostname"] for p in probes.values()}) > 1 or iface:
+            self._check_routes(iface)
+        self.master_port = self.client[rank0.engine_id].apply_sync(_free_port, self.master_addr)
+        config = self.config.to_dict()
+        specs = {
+            p.engine_id: {
+                "rank": p.rank,
+                "world_size": len(self.ranks),
+                "local_rank": p.local_rank,
+                "backend": self.backend,
+                "master_addr": self.master_addr,
+                "master_port": self.master_port,
+                "timeout": self.timeout,
+                "gpu": p.gpu,
+                "interface": iface,
+                "global_batch_size": self.global_batch_size,
+                "config": config,
+            }
+            for p in self.ranks
+        }
+        ars = {eid: self.client[eid].apply_async(_init_rank, spec) for eid, spec in specs.items()}
+        deadline = time.monotonic() + min(self.timeout, 120.0) + 30.0
+        infos = {}
+        for eid, ar in ars.items():
+            try:
+                infos[eid] = ar.get(timeout=max(1.0, deadline - time.monotonic()))
+            except ipp.error.TimeoutError as exc:
+                raise DtworkError(
+                    f"ranks did not join the process group at {self.master_addr}:{self.master_port} in time: "
+                    f"check the network (--interface) and firewalls"
+                ) from exc
+            except ipp.error.RemoteError as exc:
+                raise DtworkError(f"rank on engine {eid} could not join the process group: {exc.ename}: {exc.evalue}") from exc
+        self.rank_info = [
+            {**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in self.ranks
+        ]
+
+    def _check_routes(self, iface: str | None) -> None:
+        """Check that every rank can reach rank 0's address before the process group forms."""
+        assert self.client is not None
+        port = self.client[self.ranks[0].engine_id].apply_sync(_listen_once, self.master_addr, 15.0)
+        others = [p.engine_id for p in self.ranks[1:]]
+        if not others:
+            return
+        errors = self.client[others].apply_sync(_check_route, self.master_addr, port)
+        bad = [(p, e) for p, e in zip(self.ranks[1:], errors, strict=True) if e]
+        if bad:
+            p, err = bad[0]
+            raise DtworkError(
+                f"rank {p.rank} on {p.hostname} cannot reach rank 0 at {self.master_addr} "
+                f"(interface {iface or 'loopback'}): {err}; name a shared interface with --interface"
+            )
+
+    def _register(self) -> None:
+        """Write (or refresh) this cluster's registry entry and make sure a reaper watches it."""
+        procs = []
+        if self._ipp is not None:
+            ctrl = self._ipp.controller
+            if ctrl is not None and getattr(ctrl, "pid", None):
+                procs.append(registry.proc_record(ctrl.pid))
+            for es in self._ipp.engines.values():
+                for launcher in getattr(es, "launchers", {}).values():
+                    if getattr(launcher, "pid", None):
+                        procs.append(registry.proc_record(launcher.pid))
+        for probe in getattr(self, "_probes", {}).values():
+            procs.append({"pid": probe["pid"], "create_time": probe["create_time"]})
+        files = [self._ipp.cluster_file] if self._ipp is not None and self._ipp.cluster_file else []
+        path = registry.write(
+            self.cluster_id,
+            {
+                "kernel": _kernel_record(),
+                "kernel_host": socket.gethostname(),
+                "state": self.state,
+                "n": self.n,
+                "backend": self.backend,
+                "profile": self.profile,
+                "master": f"{self.master_addr}:{self.master_port}" if self.master_port else None,
+                "ranks": self.rank_info or [p.to_dict() for p in self.ranks],
+                "processes": [p for p in procs if p],
+                "files": files,
+                "started_at": self.started_at,
+                "cwd": os.getcwd(),
+                "store": str(self._store_path()),
+                "notebook": os.environ.get("JPY_SESSION_NAME"),
+            },
+        )
+        if self._reaper is None:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-m", "dtwork._reaper", str(path)],
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
+    def _store_path(self) -> Any:
+        from dtwork.store import default_store_path
+
+        return self.store_path or default_store_path()
+
+    def stop(self) -> None:
+        """Stop every engine and the controller; the cluster leaves the registry."""
+        if self.state in ("stopped", "new"):
+            return
+        if self._session is not None:
+            self._session.close()
+        self._teardown()
+        self._set_state("stopped")
+
+    def _teardown(self) -> None:
+        procs = registry.read(registry.entry_path(self.cluster_id)) or {}
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+        if self._ipp is not None:
+            try:
+                self._ipp.stop_cluster_sync()
+            except Exception:
+                pass
+        registry.kill_processes(procs.get("processes", []), grace=2.0)
+        registry.remove(self.cluster_id)
+        if self._reaper is not None:
+            try:
+                self._reaper.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+            self._reaper = None
+        self.client = None
+        self._ipp = None
+
+    def restart(self) -> Cluster:
+        """Stop and start again with the same ranks and settings (fresh engines and process group)."""
+        self.stop()
+        self.cluster_id = f"dtwork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.ranks, self.rank_info, self._probes = [], [], {}
+        self.start()
+        if self._session is not None:
+            self._session.on_restart()
+        return self
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        for fn in list(self._listeners):
+            fn(self)
+
+    def on_change(self, fn: Callable[[Cluster], None]) -> None:
+        self._listeners.append(fn)
+
+    # -- running code ------------------------------------------------------------------------
+
+    def _require_running(self) -> ipp.Client:
+        if self.state != "running" or self.client is None:
+            raise DtworkError(f"the cluster is {self.state}: start one with %dtrain start (or dtwork.start())")
+        return self.client
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def engine_ids(self, ranks: list[int] | None = None) -> list[int]:
+        """Return engine ids in rank order (all ranks, or those named)."""
+        self._require_running()
+        if ranks is None:
+            return [p.engine_id for p in self.ranks]
+        bad = [r for r in ranks if not 0 <= r < self.world_size]
+        if bad:
+            raise DtworkError(f"no rank {bad[0]}: this cluster has ranks 0-{self.world_size - 1}")
+        return [self.ranks[r].engine_id for r in ranks]
+
+    def view(self, ranks: list[int] | None = None) -> ipp.DirectView:
+        return self._require_running()[self.engine_ids(ranks)]
+
+    def run(
+        self,
+        source_or_fn: str | Callable[..., Any],
+        *args: Any,
+        ranks: list[int] | None = None,
+        rank0: bool = False,
+        bg: bool = False,
+        quiet: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Run a cell's source (or call a function) on every rank (or those named).
+
+        A function's return values come back as a list by rank. Source runs in each engine's
+        persistent namespace, where ``ctx`` is defined; its output is shown grouped by rank,
+        its metrics go to the run store and the live dashboard.
+        """
+        self._require_running()
+        if callable(source_or_fn):
+            return self._call(source_or_fn, args, kwargs, ranks)
+        return self.session.run_cell(source_or_fn, ranks=ranks, rank0=rank0, bg=bg, quiet=quiet)
+
+    def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, ranks: list[int] | None) -> list[Any]:
+        from dtwork.collector import call_on_ranks
+
+        return call_on_ranks(self, fn, args, kwargs, ranks)
+
+    def push(self, namespace: dict[str, Any], ranks: list[int] | None = None) -> None:
+        """Send variables into every rank's namespace."""
+        if not isinstance(namespace, dict):
+            raise DtworkError(f"push takes a dict of names to values, got {type(namespace).__name__}")
+        self.view(ranks).push(namespace, block=True)
+
+    def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
+        """Fetch a variable from every rank: a list by rank."""
+        from dtwork.collector import pull_by_rank
+
+        return pull_by_rank(self, name, ranks)
+
+    def signal(self, signum: int, ranks: list[int] | None = None) -> None:
+        """Send a signal to the ranks' engine processes (through ipyparallel)."""
+        self._require_running().send_signal(signum, targets=self.engine_ids(ranks), block=True)
+
+    @property
+    def session(self) -> Any:
+        """The trial session: runs, store, live dashboard (made on first use)."""
+        if self._session is None:
+            from dtwork.collector import Session
+
+            self._session = Session(self)
+        return self._session
+
+    # -- display -----------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.cluster_id,
+            "state": self.state,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "master": f"{self.master_addr}:{self.master_port}" if self.master_port else None,
+            "start_seconds": self.start_seconds,
+            "ranks": self.rank_info,
+            "global_batch_size": self.global_batch_size,
+        }
+
+    def __repr__(self) -> str:
+        return f"<dtwork.Cluster {self.cluster_id} {self.state} ranks={self.world_size or self.n} backend={self.backend}>"
+
+    def _repr_html_(self) -> str:
+        from dtwork.widgets.cluster_view import cluster_html
+
+        return cluster_html(self)
+
+
+# Functions shipped to the engines: module-level so ipyparallel pickles them by reference.
+def _probe(kernel: dict[str, Any], host: str) -> dict[str, Any]:
+    from dtwork.runtime.bootstrap import probe
+
+    return probe(kernel, host)
+
+
+def _free_port(address: str) -> int:
+    from dtwork.runtime.bootstrap import free_port
+
+    return free_port(address)
+
+
+def _listen_once(address: str, seconds: float) -> int:
+    from dtwork.runtime.bootstrap import listen_once
+
+    return listen_once(address, seconds)
+
+
+def _check_route(address: str, port: int) -> str | None:
+    from dtwork.runtime.bootstrap import check_route
+
+    return check_route(address, port)
+
+
+def _init_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    from dtwork.runtime.bootstrap import init_rank
+
+    info = init_rank(spec)
+    # Make ``ctx`` a name in the engine's user namespace, where cells run.
+    from IPython import get_ipython
+
+    import dtwork.runtime as rt
+
+    get_ipython().user_ns["ctx"] = rt.current()
+    return info
+
+
+def start(n: int | None = None, **kwargs: Any) -> Cluster:
+    """Start a cluster of ``n`` ranks (GPUs present: one per GPU with NCCL; else 2 CPU ranks, gloo)."""
+    return Cluster(n, **kwargs).start()

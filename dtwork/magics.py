@@ -1,0 +1,236 @@
+"""``%dtrain`` and ``%%dtrain``: argument parsing only; everything else is the library's."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from dtwork.errors import DtworkError
+
+_clusters: list[Any] = []
+
+HELP = """Drive a data-parallel training cluster from the notebook.
+
+Line magic ``%dtrain SUBCOMMAND [options]``:
+
+  start [-n N] [--backend auto|nccl|gloo] [--timeout SECONDS] [--interface IFNAME]
+        [--profile NAME] [--global-batch-size G] [--config EXP.yaml] [--store PATH]
+      Start N engines (one per GPU with NCCL; without GPUs N CPU ranks with gloo, N=2)
+      joined in a torch.distributed process group. The port is a free one per cluster;
+      --timeout bounds every collective (default 300 s). --profile uses an ipyparallel
+      profile whose launcher (SSH, MPI, Slurm) starts engines on other hosts.
+  status          the ranks, hosts, devices, backend and state
+  stop            stop every engine and the controller
+  restart         same ranks and settings, fresh engines and process group
+  config EXP.yaml load an experiment config on every rank as ``ctx.config`` (starts a new run)
+  runs            the runs in the run store
+  wait | attach   bring a background (--bg) cell back: live view, wait for its end
+  scaling [--slots 1,2] [--weak|--strong] [--steps K] MODEL_EXPR
+                  throughput and scaling efficiency on synthetic data, by world size
+  throughput --data LOADER_EXPR MODEL_EXPR
+                  real batches against synthetic ones: is data loading the bottleneck?
+  tune MODEL_EXPR sweep DDP bucket sizes, write the best into the config
+  gns             the gradient noise scale and batch-size advice of the current run
+  report [PATH.ipynb] [--run ID] [--html] [--verify]
+                  export a run as a notebook that re-runs to the same numbers
+
+Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
+  Run the cell on every rank (or those named) in a persistent namespace where ``ctx``
+  is defined. Output is grouped by rank (--rank0: rank 0's only). --bg returns at once
+  and trains in the background. When some ranks raise, the first failing rank's
+  traceback is shown once, with one status line per other rank.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises a one-line DtworkError instead of exiting."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise DtworkError(f"%dtrain {self.prog}: {message} (see %dtrain?)")
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:  # type: ignore[override]
+        raise DtworkError(message or f"%dtrain {self.prog}: see %dtrain?")
+
+
+def _parser(name: str) -> _Parser:
+    return _Parser(prog=name, add_help=False, allow_abbrev=False)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise DtworkError(f"expected comma-separated whole numbers such as 0,1 — got {text!r}") from None
+    if not values:
+        raise DtworkError("expected at least one number, such as 0,1")
+    return values
+
+
+def _start_parser() -> _Parser:
+    p = _parser("start")
+    p.add_argument("-n", type=int, default=None)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--interface", default=None)
+    p.add_argument("--profile", default=None)
+    p.add_argument("--global-batch-size", type=int, default=None)
+    p.add_argument("--config", default=None)
+    p.add_argument("--store", default=None)
+    return p
+
+
+def _cell_parser() -> _Parser:
+    p = _parser("cell")
+    p.add_argument("--rank0", action="store_true")
+    p.add_argument("--ranks", type=str, default=None)
+    p.add_argument("--bg", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _split(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise DtworkError(f"%dtrain: cannot parse {line!r}: {exc}") from None
+
+
+def current() -> Any:
+    """The notebook's current cluster, or a one-line error saying how to start one."""
+    live = [c for c in _clusters if c.state == "running"]
+    if not live:
+        raise DtworkError("no cluster is running: start one with %dtrain start")
+    return live[-1]
+
+
+def stop_all() -> None:
+    for c in list(_clusters):
+        c.stop()
+    _clusters.clear()
+
+
+@magics_class
+class DtrainMagics(Magics):
+    @line_cell_magic
+    def dtrain(self, line: str, cell: str | None = None) -> Any:
+        if cell is not None:
+            return self._cell(line, cell)
+        args = _split(line)
+        if not args:
+            raise DtworkError("%dtrain needs a subcommand: start, status, stop, ... (see %dtrain?)")
+        sub, rest = args[0], args[1:]
+        handler = getattr(self, f"_sub_{sub.replace('-', '_')}", None)
+        if handler is None:
+            raise DtworkError(f"unknown %dtrain subcommand {sub!r}: use one of {', '.join(SUBCOMMANDS)}")
+        return handler(rest)
+
+    dtrain.__doc__ = HELP
+
+    # -- subcommands -------------------------------------------------------------------------
+
+    def _sub_start(self, argv: list[str]) -> Any:
+        from dtwork.cluster import DEFAULT_TIMEOUT, Cluster
+        from dtwork.widgets.cluster_view import cluster_widget
+
+        ns = _start_parser().parse_args(argv)
+        if any(c.state == "running" for c in _clusters):
+            raise DtworkError("a cluster is already running in this kernel: %dtrain stop (or restart) first")
+        cluster = Cluster(
+            ns.n,
+            backend=ns.backend,
+            timeout=DEFAULT_TIMEOUT if ns.timeout is None else ns.timeout,
+            interface=ns.interface,
+            profile=ns.profile,
+            global_batch_size=ns.global_batch_size,
+            config=ns.config,
+            store=ns.store,
+        )
+        cluster.start()
+        _clusters.append(cluster)
+        self._display(cluster_widget(cluster))
+        return None
+
+    def _sub_status(self, argv: list[str]) -> Any:
+        _parser("status").parse_args(argv)
+        if not _clusters:
+            raise DtworkError("no cluster was started in this kernel: %dtrain start")
+        self._display(_clusters[-1])
+        return None
+
+    def _sub_stop(self, argv: list[str]) -> Any:
+        _parser("stop").parse_args(argv)
+        live = [c for c in _clusters if c.state == "running"]
+        if not live:
+            print("dtwork: no cluster is running")
+            return None
+        for c in live:
+            c.stop()
+        print(f"dtwork: stopped {', '.join(c.cluster_id for c in live)}")
+        return None
+
+    def _sub_restart(self, argv: list[str]) -> Any:
+        _parser("restart").parse_args(argv)
+        if not _clusters:
+            raise DtworkError("no cluster to restart: %dtrain start")
+        cluster = _clusters[-1]
+        cluster.restart()
+        print(f"dtwork: restarted: {cluster.world_size} rank(s), fresh engines and process group")
+        return None
+
+    def _sub_config(self, argv: list[str]) -> Any:
+        p = _parser("config")
+        p.add_argument("path")
+        ns = p.parse_args(argv)
+        from dtwork.trials import apply_config
+
+        cfg = apply_config(current(), ns.path)
+        print(f"dtwork: config {ns.path} loaded on every rank ({cfg})")
+        return None
+
+    def _sub_runs(self, argv: list[str]) -> Any:
+        p = _parser("runs")
+        p.add_argument("--store", default=None)
+        ns = p.parse_args(argv)
+        from dtwork.store import RunStore, default_store_path, format_runs_table
+
+        path = ns.store or (current().store_path if any(c.state == "running" for c in _clusters) else None)
+        path = path or default_store_path()
+        from pathlib import Path
+
+        if not Path(path).exists():
+            print(format_runs_table([], path))
+            return None
+        with RunStore(path, readonly=True) as s:
+            print(format_runs_table(s.list_runs(), path))
+        return None
+
+    def _sub_wait(self, argv: list[str]) -> Any:
+        _parser("wait").parse_args(argv)
+        result = current().session.wait_background()
+        if result is None:
+            print("dtwork: no background cell")
+        return None
+
+    _sub_attach = _sub_wait
+
+    # -- the cell magic ----------------------------------------------------------------------
+
+    def _cell(self, line: str, cell: str) -> Any:
+        ns = _cell_parser().parse_args(_split(line))
+        ranks = _int_list(ns.ranks) if ns.ranks else None
+        cluster = current()
+        cluster.run(cell, ranks=ranks, rank0=ns.rank0, bg=ns.bg, quiet=ns.quiet)
+        if ns.bg:
+            print("dtwork: training in the background; %dtrain wait (or attach) brings it back")
+        return None
+
+    def _display(self, obj: Any) -> None:
+        from IPython.display import display
+
+        display(obj)
+
+
+SUBCOMMANDS = sorted(n[len("_sub_") :] for n in dir(DtrainMagics) if n.startswith("_sub_"))

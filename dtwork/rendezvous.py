@@ -1,0 +1,135 @@
+"""Rendezvous planning: from what each engine reports, decide ranks, GPUs and the master address.
+
+Pure functions over the engines' probe results (no ipyparallel, no torch), so that the
+multi-host rules are testable without hosts: ranks in a stable order (hosts in order of
+their first engine, engines by id within a host), ``local_rank`` counting engines per host,
+one GPU per rank, and a network interface every host shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dtwork.errors import DtworkError
+
+BACKENDS = ("auto", "nccl", "gloo")
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """Where one rank lives and what it gets."""
+
+    rank: int
+    engine_id: int
+    hostname: str
+    local_rank: int
+    gpu: int | None
+    pid: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def validate_request(n: int | None, backend: str, gpus: int, *, timeout: float, global_batch_size: int | None) -> tuple[int, str]:
+    """Check a local start request before anything starts; return (n, backend).
+
+    ``gpus`` is the number of GPUs NVML sees on this host.
+    """
+    if backend not in BACKENDS:
+        raise DtworkError(f"unknown backend {backend!r}: use one of auto, nccl, gloo")
+    if backend == "nccl" and gpus == 0:
+        raise DtworkError("--backend nccl needs GPUs, and NVML sees none on this machine: use --backend gloo (CPU)")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise DtworkError(f"the number of ranks must be a whole number >= 1, got {n!r}")
+    if timeout is None or not (timeout > 0):
+        raise DtworkError(f"--timeout must be a positive number of seconds, got {timeout!r}")
+    use_gpus = backend == "nccl" or (backend == "auto" and gpus > 0)
+    if n is None:
+        n = gpus if use_gpus else 2
+    if use_gpus and n > gpus:
+        raise DtworkError(
+            f"asked for {n} ranks but this machine has {gpus} GPU{'s' if gpus != 1 else ''} (one rank per GPU): "
+            f"use -n {gpus} or fewer, or --backend gloo for CPU ranks"
+        )
+    if global_batch_size is not None:
+        if not isinstance(global_batch_size, int) or isinstance(global_batch_size, bool) or global_batch_size < 1:
+            raise DtworkError(f"--global-batch-size must be a whole number >= 1, got {global_batch_size!r}")
+        if global_batch_size < n:
+            raise DtworkError(
+                f"global batch size {global_batch_size} is smaller than the {n} slots: "
+                f"each slot needs at least one example; use --global-batch-size {n} or more"
+            )
+    return n, ("nccl" if use_gpus else "gloo")
+
+
+def assign_ranks(probes: dict[int, dict[str, Any]], use_gpus: bool) -> list[RankPlan]:
+    """Order engines into ranks: hosts by their first engine id, engines by id within a host."""
+    host_order: list[str] = []
+    for eid in sorted(probes):
+        host = probes[eid]["hostname"]
+        if host not in host_order:
+            host_order.append(host)
+    plans: list[RankPlan] = []
+    for host in host_order:
+        eids = sorted(e for e in probes if probes[e]["hostname"] == host)
+        gpus = sorted(g["index"] for g in probes[eids[0]].get("gpus", []))
+        if use_gpus and len(eids) > len(gpus):
+            raise DtworkError(
+                f"host {host} runs {len(eids)} engines but has {len(gpus)} GPU(s): "
+                f"start at most {len(gpus)} engine(s) there, or use --backend gloo"
+            )
+        for local_rank, eid in enumerate(eids):
+            gpu = gpus[local_rank] if use_gpus else None
+            plans.append(RankPlan(len(plans), eid, host, local_rank, gpu, probes[eid]["pid"]))
+    if use_gpus and len(host_order) > 1:
+        per_host = [len(probes[next(e for e in probes if probes[e]["hostname"] == h)].get("gpus", [])) for h in host_order]
+        if len(set(per_host)) == 1 and len(plans) % per_host[0]:
+            raise DtworkError(
+                f"{len(plans)} slots span {len(host_order)} hosts with {per_host[0]} GPUs each: "
+                f"use a multiple of {per_host[0]} slots so that every host is used fully"
+            )
+    return plans
+
+
+def _routable(addrs: dict[str, list[str]]) -> dict[str, str]:
+    return {name: ips[0] for name, ips in addrs.items() if ips and not ips[0].startswith("127.")}
+
+
+def choose_interface(probes: dict[int, dict[str, Any]], interface: str | None) -> str | None:
+    """Return the network interface for the process group (None: loopback on one host).
+
+    A named interface must exist with an IPv4 address on every host; otherwise, across hosts,
+    the first interface (by name) that every host has with a routable address is used.
+    """
+    hosts = {p["hostname"]: p for p in probes.values()}
+    if interface:
+        missing = sorted(h for h, p in hosts.items() if interface not in p.get("addresses", {}))
+        if missing:
+            have = sorted(next(iter(hosts.values())).get("addresses", {}))
+            raise DtworkError(
+                f"network interface {interface!r} not found on host(s) {', '.join(missing)}; "
+                f"interfaces there include: {', '.join(have)}"
+            )
+        return interface
+    if len(hosts) == 1:
+        return None
+    common: set[str] | None = None
+    for p in hosts.values():
+        names = set(_routable(p.get("addresses", {})))
+        common = names if common is None else common & names
+    if not common:
+        raise DtworkError(
+            "the hosts share no network interface with a routable address: "
+            "name one with --interface IFNAME (like Determined's dtrain_network_interface)"
+        )
+    preferred = sorted(n for n in common if not n.startswith(("docker", "veth", "virbr", "br-")))
+    return (preferred or sorted(common))[0]
+
+
+def master_address(probe: dict[str, Any], interface: str | None) -> str:
+    """Return rank 0's address on the chosen interface (loopback when None)."""
+    if interface is None:
+        return LOOPBACK
+    return probe["addresses"][interface][0]

@@ -1,0 +1,183 @@
+"""Rank bootstrap: probe an engine, pin its GPU, join the process group.
+
+Called by the kernel through ``DirectView.apply`` on each engine; each function is small and
+returns plain data so that the kernel can decide ranks and the rendezvous address.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import psutil
+
+
+def _addresses() -> dict[str, list[str]]:
+    """Return IPv4 addresses by interface name (loopback included)."""
+    out: dict[str, list[str]] = {}
+    for name, addrs in psutil.net_if_addrs().items():
+        ips = [a.address for a in addrs if a.family == socket.AF_INET]
+        if ips:
+            out[name] = ips
+    return out
+
+
+def _watch_kernel(kernel: dict[str, Any], poll: float = 1.0) -> None:
+    """Exit this engine if the kernel that owns it dies (same host only)."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(poll)
+            try:
+                proc = psutil.Process(kernel["pid"])
+                if abs(proc.create_time() - kernel["create_time"]) > 0.01:
+                    os._exit(3)
+            except psutil.NoSuchProcess:
+                os._exit(3)
+            except psutil.Error:
+                pass
+
+    threading.Thread(target=loop, name="dtwork-kernel-watch", daemon=True).start()
+
+
+def probe(kernel: dict[str, Any] | None, kernel_host: str) -> dict[str, Any]:
+    """Describe this engine: host, addresses, PIDs, visible GPUs (via NVML, not CUDA)."""
+    from dtwork import telemetry
+
+    host = socket.gethostname()
+    if kernel is not None and host == kernel_host:
+        _watch_kernel(kernel)
+    me = psutil.Process()
+    return {
+        "hostname": host,
+        "pid": me.pid,
+        "create_time": me.create_time(),
+        "parent": {"pid": me.ppid(), "create_time": psutil.Process(me.ppid()).create_time()},
+        "addresses": _addresses(),
+        "gpus": [g.to_dict() for g in telemetry.gpu_inventory()],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def free_port(address: str) -> int:
+    """Return a TCP port that is free on ``address`` right now (chosen by the OS)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return int(s.getsockname()[1])
+
+
+def check_route(address: str, port: int, timeout: float = 5.0) -> str | None:
+    """Try to reach ``address:port`` over TCP; return None on success, else the error text."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def listen_once(address: str, seconds: float) -> int:
+    """Accept connections on a fresh port for ``seconds`` (for the route check); return the port."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((address, 0))
+    srv.listen(16)
+    srv.settimeout(seconds)
+
+    def serve() -> None:
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    conn, _ = srv.accept()
+                    conn.close()
+                except OSError:
+                    break
+        finally:
+            srv.close()
+
+    threading.Thread(target=serve, name="dtwork-route-check", daemon=True).start()
+    return int(srv.getsockname()[1])
+
+
+def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """Pin the GPU, join the process group, and create this rank's ``ctx``.
+
+    ``spec`` holds rank, world_size, local_rank, backend, master_addr, master_port,
+    timeout (s), gpu (physical index or None), interface, global_batch_size, config (dict).
+    Return what the rank ended up with (device, GPU name and UUID through NVML).
+    """
+    if spec.get("gpu") is not None:
+        # Before CUDA is initialised in this process: the rank sees exactly one device.
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(spec["gpu"])
+    if spec.get("interface"):
+        os.environ["GLOO_SOCKET_IFNAME"] = spec["interface"]
+        os.environ["NCCL_SOCKET_IFNAME"] = spec["interface"]
+    os.environ.update(
+        MASTER_ADDR=spec["master_addr"],
+        MASTER_PORT=str(spec["master_port"]),
+        RANK=str(spec["rank"]),
+        WORLD_SIZE=str(spec["world_size"]),
+        LOCAL_RANK=str(spec["local_rank"]),
+    )
+    import torch
+    import torch.distributed as dist
+
+    from dtwork import runtime
+    from dtwork.runtime.context import Context
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if spec["backend"] == "nccl":
+        torch.cuda.set_device(0)
+        device = torch.device("cuda", 0)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(
+        backend=spec["backend"],
+        init_method=f"tcp://{spec['master_addr']}:{spec['master_port']}",
+        rank=spec["rank"],
+        world_size=spec["world_size"],
+        timeout=timedelta(seconds=spec["timeout"]),
+        **({"device_id": device} if spec["backend"] == "nccl" else {}),
+    )
+    ctx = Context.from_spec(spec, device)
+    runtime.set_current(ctx)
+    # A first collective proves the group works before the kernel reports "ready".
+    probe_t = torch.ones(1, device=device)
+    dist.all_reduce(probe_t)
+    if int(probe_t.item()) != spec["world_size"]:
+        raise RuntimeError(f"process group check failed: all_reduce gave {probe_t.item()}")
+    gpu = _gpu_facts(spec.get("gpu"))
+    return {"rank": ctx.rank, "device": str(device), "pid": os.getpid(), **gpu}
+
+
+def _gpu_facts(index: int | None) -> dict[str, Any]:
+    if index is None:
+        return {"gpu_name": None, "gpu_uuid": None}
+    from dtwork import telemetry
+
+    for g in telemetry.gpu_inventory():
+        if g.index == index:
+            return {"gpu_name": g.name, "gpu_uuid": g.uuid}
+    return {"gpu_name": None, "gpu_uuid": None}
+
+
+def set_config(config: dict[str, Any] | None, global_batch_size: int | None) -> dict[str, Any]:
+    """Load a config (as a dict) into this rank's ctx; return the per-slot batch it implies."""
+    from dtwork import runtime
+
+    ctx = runtime.current()
+    ctx.configure(config, global_batch_size)
+    return {"per_slot_batch_size": ctx.per_slot_batch_size, "global_batch_size": ctx.global_batch_size}
+
+
+def shutdown() -> None:
+    """Leave the process group cleanly (before the engine stops)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,188 @@
+"""``ctx``: what a ``%%dtrain`` cell sees on every rank.
+
+Identity (rank, world size, device, ...) and batch sizes come from the kernel at start;
+the helpers (``wrap``, ``loader``, ``steps``, ``log`` ...) hand the distributed details to
+the modules beside this one, so that plain PyTorch stays in the researcher's hands.
+"""
+
+from __future__ import annotations
+
+import socket
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dtwork.config import ExperimentConfig, load_config
+from dtwork.errors import DtworkError, DtworkWarning
+from dtwork.runtime import control
+from dtwork.runtime.publish import Publisher
+
+
+class Context:
+    """Per-rank context; one instance per engine, named ``ctx`` in the cell namespace."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        device: torch.device,
+        backend: str,
+        config: ExperimentConfig | None = None,
+        global_batch_size: int | None = None,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.device = device
+        self.backend = backend
+        self.hostname = socket.gethostname()
+        self.config: ExperimentConfig = config or load_config(None)
+        self.global_batch_size: int | None = None
+        self.per_slot_batch_size: int | None = None
+        self.publisher = Publisher(rank)
+        self.models: list[torch.nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.schedulers: list[Any] = []
+        self.loop: Any = None  # the running StepLoop, if any
+        self.gns: float | None = None
+        self.gns_state: Any = None
+        self._scaler: Any = None
+        self._set_batch(global_batch_size)
+        control.install()
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], device: torch.device) -> Context:
+        return cls(
+            rank=spec["rank"],
+            world_size=spec["world_size"],
+            local_rank=spec["local_rank"],
+            device=device,
+            backend=spec["backend"],
+            config=load_config(spec.get("config")),
+            global_batch_size=spec.get("global_batch_size"),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<dtwork ctx rank={self.rank}/{self.world_size} local_rank={self.local_rank} "
+            f"device={self.device} backend={self.backend} host={self.hostname} "
+            f"batch={self.per_slot_batch_size}/{self.global_batch_size}>"
+        )
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def configure(self, config: Any, global_batch_size: int | None = None) -> None:
+        """Load an experiment config (dict, YAML or ExperimentConfig); the batch follows it."""
+        self.config = load_config(config)
+        self._set_batch(global_batch_size or self.config.global_batch_size or self.global_batch_size)
+
+    def _set_batch(self, global_batch_size: int | None) -> None:
+        if global_batch_size is None:
+            self.global_batch_size = self.per_slot_batch_size = None
+            return
+        if global_batch_size < self.world_size:
+            raise DtworkError(
+                f"global batch size {global_batch_size} is smaller than the {self.world_size} slots: "
+                f"use a global batch of at least {self.world_size}"
+            )
+        per_slot = global_batch_size // self.world_size
+        dropped = global_batch_size - per_slot * self.world_size
+        if dropped and self.rank == 0:
+            warnings.warn(
+                f"global batch {global_batch_size} does not divide over {self.world_size} slots: "
+                f"{per_slot} per slot, {dropped} example(s) per step dropped "
+                f"(effective global batch {per_slot * self.world_size})",
+                DtworkWarning,
+                stacklevel=3,
+            )
+        self.per_slot_batch_size = per_slot
+        self.global_batch_size = per_slot * self.world_size
+
+    def batch_size(self, default: int = 32) -> int:
+        """Return the per-slot batch size, or ``default`` when no global batch was set."""
+        return self.per_slot_batch_size or default
+
+    # -- helpers (implemented beside this module) --------------------------------------------
+
+    def wrap(self, model: torch.nn.Module, *, gns: bool | None = None, **ddp_kwargs: Any) -> torch.nn.Module:
+        """Move ``model`` to this rank's device and wrap it in DDP as the config asks."""
+        from dtwork.runtime.ddp import wrap_model
+
+        wrapped = wrap_model(self, model, gns=gns, **ddp_kwargs)
+        self.models.append(wrapped)
+        return wrapped
+
+    def loader(self, dataset: Any, batch_size: int | None = None, **kwargs: Any) -> torch.utils.data.DataLoader:
+        """DataLoader over this rank's shard (DistributedSampler) with the per-slot batch size."""
+        from dtwork.runtime.data import make_loader
+
+        return make_loader(self, dataset, batch_size=batch_size, **kwargs)
+
+    def synthetic(self, *shapes: Any, size: int = 1024, **kwargs: Any) -> torch.utils.data.Dataset:
+        """A synthetic dataset of given shapes (see ``runtime.data.SyntheticDataset``)."""
+        from dtwork.runtime.data import SyntheticDataset
+
+        return SyntheticDataset(*shapes, size=size, **kwargs)
+
+    def optimizer(self, params: Any, **overrides: Any) -> torch.optim.Optimizer:
+        """The configured optimizer with the scaled learning rate."""
+        from dtwork.runtime.optim import make_optimizer
+
+        opt = make_optimizer(self, params, **overrides)
+        self.optimizers.append(opt)
+        return opt
+
+    def scheduler(self, optimizer: torch.optim.Optimizer, **overrides: Any) -> Any:
+        """The configured warmup + decay schedule as a LambdaLR (stepped by ``ctx.step``)."""
+        from dtwork.runtime.optim import make_scheduler
+
+        sched = make_scheduler(self, optimizer, **overrides)
+        self.schedulers.append(sched)
+        return sched
+
+    def steps(self, loader: Iterable[Any], max_steps: int | None = None, **kwargs: Any) -> Iterator[tuple[int, Any]]:
+        """Iterate ``(step, batch)``: accumulation, AMP, checkpoints, metrics and a consistent stop."""
+        from dtwork.runtime.loop import StepLoop
+
+        return iter(StepLoop(self, loader, max_steps=max_steps, **kwargs))
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward pass with loss scaling (fp16) and accumulation averaging."""
+        from dtwork.runtime.loop import backward
+
+        backward(self, loss)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Optimizer step at the last micro-batch of a step; return whether it stepped."""
+        from dtwork.runtime.loop import optimizer_step
+
+        return optimizer_step(self, optimizer)
+
+    def log(self, **scalars: Any) -> None:
+        """Log scalars: averaged over ranks (average_training_metrics) or rank 0's."""
+        from dtwork.runtime.loop import log_scalars
+
+        log_scalars(self, scalars)
+
+    def evaluate(
+        self, model: torch.nn.Module, loader_or_dataset: Any, metric_fn: Callable[..., Any] | None = None, **kw: Any
+    ) -> Any:
+        """Distributed evaluation: each rank its shard, gathered once, no padded duplicates."""
+        from dtwork.runtime.evaluate import evaluate
+
+        return evaluate(self, model, loader_or_dataset, metric_fn, **kw)
+
+    # -- collectives users often want --------------------------------------------------------
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def all_reduce_mean(self, value: float | torch.Tensor) -> float:
+        t = torch.as_tensor(value, dtype=torch.float64, device=self.device).detach().clone()
+        dist.all_reduce(t)
+        return float(t.item()) / self.world_size

@@ -1,0 +1,69 @@
+"""Records leave the ranks through ipyparallel's datapub (works across machines).
+
+``publish_data`` *updates* the engine's data dict of the running cell; the kernel polls it.
+So that no batch is overwritten before the kernel reads it, every flush goes under a new key
+``r<seq>``; the latest progress goes under ``progress`` (last one wins, which is what the
+watchdog and progress bars need).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+FLUSH_SECONDS = 0.2
+
+
+def _publish(data: dict[str, Any]) -> None:
+    try:
+        from ipyparallel.datapub import publish_data
+
+        publish_data(data)
+    except Exception:
+        # Outside an engine (a plain script, a unit test): records stay local.
+        pass
+
+
+class Publisher:
+    """Batch records and publish them at most every ``FLUSH_SECONDS``."""
+
+    def __init__(self, rank: int, interval: float = FLUSH_SECONDS) -> None:
+        self.rank = rank
+        self.interval = interval
+        self._buf: list[dict[str, Any]] = []
+        self._seq = 0
+        self._last = 0.0
+        self._progress: dict[str, Any] | None = None
+        self.history: list[dict[str, Any]] = []  # the records of this rank's current cell
+        self.keep_history = True
+
+    def record(self, kind: str, step: int | None, values: dict[str, float], **extra: Any) -> None:
+        rec = {"kind": kind, "step": step, "rank": self.rank, "time": time.time(), "values": values, **extra}
+        self._buf.append(rec)
+        if self.keep_history:
+            self.history.append(rec)
+        self.maybe_flush()
+
+    def progress(self, **fields: Any) -> None:
+        self._progress = {"rank": self.rank, "time": time.time(), **fields}
+        self.maybe_flush()
+
+    def maybe_flush(self) -> None:
+        if time.monotonic() - self._last >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        self._last = time.monotonic()
+        data: dict[str, Any] = {}
+        if self._buf:
+            data[f"r{self._seq:08d}"] = self._buf
+            self._seq += 1
+            self._buf = []
+        if self._progress is not None:
+            data["progress"] = self._progress
+        if data:
+            _publish(data)
+
+    def new_cell(self) -> None:
+        self.flush()
+        self.history = []

@@ -1,0 +1,643 @@
+"""The run store: one SQLite file holding every run, cell, metric, event and analysis result.
+
+The notebook kernel's collector thread writes records as they arrive; the notebook's main
+thread, the Jupyter server extension (read-only) and the report exporter read them.
+
+* Location: ``$DTWORK_STORE`` if set, else ``./.dtwork/runs.sqlite`` (see
+  :func:`default_store_path`), or an explicit path.
+* Durability: WAL journal, ``synchronous=NORMAL``; every writing method commits before it
+  returns, so a killed process loses nothing already written (only a power loss can drop
+  the last few transactions).
+* Threads: one connection opened with ``check_same_thread=False``; every statement runs
+  under an internal lock, so a collector thread and the main thread can share one store.
+  Other processes open their own ``RunStore`` (the busy timeout is 5 s).
+* Non-finite metric values: SQLite stores NaN as NULL, so a NaN value and a missing
+  value (``None``) are both stored as NULL and read back as ``None``; ``+inf``/``-inf``
+  are stored as REAL infinities and round-trip unchanged. :meth:`RunStore.last_metrics`
+  reports a NULL last value as ``nan``. JSON columns keep NaN/Infinity as Python's
+  ``json`` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from dtwork.errors import DtworkError
+
+__all__ = [
+    "RUN_STATUSES",
+    "SCHEMA_VERSION",
+    "RunStore",
+    "default_store_path",
+    "format_runs_table",
+]
+
+SCHEMA_VERSION = 1
+RUN_STATUSES = ("running", "completed", "failed", "interrupted", "stopped")
+RankSelector = Literal["aggregated", "all"] | int
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    ended_at REAL,
+    world_size INT,
+    backend TEXT,
+    cluster_id TEXT,
+    notebook TEXT,
+    config_yaml TEXT,
+    global_batch_size INT,
+    per_slot_batch_size INT,
+    summary_json TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS cells (
+    run_id INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    source TEXT,
+    started_at REAL,
+    ended_at REAL,
+    status TEXT,
+    error TEXT,
+    ranks_json TEXT,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id INTEGER NOT NULL,
+    cell_seq INTEGER,
+    step INT NOT NULL,
+    rank INT,
+    name TEXT NOT NULL,
+    value REAL,
+    time REAL
+);
+CREATE INDEX IF NOT EXISTS metrics_run_name_step ON metrics (run_id, name, step);
+CREATE INDEX IF NOT EXISTS metrics_run_step ON metrics (run_id, step);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    message TEXT,
+    data_json TEXT
+);
+CREATE INDEX IF NOT EXISTS events_run ON events (run_id, kind);
+CREATE TABLE IF NOT EXISTS environment (
+    run_id INTEGER PRIMARY KEY,
+    data_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS results (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER,
+    kind TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    data_json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS results_run_kind ON results (run_id, kind);
+"""
+
+_RUN_COLUMNS = (
+    "id, name, status, created_at, ended_at, world_size, backend, cluster_id, notebook, "
+    "config_yaml, global_batch_size, per_slot_batch_size, summary_json"
+)
+_METRIC_COLUMNS = ("run_id", "cell_seq", "step", "rank", "name", "value", "time")
+
+
+def default_store_path() -> Path:
+    """``$DTWORK_STORE`` when set (and not empty), else ``./.dtwork/runs.sqlite``; absolute."""
+    env = os.environ.get("DTWORK_STORE", "").strip()
+    path = Path(env).expanduser() if env else Path(".dtwork") / "runs.sqlite"
+    return path.absolute()
+
+
+def _json_default(obj: Any) -> Any:
+    item = getattr(obj, "item", None)  # numpy / torch scalars
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            pass
+    tolist = getattr(obj, "tolist", None)  # numpy arrays, tensors
+    if callable(tolist):
+        return tolist()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, default=_json_default)
+
+
+def _loads(text: str | None, empty: Any = None) -> Any:
+    if text is None:
+        return empty
+    return json.loads(text)
+
+
+def _float_or_none(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _ranges(ids: list[int]) -> str:
+    """``[1, 2, 3, 5, 7, 8]`` -> ``"1-3, 5, 7-8"``."""
+    parts: list[str] = []
+    start = prev = ids[0]
+    for i in [*ids[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(parts)
+
+
+class RunStore:
+    """The SQLite run store; see the module docstring for location, durability and threads."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, readonly: bool = False) -> None:
+        self._path = Path(path).expanduser().absolute() if path is not None else default_store_path()
+        self._readonly = readonly
+        self._lock = threading.Lock()
+        if readonly:
+            if not self._path.is_file():
+                raise DtworkError(
+                    f"no run store at {self._path}: run a %%dtrain cell first, or set DTWORK_STORE"
+                )
+            uri = self._path.as_uri() + "?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, timeout=5.0, check_same_thread=False, isolation_level=None)
+        else:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self._path, timeout=5.0, check_same_thread=False, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        self._conn: sqlite3.Connection | None = conn
+        try:
+            self._setup(conn)
+        except BaseException:
+            conn.close()
+            self._conn = None
+            raise
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("PRAGMA busy_timeout = 5000")
+            if not self._readonly:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise DtworkError(f"{self._path} is not a dtwork run store ({exc})") from exc
+        if version > SCHEMA_VERSION:
+            raise DtworkError(
+                f"run store {self._path} has schema version {version}, newer than this dtwork "
+                f"supports ({SCHEMA_VERSION}): upgrade dtwork, or set DTWORK_STORE to another file"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        if self._readonly:
+            raise DtworkError(
+                f"{self._path} holds no dtwork runs yet (schema version {version}): "
+                "run a %%dtrain cell first, or set DTWORK_STORE"
+            )
+        with self._write() as cur:
+            # Re-check inside the write lock: another process may have created the schema.
+            if cur.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        cur.execute(statement)
+                cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        """The absolute path of the SQLite file."""
+        return self._path
+
+    @property
+    def readonly(self) -> bool:
+        return self._readonly
+
+    def close(self) -> None:
+        """Close the connection; later calls raise DtworkError. Closing twice is harmless."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "readonly" if self._readonly else "writable"
+        return f"RunStore({str(self._path)!r}, {mode})"
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise DtworkError(f"run store {self._path} is closed")
+        return self._conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Cursor]:
+        """One committed transaction under the lock (BEGIN IMMEDIATE ... COMMIT)."""
+        if self._readonly:
+            raise DtworkError(f"run store {self._path} is open read-only")
+        with self._lock:
+            cur = self._connection().cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+            finally:
+                cur.close()
+
+    def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._connection().execute(sql, tuple(params)).fetchall()
+        return [dict(row) for row in rows]
+
+    @staticmethod
+    def _run_id(run_id: Any) -> int:
+        if isinstance(run_id, int) and not isinstance(run_id, bool):
+            return run_id
+        if isinstance(run_id, str) and run_id.strip().isdigit():
+            return int(run_id.strip())
+        raise DtworkError(f"run id must be a whole number, got {run_id!r}")
+
+    def _unknown_run(self, run_id: int) -> DtworkError:
+        ids = [row["id"] for row in self._query("SELECT id FROM runs ORDER BY id")]
+        known = f"known runs: {_ranges(ids)}" if ids else "the store is empty"
+        return DtworkError(f"no run {run_id} in {self._path}; {known}")
+
+    def _update_run(self, run_id: Any, sql: str, params: tuple[Any, ...]) -> None:
+        rid = self._run_id(run_id)
+        with self._write() as cur:
+            cur.execute(sql, (*params, rid))
+            changed = cur.rowcount
+        if changed == 0:
+            raise self._unknown_run(rid)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        *,
+        name: str | None = None,
+        world_size: int,
+        backend: str,
+        cluster_id: str | None = None,
+        notebook: str | None = None,
+        config_yaml: str | None = None,
+        global_batch_size: int | None = None,
+        per_slot_batch_size: int | None = None,
+    ) -> int:
+        """Insert a run with status ``running``; returns its id."""
+        with self._write() as cur:
+            cur.execute(
+                "INSERT INTO runs (name, status, created_at, world_size, backend, cluster_id, notebook, "
+                "config_yaml, global_batch_size, per_slot_batch_size, summary_json) "
+                "VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, '{}')",
+                (
+                    name,
+                    time.time(),
+                    int(world_size),
+                    backend,
+                    cluster_id,
+                    notebook,
+                    config_yaml,
+                    _int_or_none(global_batch_size),
+                    _int_or_none(per_slot_batch_size),
+                ),
+            )
+            return int(cur.lastrowid or 0)
+
+    def set_run_status(self, run_id: int | str, status: str, *, ended: bool = False) -> None:
+        """Set the run's status (one of RUN_STATUSES); ``ended=True`` also stamps ended_at."""
+        if status not in RUN_STATUSES:
+            raise DtworkError(f"run status must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
+        if ended:
+            self._update_run(
+                run_id, "UPDATE runs SET status = ?, ended_at = ? WHERE id = ?", (status, time.time())
+            )
+        else:
+            self._update_run(run_id, "UPDATE runs SET status = ? WHERE id = ?", (status,))
+
+    def update_summary(self, run_id: int | str, **fields: Any) -> None:
+        """Merge ``fields`` into the run's summary (one transaction)."""
+        rid = self._run_id(run_id)
+        with self._write() as cur:
+            row = cur.execute("SELECT summary_json FROM runs WHERE id = ?", (rid,)).fetchone()
+            if row is not None:
+                summary = _loads(row[0], {})
+                summary.update(fields)
+                cur.execute("UPDATE runs SET summary_json = ? WHERE id = ?", (_dumps(summary), rid))
+        if row is None:
+            raise self._unknown_run(rid)
+
+    def add_cell(self, run_id: int | str, source: str, *, ranks: Iterable[int] | None = None) -> int:
+        """Record a cell started now with status ``running``; returns its seq (1, 2, ... per run)."""
+        rid = self._run_id(run_id)
+        ranks_json = None if ranks is None else _dumps([int(r) for r in ranks])
+        seq: int | None = None
+        with self._write() as cur:
+            if cur.execute("SELECT 1 FROM runs WHERE id = ?", (rid,)).fetchone() is not None:
+                seq = int(
+                    cur.execute(
+                        "SELECT COALESCE(MAX(seq), 0) + 1 FROM cells WHERE run_id = ?", (rid,)
+                    ).fetchone()[0]
+                )
+                cur.execute(
+                    "INSERT INTO cells (run_id, seq, source, started_at, status, ranks_json) "
+                    "VALUES (?, ?, ?, ?, 'running', ?)",
+                    (rid, seq, source, time.time(), ranks_json),
+                )
+        if seq is None:
+            raise self._unknown_run(rid)
+        return seq
+
+    def finish_cell(self, run_id: int | str, seq: int, status: str, error: str | None = None) -> None:
+        """Stamp a cell's end time, final status (e.g. completed/failed/interrupted) and error."""
+        rid = self._run_id(run_id)
+        with self._write() as cur:
+            cur.execute(
+                "UPDATE cells SET status = ?, error = ?, ended_at = ? WHERE run_id = ? AND seq = ?",
+                (status, error, time.time(), rid, int(seq)),
+            )
+            changed = cur.rowcount
+        if changed == 0:
+            raise DtworkError(f"run {rid} has no cell {seq} in {self._path}")
+
+    def add_metrics(self, run_id: int | str, records: Iterable[Mapping[str, Any]]) -> int:
+        """Insert metric records (keys step, name, value; optional rank, time, cell_seq).
+
+        ``rank`` None (or absent) means aggregated over ranks. NaN values are stored as NULL.
+        All records go in one transaction; returns how many were written.
+        """
+        rid = self._run_id(run_id)
+        now = time.time()
+        rows: list[tuple[Any, ...]] = []
+        for rec in records:
+            try:
+                step, name, value = rec["step"], rec["name"], rec["value"]
+                rows.append(
+                    (
+                        rid,
+                        _int_or_none(rec.get("cell_seq")),
+                        int(step),
+                        _int_or_none(rec.get("rank")),
+                        str(name),
+                        _float_or_none(value),
+                        now if rec.get("time") is None else float(rec["time"]),
+                    )
+                )
+            except KeyError as exc:
+                raise DtworkError(
+                    f"metric record needs keys step, name and value; got {sorted(rec)}"
+                ) from exc
+            except (TypeError, ValueError) as exc:
+                raise DtworkError(f"metric record {dict(rec)!r} has a non-numeric field: {exc}") from exc
+        if rows:
+            with self._write() as cur:
+                cur.executemany(
+                    "INSERT INTO metrics (run_id, cell_seq, step, rank, name, value, time) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+        return len(rows)
+
+    def add_event(
+        self, run_id: int | str | None, kind: str, message: str, data: Mapping[str, Any] | None = None
+    ) -> int:
+        """Record an event (``run_id`` may be None for store-wide events); returns its id."""
+        rid = None if run_id is None else self._run_id(run_id)
+        data_json = None if data is None else _dumps(dict(data))
+        with self._write() as cur:
+            cur.execute(
+                "INSERT INTO events (run_id, time, kind, message, data_json) VALUES (?, ?, ?, ?, ?)",
+                (rid, time.time(), kind, message, data_json),
+            )
+            return int(cur.lastrowid or 0)
+
+    def set_environment(self, run_id: int | str, data: Mapping[str, Any]) -> None:
+        """Store (replace) the run's environment snapshot."""
+        rid = self._run_id(run_id)
+        with self._write() as cur:
+            cur.execute(
+                "INSERT OR REPLACE INTO environment (run_id, data_json) VALUES (?, ?)",
+                (rid, _dumps(dict(data))),
+            )
+
+    def add_result(self, run_id: int | str | None, kind: str, data: Any) -> int:
+        """Store an analysis result (e.g. scaling sweep, throughput check); returns its id."""
+        rid = None if run_id is None else self._run_id(run_id)
+        with self._write() as cur:
+            cur.execute(
+                "INSERT INTO results (run_id, kind, created_at, data_json) VALUES (?, ?, ?, ?)",
+                (rid, kind, time.time(), _dumps(data)),
+            )
+            return int(cur.lastrowid or 0)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
+        row["summary"] = _loads(row.pop("summary_json"), {})
+        return row
+
+    _RUN_SELECT = (
+        f"SELECT {_RUN_COLUMNS}, "
+        "(SELECT COUNT(*) FROM cells c WHERE c.run_id = runs.id) AS n_cells, "
+        "(SELECT MAX(step) FROM metrics m WHERE m.run_id = runs.id) AS last_step FROM runs"
+    )
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        """All runs, newest first; summary fields are merged in (core fields take precedence)."""
+        runs = []
+        for row in self._query(self._RUN_SELECT + " ORDER BY id DESC"):
+            summary = _loads(row.pop("summary_json"), {})
+            runs.append({**summary, **row})
+        return runs
+
+    def get_run(self, run_id: int | str) -> dict[str, Any]:
+        """One run with its decoded ``summary`` dict, ``n_cells`` and ``last_step``."""
+        rid = self._run_id(run_id)
+        rows = self._query(self._RUN_SELECT + " WHERE id = ?", (rid,))
+        if not rows:
+            raise self._unknown_run(rid)
+        return self._decode_run(rows[0])
+
+    def latest_run_id(self) -> int | None:
+        rows = self._query("SELECT MAX(id) AS id FROM runs")
+        return rows[0]["id"]
+
+    def cells(self, run_id: int | str) -> list[dict[str, Any]]:
+        """The run's cells in seq order; ``ranks`` decoded from JSON."""
+        rows = self._query(
+            "SELECT run_id, seq, source, started_at, ended_at, status, error, ranks_json "
+            "FROM cells WHERE run_id = ? ORDER BY seq",
+            (self._run_id(run_id),),
+        )
+        for row in rows:
+            row["ranks"] = _loads(row.pop("ranks_json"))
+        return rows
+
+    def metrics(
+        self, run_id: int | str, name: str | None = None, *, rank: RankSelector = "aggregated"
+    ) -> list[dict[str, Any]]:
+        """Metric records ordered by step (then rank, aggregated first, then insertion).
+
+        ``rank="aggregated"`` gives the records without a rank, ``"all"`` every record, an
+        int that rank's records. ``value`` is None for NULL (missing or NaN) values.
+        """
+        where = ["run_id = ?"]
+        params: list[Any] = [self._run_id(run_id)]
+        if name is not None:
+            where.append("name = ?")
+            params.append(name)
+        if rank == "aggregated":
+            where.append("rank IS NULL")
+        elif rank == "all":
+            pass
+        elif isinstance(rank, int) and not isinstance(rank, bool):
+            where.append("rank = ?")
+            params.append(rank)
+        else:
+            raise DtworkError(f"rank must be 'aggregated', 'all' or a rank number, got {rank!r}")
+        return self._query(
+            f"SELECT {', '.join(_METRIC_COLUMNS)} FROM metrics WHERE {' AND '.join(where)} "
+            "ORDER BY step, rank IS NOT NULL, rank, rowid",
+            params,
+        )
+
+    def metrics_frame(
+        self, run_id: int | str, name: str | None = None, *, rank: RankSelector = "aggregated"
+    ) -> Any:
+        """:meth:`metrics` as a pandas DataFrame (pandas is optional)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise DtworkError(
+                "pandas is not installed: pip install pandas, or use store.metrics(...) for records"
+            ) from None
+        return pd.DataFrame(self.metrics(run_id, name, rank=rank), columns=list(_METRIC_COLUMNS))
+
+    def metric_names(self, run_id: int | str) -> list[str]:
+        rows = self._query(
+            "SELECT DISTINCT name FROM metrics WHERE run_id = ? ORDER BY name", (self._run_id(run_id),)
+        )
+        return [row["name"] for row in rows]
+
+    def last_metrics(self, run_id: int | str) -> dict[str, float]:
+        """The latest (highest step, last written) aggregated value of each metric; NULL -> nan."""
+        rows = self._query(
+            "SELECT name, value FROM (SELECT name, value, ROW_NUMBER() OVER "
+            "(PARTITION BY name ORDER BY step DESC, rowid DESC) AS rn "
+            "FROM metrics WHERE run_id = ? AND rank IS NULL) WHERE rn = 1 ORDER BY name",
+            (self._run_id(run_id),),
+        )
+        return {row["name"]: (math.nan if row["value"] is None else row["value"]) for row in rows}
+
+    def events(self, run_id: int | str | None, kind: str | None = None) -> list[dict[str, Any]]:
+        """The run's events (``run_id=None``: store-wide events) in order; ``data`` decoded."""
+        where = ["run_id IS ?"]
+        params: list[Any] = [None if run_id is None else self._run_id(run_id)]
+        if kind is not None:
+            where.append("kind = ?")
+            params.append(kind)
+        rows = self._query(
+            "SELECT id, run_id, time, kind, message, data_json FROM events "
+            f"WHERE {' AND '.join(where)} ORDER BY id",
+            params,
+        )
+        for row in rows:
+            row["data"] = _loads(row.pop("data_json"))
+        return rows
+
+    def environment(self, run_id: int | str) -> dict[str, Any]:
+        """The run's environment snapshot, or ``{}`` if none was stored."""
+        rows = self._query("SELECT data_json FROM environment WHERE run_id = ?", (self._run_id(run_id),))
+        return _loads(rows[0]["data_json"], {}) if rows else {}
+
+    def results(self, run_id: int | str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
+        """Analysis results (all runs when ``run_id`` is None) in insertion order; ``data`` decoded."""
+        where: list[str] = []
+        params: list[Any] = []
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(self._run_id(run_id))
+        if kind is not None:
+            where.append("kind = ?")
+            params.append(kind)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = self._query(
+            f"SELECT id, run_id, kind, created_at, data_json FROM results{clause} ORDER BY id", params
+        )
+        for row in rows:
+            row["data"] = _loads(row.pop("data_json"))
+        return rows
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def format_runs_table(runs: list[dict[str, Any]], path: str | os.PathLike[str] | None = None) -> str:
+    """A plain-text table of runs (as from :meth:`RunStore.list_runs`) for ``%dtrain runs``."""
+    if not runs:
+        where = f" in {path}" if path is not None else ""
+        return f"no runs yet{where}: run a %%dtrain cell to start one"
+    header = ("id", "name", "status", "ranks", "backend", "steps", "started")
+    lines = [header]
+    for run in runs:
+        created = run.get("created_at")
+        started = datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M") if created else None
+        lines.append(
+            tuple(
+                _cell(v)
+                for v in (
+                    run.get("id"),
+                    run.get("name"),
+                    run.get("status"),
+                    run.get("world_size"),
+                    run.get("backend"),
+                    run.get("last_step"),
+                    started,
+                )
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    numeric = {0, 3, 5}
+    out = []
+    for line in lines:
+        cells = [
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)

@@ -1,0 +1,1 @@
+"""Notebook widgets: the cluster view and the live training dashboard."""
