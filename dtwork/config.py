@@ -555,7 +555,7 @@ def _describe(cls: type[Any], prefix: str) -> list[str]:
         if "section" in spec.metadata:
             lines += _describe(spec.metadata["section"], path)
             continue
-        default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+        default = spec.default_factory() if callable(spec.default_factory) else spec.default
         lines.append(f"{path}: {spec.metadata['rule'].type_text()} = {default!r}")
     return lines
 

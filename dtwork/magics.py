@@ -184,10 +184,10 @@ class DtrainMagics(Magics):
         p = _parser("config")
         p.add_argument("path")
         ns = p.parse_args(argv)
-        from dtwork.trials import apply_config
-
-        cfg = apply_config(current(), ns.path)
-        print(f"dtwork: config {ns.path} loaded on every rank ({cfg})")
+        cluster = current()
+        cfg = cluster.configure(ns.path)
+        batch = f"global batch {cluster.global_batch_size}" if cluster.global_batch_size else "no global batch"
+        print(f"dtwork: {ns.path} loaded on every rank as ctx.config ({batch}); the next cell starts a new run")
         return None
 
     def _sub_runs(self, argv: list[str]) -> Any:

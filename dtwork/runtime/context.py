@@ -52,12 +52,14 @@ class Context:
         self.gns: float | None = None
         self.gns_state: Any = None
         self._scaler: Any = None
+        self.gpu_index: int | None = None
+        self.auto_resume = False  # set when the cluster restarts a failed trial
         self._set_batch(global_batch_size)
         control.install()
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], device: torch.device) -> Context:
-        return cls(
+        ctx = cls(
             rank=spec["rank"],
             world_size=spec["world_size"],
             local_rank=spec["local_rank"],
@@ -66,6 +68,8 @@ class Context:
             config=load_config(spec.get("config")),
             global_batch_size=spec.get("global_batch_size"),
         )
+        ctx.gpu_index = spec.get("gpu")
+        return ctx
 
     def __repr__(self) -> str:
         return (

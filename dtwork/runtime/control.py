@@ -17,6 +17,9 @@ _flag = threading.Event()
 
 def _handler(signum: int, frame: FrameType | None) -> None:
     _flag.set()
+    if not _in_loop.is_set():
+        # Not inside ctx.steps: nothing can stop consistently, so behave like Ctrl-C.
+        raise KeyboardInterrupt("dtwork: interrupted")
 
 
 def install() -> None:
@@ -35,3 +38,14 @@ def request() -> None:
 
 def clear() -> None:
     _flag.clear()
+
+
+_in_loop = threading.Event()
+
+
+def enter_loop() -> None:
+    _in_loop.set()
+
+
+def exit_loop() -> None:
+    _in_loop.clear()

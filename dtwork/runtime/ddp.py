@@ -1,0 +1,36 @@
+"""``ctx.wrap``: the model on the rank's device, in DDP, with the configured bucket and hook."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dtwork.runtime.hooks import MeasureState, inner_hook, measure_hook
+
+
+def wrap_model(ctx: Any, model: torch.nn.Module, *, gns: bool | None = None, **ddp_kwargs: Any) -> DDP:
+    """Move ``model`` to ``ctx.device`` and wrap it in DDP.
+
+    The bucket size is ``optimizations.tensor_fusion_threshold`` (MB); the communication hook
+    is the configured compression wrapped by the measuring hook (step timing, and with
+    ``gns`` — or ``gns: true`` in the config — the norms for the gradient noise scale).
+    """
+    opt = ctx.config.optimizations
+    model = model.to(ctx.device)
+    ddp_kwargs.setdefault("bucket_cap_mb", opt.tensor_fusion_threshold)
+    if ctx.device.type == "cuda":
+        ddp_kwargs.setdefault("device_ids", [ctx.device.index or 0])
+    wrapped = DDP(model, **ddp_kwargs)
+    comp = opt.gradient_compression
+    hook, hook_state = inner_hook(comp.type, comp.rank, comp.start_iter)
+    use_gns = ctx.config.gns.enabled if gns is None else bool(gns)
+    state = MeasureState(inner=hook, inner_state=hook_state, gns=use_gns)
+    wrapped.register_comm_hook(state, measure_hook)
+    wrapped._dtwork_measure = state  # type: ignore[assignment]
+    return wrapped
+
+
+def measure_state(model: torch.nn.Module) -> MeasureState | None:
+    return getattr(model, "_dtwork_measure", None)

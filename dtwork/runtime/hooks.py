@@ -1,0 +1,102 @@
+"""DDP communication hooks: compression, and a measuring wrapper (timing + GNS norms).
+
+Each hook is a plain function ``(state, bucket) -> Future`` as torch.distributed expects.
+``measure_hook`` wraps any inner hook (the default all-reduce or a compression hook): it
+records the squared norm of this rank's local gradient before the exchange and of the
+reduced gradient after it, and when the exchange finished. It changes no gradient, so
+training with it is identical to training without it (McCandlish et al. 2018 only need
+the two norms; no extra backward pass).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+Hook = Any
+
+
+def allreduce(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket over ranks (DDP's default behaviour)."""
+    return default_hooks.allreduce_hook(state, bucket)
+
+
+def fp16_compress(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Exchange the bucket in float16, then cast back."""
+    return default_hooks.fp16_compress_hook(state, bucket)
+
+
+def bf16_compress(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Exchange the bucket in bfloat16, then cast back."""
+    return default_hooks.bf16_compress_hook(state, bucket)
+
+
+def inner_hook(kind: str, rank: int = 1, start_iter: int = 10) -> tuple[Hook, Any]:
+    """Return ``(hook, state)`` for a gradient_compression setting."""
+    if kind == "none":
+        return allreduce, None
+    if kind == "fp16":
+        return fp16_compress, None
+    if kind == "bf16":
+        return bf16_compress, None
+    if kind == "powersgd":
+        state = powersgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=max(2, start_iter)
+        )
+        return powersgd.powerSGD_hook, state
+    raise ValueError(f"unknown gradient_compression {kind!r}")
+
+
+@dataclass
+class MeasureState:
+    """What ``measure_hook`` collects during one exchange (reset by the steps loop)."""
+
+    inner: Hook
+    inner_state: Any
+    gns: bool = False
+    local_sq: list[torch.Tensor] = field(default_factory=list)
+    reduced_sq: list[torch.Tensor] = field(default_factory=list)
+    last_launch: float = 0.0
+    last_done: float = 0.0
+    buckets: int = 0
+
+    def reset(self) -> None:
+        self.local_sq.clear()
+        self.reduced_sq.clear()
+        self.buckets = 0
+        self.last_launch = self.last_done = 0.0
+
+    def exposed_comm(self) -> float:
+        """Seconds between launching the last bucket and its result (communication not hidden)."""
+        return max(0.0, self.last_done - self.last_launch) if self.buckets else 0.0
+
+    def norms(self) -> tuple[float, float] | None:
+        """(local |g|^2, reduced |g|^2) of the last exchange, or None when not measured."""
+        if not self.gns or not self.local_sq or len(self.reduced_sq) != len(self.local_sq):
+            return None
+        return float(torch.stack(self.local_sq).sum()), float(torch.stack(self.reduced_sq).sum())
+
+
+def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Time the exchange and (with ``gns``) record local and reduced squared norms."""
+    if state.gns:
+        state.local_sq.append(bucket.buffer().detach().float().pow(2).sum())
+    state.buckets += 1
+    state.last_launch = time.perf_counter()
+    fut = state.inner(state.inner_state, bucket)
+
+    def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        out = f.value()
+        out = out[0] if isinstance(out, list) else out
+        if state.gns:
+            state.reduced_sq.append(out.detach().float().pow(2).sum())
+        state.last_done = time.perf_counter()
+        return out
+
+    return fut.then(done)

@@ -1,0 +1,406 @@
+"""``ctx.steps``: the training loop's bookkeeping, so the cell keeps plain PyTorch.
+
+Per micro-batch it moves the batch to the device, toggles DDP's gradient sync for
+``aggregation_frequency`` (only the last micro-batch of a step exchanges gradients, as
+``no_sync`` does), enters autocast for mixed precision, and times data loading. Per step
+it publishes throughput, checkpoints when due, and runs ONE small asynchronous all-reduce
+carrying [stop flag, local |g|^2 for the GNS, logged scalars]: its result is read one step
+later, so it overlaps compute, and every rank takes the same decision at the same step
+(a consistent stop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dtwork.errors import DtworkError
+from dtwork.runtime import checkpoint, control
+from dtwork.runtime.data import batch_len, to_device
+from dtwork.runtime.ddp import measure_state
+
+MAX_LOGGED = 32
+PERF_SECONDS = 0.1
+GPU_SECONDS = 1.0
+
+
+class StepLoop:
+    """Iterate ``(step, batch)`` over micro-batches; ``step`` counts optimizer steps."""
+
+    def __init__(
+        self,
+        ctx: Any,
+        loader: Iterable[Any],
+        *,
+        max_steps: int | None = None,
+        max_epochs: int | None = None,
+        resume: bool = False,
+        checkpoint_every: int | None = None,
+    ) -> None:
+        cfg = ctx.config
+        self.ctx = ctx
+        self.loader = loader
+        self.k = cfg.optimizations.aggregation_frequency
+        self.max_steps = max_steps if max_steps is not None else cfg.max_steps
+        self.max_epochs = max_epochs if max_epochs is not None else cfg.max_epochs
+        if self.max_steps is None and self.max_epochs is None:
+            self.max_epochs = 1
+        self.resume = resume or getattr(ctx, "auto_resume", False)
+        self.every = checkpoint_every if checkpoint_every is not None else cfg.checkpoint.every
+        self.step = 0
+        self.epoch = 0
+        self.micro = 0  # micro-batches seen in this epoch
+        self.is_last_micro = True
+        self.stepped = False
+        self.stopped_early = False
+        self._logs: dict[str, list[torch.Tensor]] = {}
+        self._pending: tuple[Any, torch.Tensor, list[str], dict[str, Any], float | None, int] | None = None
+        self._samples = 0
+        self._gns_micro: list[float] = []
+        self._grad_snapshot: torch.Tensor | None = None
+        self._micro_len = 0
+        self._perf = {"t": 0.0, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
+        self._last_gpu = 0.0
+        self._no_gns_said = False
+
+    # -- the iteration ---------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        ctx = self.ctx
+        if ctx.loop is not None:
+            raise DtworkError("ctx.steps is already running: nested training loops are not supported")
+        self._setup_precision()
+        self._setup_gns()
+        resume_state = self._load_resume() if self.resume else None
+        ctx.loop = self
+        control.clear()
+        control.enter_loop()
+        self._progress("train")
+        try:
+            yield from self._epochs(resume_state)
+        finally:
+            self._drain_pending()
+            control.exit_loop()
+            ctx.loop = None
+            self._progress("done")
+            ctx.publisher.flush()
+
+    def _epochs(self, resume_state: dict[str, Any] | None) -> Iterator[tuple[int, Any]]:
+        skip = 0
+        if resume_state is not None:
+            self.step, self.epoch, skip = resume_state["step"], resume_state["epoch"], resume_state["micro"]
+        if self._done():
+            return
+        while True:
+            sampler = getattr(self.loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(self.epoch)
+            it = iter(self.loader)
+            self.micro = 0
+            for _ in range(skip):
+                next(it)
+                self.micro += 1
+            if resume_state is not None:
+                checkpoint.restore_rng(resume_state["rng"])
+                resume_state = None
+            skip = 0
+            t_wait = time.perf_counter()
+            self._perf["t"] = self._perf["t"] or t_wait
+            for batch in it:
+                data_time = time.perf_counter() - t_wait
+                yield from self._one(batch, data_time)
+                if self._done():
+                    return
+                t_wait = time.perf_counter()
+            self.epoch += 1
+            if self.max_epochs is not None and self.epoch >= self.max_epochs:
+                return
+
+    def _one(self, batch: Any, data_time: float) -> Iterator[tuple[int, Any]]:
+        self.is_last_micro = (self.micro + 1) % self.k == 0
+        for m in self.ctx.models:
+            m.require_backward_grad_sync = self.is_last_micro
+        batch = to_device(batch, self.ctx.device)
+        n = batch_len(batch)
+        self._micro_len = n
+        self._samples += n
+        self._perf["data"] += data_time
+        self.stepped = False
+        with self._autocast():
+            yield self.step, batch
+        self.micro += 1
+        if self.is_last_micro:
+            self._end_step()
+
+    def _done(self) -> bool:
+        return self.stopped_early or (self.max_steps is not None and self.step >= self.max_steps)
+
+    # -- precision ---------------------------------------------------------------------------
+
+    def _setup_precision(self) -> None:
+        mp = self.ctx.config.mixed_precision
+        if mp == "fp16" and self.ctx._scaler is None:
+            self.ctx._scaler = torch.amp.GradScaler(self.ctx.device.type)
+
+    def _autocast(self) -> Any:
+        mp = self.ctx.config.mixed_precision
+        if mp == "none":
+            return contextlib.nullcontext()
+        dtype = torch.float16 if mp == "fp16" else torch.bfloat16
+        return torch.autocast(self.ctx.device.type, dtype=dtype)
+
+    # -- gradient noise scale -------------------------------------------------------------------
+
+    def _gns_models(self) -> list[Any]:
+        return [m for m in self.ctx.models if (s := measure_state(m)) is not None and s.gns]
+
+    def _setup_gns(self) -> None:
+        if not self._gns_models() or self.ctx.gns_state is not None:
+            return
+        from dtwork.analysis.gns import GNSEstimator, no_estimate_reason
+
+        reason = no_estimate_reason(self.ctx.world_size, self.k)
+        if reason is not None:
+            if self.ctx.rank == 0:
+                print(f"dtwork: {reason}")
+            return
+        self.ctx.gns_state = GNSEstimator(self.ctx.config.gns.ema_decay)
+
+    def _grad_vector(self) -> torch.Tensor:
+        grads = [p.grad.detach().float().flatten() for m in self._gns_models() for p in m.parameters() if p.grad is not None]
+        return torch.cat(grads) if grads else torch.zeros(1, device=self.ctx.device)
+
+    def micro_gns(self) -> bool:
+        """World size 1 with accumulation: the micro-batches are the small batches."""
+        return self.ctx.gns_state is not None and self.ctx.world_size == 1
+
+    def before_backward(self) -> None:
+        if self.micro_gns():
+            self._grad_snapshot = self._grad_vector() if self.micro % self.k else None
+
+    def after_backward(self, scale: float) -> None:
+        if not self.micro_gns():
+            return
+        g = self._grad_vector()
+        micro = g if self._grad_snapshot is None else g - self._grad_snapshot
+        factor = self.k if self.ctx.config.optimizations.average_aggregated_gradients else 1.0
+        self._gns_micro.append(float(micro.pow(2).sum()) * factor**2 / scale**2)
+
+    def _local_norms(self, scale: float) -> tuple[float, float] | None:
+        """(local |G_small|^2, |G_big|^2) of this step, unscaled; None when not measured."""
+        if self.ctx.gns_state is None:
+            return None
+        if self.micro_gns():
+            if len(self._gns_micro) < 2:
+                return None
+            big = float(self._grad_vector().pow(2).sum()) / scale**2
+            small = sum(self._gns_micro) / len(self._gns_micro)
+            self._gns_micro.clear()
+            return small, big
+        states = [measure_state(m) for m in self._gns_models()]
+        norms = [s.norms() for s in states if s is not None]
+        if not norms or any(n is None for n in norms):
+            return None
+        return sum(n[0] for n in norms) / scale**2, sum(n[1] for n in norms) / scale**2  # type: ignore[index]
+
+    def _gns_sizes(self) -> tuple[int, int]:
+        from dtwork.analysis.gns import batch_sizes_for
+
+        return batch_sizes_for(self._micro_len, self.ctx.world_size, self.k)
+
+    # -- end of step ---------------------------------------------------------------------------
+
+    def _end_step(self) -> None:
+        ctx = self.ctx
+        scale = float(ctx._scaler.get_scale()) if ctx._scaler is not None else 1.0
+        norms = self._local_norms(scale) if self.stepped or ctx._scaler is None else None
+        self.step += 1
+        comm = 0.0
+        for m in ctx.models:
+            s = measure_state(m)
+            if s is not None:
+                comm += s.exposed_comm()
+                s.reset()
+        self._perf_tick(comm)
+        self._launch_sync(norms)
+        if self.every and (self.step % self.every == 0 or self.stopped_early):
+            self.save_checkpoint()
+        self._progress("train")
+
+    def _perf_tick(self, comm: float) -> None:
+        p = self._perf
+        p["samples"] += self._samples
+        p["steps"] += 1
+        p["comm"] += comm
+        self._samples = 0
+        now = time.perf_counter()
+        elapsed = now - p["t"]
+        if elapsed < PERF_SECONDS and not self._done():
+            return
+        steps = max(1, int(p["steps"]))
+        step_time = elapsed / steps
+        values = {
+            "samples_per_s": p["samples"] / elapsed if elapsed > 0 else 0.0,
+            "step_time": step_time,
+            "data_time": p["data"] / steps,
+            "comm_time": p["comm"] / steps,
+            "compute_time": max(0.0, step_time - (p["data"] + p["comm"]) / steps),
+        }
+        self.ctx.publisher.record("perf", self.step, values)
+        self._perf = {"t": now, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
+        self._gpu_tick()
+
+    def _gpu_tick(self) -> None:
+        idx = getattr(self.ctx, "gpu_index", None)
+        if idx is None or time.monotonic() - self._last_gpu < GPU_SECONDS:
+            return
+        self._last_gpu = time.monotonic()
+        from dtwork import telemetry
+
+        for s in telemetry.sample([idx]):
+            vals = {k: v for k, v in s.to_dict().items() if k != "index" and v is not None}
+            self.ctx.publisher.record("gpu", self.step, vals)
+
+    def add_log(self, scalars: dict[str, Any]) -> None:
+        for name, value in scalars.items():
+            t = torch.as_tensor(value).detach().to(self.ctx.device, torch.float64).reshape(())
+            self._logs.setdefault(name, []).append(t)
+
+    def _launch_sync(self, norms: tuple[float, float] | None) -> None:
+        ctx = self.ctx
+        names = sorted(self._logs)[:MAX_LOGGED]
+        local = {n: torch.stack(self._logs[n]).mean() for n in names}
+        self._logs = {}
+        head = torch.tensor(
+            [1.0 if control.requested() else 0.0, norms[0] if norms else 0.0, 1.0 if norms else 0.0],
+            dtype=torch.float64,
+            device=ctx.device,
+        )
+        vec = torch.cat([head, torch.stack(list(local.values()))]) if local else head
+        work = dist.all_reduce(vec, async_op=True) if ctx.world_size > 1 else None
+        self._drain_pending()
+        big = norms[1] if norms else None
+        self._pending = (work, vec, names, local, big, self.step - 1)
+
+    def _drain_pending(self) -> None:
+        if self._pending is None:
+            return
+        work, vec, names, local, big, step = self._pending
+        self._pending = None
+        if work is not None:
+            work.wait()
+        values = vec.tolist()
+        ws = self.ctx.world_size
+        if values[0] > 0 and not self.stopped_early:
+            # Every rank reads the same reduced flag at the same step: all leave together.
+            self.stopped_early = True
+            self.ctx.publisher.record("event", self.step, {}, event="stopped", message=f"stopped at step {self.step}")
+        if names and self.ctx.rank == 0:
+            avg = self.ctx.config.optimizations.average_training_metrics
+            logged = {n: values[3 + i] / ws if avg else float(local[n]) for i, n in enumerate(names)}
+            self.ctx.publisher.record("log", step, logged)
+        if big is not None and values[2] == ws:
+            self._gns_update(values[1] / ws, big, step)
+
+    def _gns_update(self, small: float, big: float, step: int) -> None:
+        ctx = self.ctx
+        b_small, b_big = self._gns_sizes()
+        ctx.gns_state.update(small, big, b_small, b_big)
+        ctx.gns = ctx.gns_state.b_simple
+        if ctx.rank == 0 and ctx.gns is not None:
+            ctx.publisher.record(
+                "gns",
+                step,
+                {"b_simple": ctx.gns, "g2": ctx.gns_state.g2, "trace_sigma": ctx.gns_state.trace_sigma,
+                 "b_small": float(b_small), "b_big": float(b_big)},
+            )
+
+    # -- checkpoints, progress -------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {"step": self.step, "epoch": self.epoch, "micro": self.micro}
+
+    def save_checkpoint(self) -> None:
+        path = checkpoint.save(self.ctx, self.state())
+        if path is not None:
+            self.ctx.publisher.record("event", self.step, {}, event="checkpoint", message=f"checkpoint {path}")
+
+    def _load_resume(self) -> dict[str, Any] | None:
+        path = checkpoint.latest(self.ctx)
+        if path is None:
+            if self.ctx.rank == 0:
+                print("dtwork: resume=True but no checkpoint yet: starting from step 0")
+            return None
+        state = checkpoint.load(self.ctx, path)
+        if self.ctx.rank == 0:
+            print(f"dtwork: resumed from {path} (step {state['step']})")
+        return state
+
+    def _progress(self, phase: str) -> None:
+        total = self.max_steps
+        self.ctx.publisher.progress(step=self.step, total=total, phase=phase, epoch=self.epoch)
+
+
+# -- ctx.backward / ctx.step / ctx.log --------------------------------------------------------------
+
+
+def backward(ctx: Any, loss: torch.Tensor) -> None:
+    """Scale for accumulation and fp16, then backward (outside autocast)."""
+    loop: StepLoop | None = ctx.loop
+    if loop is not None and loop.k > 1 and ctx.config.optimizations.average_aggregated_gradients:
+        loss = loss / loop.k
+    scale = 1.0
+    if ctx._scaler is not None:
+        scale = float(ctx._scaler.get_scale())
+        loss = ctx._scaler.scale(loss)
+    if loop is not None:
+        loop.before_backward()
+    with torch.autocast(ctx.device.type, enabled=False):
+        loss.backward()
+    if loop is not None:
+        loop.after_backward(scale)
+
+
+def optimizer_step(ctx: Any, optimizer: torch.optim.Optimizer) -> bool:
+    """Step at the last micro-batch of a step (scaler-aware), zero the grads, step schedules."""
+    loop: StepLoop | None = ctx.loop
+    if optimizer not in ctx.optimizers:
+        ctx.optimizers.append(optimizer)
+    if loop is not None and not loop.is_last_micro:
+        return False
+    if ctx._scaler is not None:
+        ctx._scaler.step(optimizer)
+        ctx._scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    for sched in ctx.schedulers:
+        if getattr(sched, "optimizer", None) is optimizer:
+            sched.step()
+    if loop is not None:
+        loop.stepped = True
+    return True
+
+
+def log_scalars(ctx: Any, scalars: dict[str, Any]) -> None:
+    """Inside ``ctx.steps``: averaged with the step's all-reduce. Outside: reduced at once."""
+    step = scalars.pop("step", None)
+    if not scalars:
+        return
+    if ctx.loop is not None:
+        ctx.loop.add_log(scalars)
+        return
+    names = sorted(scalars)
+    vec = torch.stack([torch.as_tensor(scalars[n]).detach().to(ctx.device, torch.float64).reshape(()) for n in names])
+    if ctx.config.optimizations.average_training_metrics and ctx.world_size > 1:
+        dist.all_reduce(vec)
+        vec /= ctx.world_size
+    ctx._log_step = step if step is not None else getattr(ctx, "_log_step", -1) + 1
+    if ctx.rank == 0:
+        ctx.publisher.record("log", ctx._log_step, dict(zip(names, vec.tolist(), strict=True)))
+        ctx.publisher.flush()

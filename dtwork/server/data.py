@@ -1,0 +1,346 @@
+"""What the ``/dtwork/`` routes answer: plain functions from the store, registry and NVML to JSON.
+
+Kept apart from the handlers so that they run in a worker thread (SQLite, psutil and NVML
+block) and can be read without tornado. Nothing here returns a file system path other than
+a notebook path relative to the server root, nor anything from the environment.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dtwork import registry, telemetry
+from dtwork.errors import DtworkError
+from dtwork.store import RunStore
+
+RUN_ID = re.compile(r"[0-9]{1,18}")
+CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}")
+
+SPARKLINE_POINTS = 48  # loss points per run in GET /dtwork/runs
+DETAIL_POINTS = 200  # loss points in GET /dtwork/runs/<id>
+MAX_RUNS = 200
+
+# The metric (or summary) names each panel column reads, first found wins.
+THROUGHPUT_NAMES = ("samples_per_sec", "throughput", "samples_per_s", "examples_per_sec")
+EFFICIENCY_NAMES = ("scaling_efficiency", "efficiency")
+B_SIMPLE_NAMES = ("b_simple", "B_simple", "gns_b_simple", "gns")
+LOSS_NAME = "loss"
+
+CPU_MODE_REASON = "NVML sees no GPU (no NVIDIA driver or device): this machine runs in CPU mode"
+
+
+class NotFound(Exception):
+    """A malformed or unknown id; the message is safe to show (no paths)."""
+
+
+class ReportUnavailable(Exception):
+    """``dtwork.report`` cannot be imported (not installed yet, or a dependency is missing)."""
+
+
+class ReportFailed(Exception):
+    """The export raised; the message has its paths reduced to file names."""
+
+
+# -- JSON hygiene ------------------------------------------------------------------------------
+
+
+def finite(value: Any) -> Any:
+    """Replace NaN and infinities by None, recursively: browsers' JSON.parse rejects them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def display_path(path: Any, root_dir: str) -> str | None:
+    """A notebook path relative to the server root, or its bare file name when outside it."""
+    if not path or not isinstance(path, str):
+        return None
+    try:
+        rel = Path(path).resolve().relative_to(Path(root_dir).resolve())
+        return rel.as_posix()
+    except (ValueError, OSError):
+        return Path(path).name or None
+
+
+# -- the run store -----------------------------------------------------------------------------
+
+
+def store_path(root_dir: str) -> Path:
+    """``$DTWORK_STORE`` when set, else ``<root_dir>/.dtwork/runs.sqlite``."""
+    env = os.environ.get("DTWORK_STORE", "").strip()
+    path = Path(env).expanduser() if env else Path(root_dir) / ".dtwork" / "runs.sqlite"
+    return path if path.is_absolute() else Path(root_dir) / path
+
+
+@contextmanager
+def open_store(root_dir: str) -> Iterator[RunStore | None]:
+    """The store opened read-only, or None when there is none yet (or it holds no runs)."""
+    path = store_path(root_dir)
+    if not path.is_file():
+        yield None
+        return
+    try:
+        store = RunStore(path, readonly=True)
+    except DtworkError:
+        yield None
+        return
+    with store:
+        yield store
+
+
+def parse_run_id(text: str) -> int:
+    if not RUN_ID.fullmatch(text):
+        raise NotFound(f"malformed run id {text[:40]!r}: run ids are whole numbers")
+    return int(text)
+
+
+def _require_run(store: RunStore | None, run_id: int) -> dict[str, Any]:
+    if store is None:
+        raise NotFound(f"no run {run_id}: the run store is empty (run a %%dtrain cell first)")
+    try:
+        return store.get_run(run_id)
+    except DtworkError:
+        raise NotFound(f"no run {run_id} in the run store") from None
+
+
+def downsample(points: list[list[float]], n: int) -> list[list[float]]:
+    """At most ``n`` points, evenly spaced by index, first and last kept."""
+    if len(points) <= n:
+        return points
+    if n <= 1:
+        return points[-1:]
+    last = len(points) - 1
+    return [points[round(i * last / (n - 1))] for i in range(n)]
+
+
+def loss_points(store: RunStore, run_id: int, n: int) -> list[list[float]]:
+    """``[[step, loss], ...]`` of the aggregated loss (rank 0's when none is aggregated)."""
+    rows = store.metrics(run_id, LOSS_NAME) or store.metrics(run_id, LOSS_NAME, rank=0)
+    pts = [[float(r["step"]), float(r["value"])] for r in rows if _number(r["value"]) is not None]
+    return downsample(pts, n)
+
+
+def _pick(names: tuple[str, ...], *sources: dict[str, Any]) -> float | None:
+    for source in sources:
+        for name in names:
+            value = _number(source.get(name))
+            if value is not None:
+                return value
+    return None
+
+
+def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: int) -> dict[str, Any]:
+    """One run as the panel lists it (matches RunSummary in extension/src/types.ts)."""
+    summary = row.get("summary") or {}
+    last = store.last_metrics(row["id"])
+    return {
+        "id": row["id"],
+        "name": row.get("name"),
+        "status": row.get("status"),
+        "created_at": row.get("created_at"),
+        "ended_at": row.get("ended_at"),
+        "world_size": row.get("world_size"),
+        "backend": row.get("backend"),
+        "cluster_id": row.get("cluster_id"),
+        "notebook": display_path(row.get("notebook"), root_dir),
+        "n_cells": row.get("n_cells"),
+        "last_step": row.get("last_step"),
+        "global_batch_size": row.get("global_batch_size"),
+        "throughput": _pick(THROUGHPUT_NAMES, last, summary),
+        "scaling_efficiency": _pick(EFFICIENCY_NAMES, last, summary),
+        "b_simple": _pick(B_SIMPLE_NAMES, last, summary),
+        "loss": _pick((LOSS_NAME,), last, summary),
+        "sparkline": loss_points(store, row["id"], n_points),
+    }
+
+
+def list_runs(root_dir: str, limit: int = MAX_RUNS) -> dict[str, Any]:
+    """GET /dtwork/runs: the newest runs first."""
+    with open_store(root_dir) as store:
+        if store is None:
+            return {"store_exists": store_path(root_dir).is_file(), "total": 0, "runs": []}
+        rows = store.list_runs()
+        # list_runs merges each run's summary fields into its row: the row is its own summary.
+        runs = [_run_summary(store, {**row, "summary": row}, root_dir, SPARKLINE_POINTS) for row in rows[:limit]]
+        return finite({"store_exists": True, "total": len(rows), "runs": runs})
+
+
+def get_run(root_dir: str, run_id: int) -> dict[str, Any]:
+    """GET /dtwork/runs/<id>: the summary, every metric's latest value, the loss curve."""
+    with open_store(root_dir) as store:
+        row = _require_run(store, run_id)
+        assert store is not None
+        run = _run_summary(store, row, root_dir, DETAIL_POINTS)
+        run["last_metrics"] = store.last_metrics(run_id)
+        run["metric_names"] = store.metric_names(run_id)
+        run["per_slot_batch_size"] = row.get("per_slot_batch_size")
+        return finite({"run": run})
+
+
+def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> dict[str, Any]:
+    """GET /dtwork/runs/<id>/metrics?name=NAME: the aggregated series of one metric."""
+    if not METRIC_NAME.fullmatch(name):
+        raise NotFound(f"malformed metric name {name[:40]!r}")
+    with open_store(root_dir) as store:
+        _require_run(store, run_id)
+        assert store is not None
+        names = store.metric_names(run_id)
+        if name not in names:
+            have = ", ".join(names) if names else "none yet"
+            raise NotFound(f"run {run_id} has no metric {name!r}; its metrics: {have}")
+        rows = store.metrics(run_id, name) or store.metrics(run_id, name, rank=0)
+        pts = [[r["step"], r["value"], r["time"]] for r in rows]
+        return finite(
+            {"run_id": run_id, "name": name, "total": len(pts), "points": downsample(pts, max_points)}
+        )
+
+
+def require_run(root_dir: str, run_id: int) -> None:
+    with open_store(root_dir) as store:
+        _require_run(store, run_id)
+
+
+# -- reports ---------------------------------------------------------------------------------
+
+_ABS_PATH = re.compile(r"(?<![\w.])/[^\s'\",:;()]+")
+
+
+def scrub(message: str) -> str:
+    """Reduce every absolute path in a message to its file name."""
+    return _ABS_PATH.sub(lambda m: Path(m.group(0)).name or "/", message)
+
+
+def export_report(root_dir: str, run_id: int) -> dict[str, Any]:
+    """POST /dtwork/runs/<id>/report: ``dtwork.report.export`` into ``<root>/reports/``.
+
+    Returns the notebook's path relative to the server root, for the panel to open.
+    """
+    require_run(root_dir, run_id)
+    try:
+        module = importlib.import_module("dtwork.report")
+        export = module.export
+    except (ImportError, AttributeError) as exc:
+        raise ReportUnavailable(
+            f"report export is not available in this dtwork install ({type(exc).__name__}: {scrub(str(exc))})"
+        ) from None
+    target = Path(root_dir) / "reports" / f"run-{run_id}.ipynb"
+    kwargs: dict[str, Any] = {}
+    try:
+        if "store" in inspect.signature(export).parameters:
+            kwargs["store"] = store_path(root_dir)
+    except (TypeError, ValueError):
+        pass
+    try:
+        result = export(run_id, target, **kwargs)
+    except Exception as exc:
+        raise ReportFailed(f"exporting run {run_id} failed: {type(exc).__name__}: {scrub(str(exc))}") from exc
+    written = getattr(result, "path", result)
+    path = Path(written) if isinstance(written, (str, os.PathLike)) else target
+    try:
+        rel = path.resolve().relative_to(Path(root_dir).resolve())
+    except ValueError:
+        raise ReportFailed(
+            f"run {run_id}'s report was written outside the Jupyter root ({path.name}): open it from there"
+        ) from None
+    return {"run_id": run_id, "path": rel.as_posix()}
+
+
+# -- clusters ----------------------------------------------------------------------------------
+
+
+def _rank(rank: dict[str, Any]) -> dict[str, Any]:
+    keys = ("rank", "hostname", "local_rank", "device", "gpu_name", "pid", "engine_id")
+    return {k: rank.get(k) for k in keys}
+
+
+def _cluster(entry: dict[str, Any], root_dir: str) -> dict[str, Any]:
+    """One registry entry as the panel shows it (matches ClusterInfo in types.ts)."""
+    kernel = entry.get("kernel") or {}
+    procs = [p.get("pid") for p in entry.get("processes") or [] if isinstance(p, dict)]
+    return {
+        "id": entry.get("cluster_id"),
+        "state": entry.get("state"),
+        "n": entry.get("n"),
+        "backend": entry.get("backend"),
+        "profile": entry.get("profile"),
+        "master": entry.get("master"),
+        "kernel_pid": kernel.get("pid") if isinstance(kernel, dict) else None,
+        "kernel_host": entry.get("kernel_host"),
+        "kernel_alive": bool(entry.get("kernel_alive")),
+        "notebook": display_path(entry.get("notebook"), root_dir),
+        "started_at": entry.get("started_at"),
+        "ranks": [_rank(r) for r in entry.get("ranks") or [] if isinstance(r, dict)],
+        "pids": [p for p in procs if isinstance(p, int)],
+    }
+
+
+def list_clusters(root_dir: str) -> dict[str, Any]:
+    """GET /dtwork/clusters."""
+    return finite({"clusters": [_cluster(e, root_dir) for e in registry.entries()]})
+
+
+def find_cluster(cluster_id: str) -> dict[str, Any]:
+    if not CLUSTER_ID.fullmatch(cluster_id):
+        raise NotFound(f"malformed cluster id {cluster_id[:40]!r}")
+    for entry in registry.entries():
+        if entry.get("cluster_id") == cluster_id:
+            return entry
+    raise NotFound(f"no cluster {cluster_id!r} is registered (it may have stopped already)")
+
+
+def stop_cluster(cluster_id: str) -> dict[str, Any]:
+    """POST /dtwork/clusters/<id>/stop: kill its processes, drop its registry entry."""
+    entry = find_cluster(cluster_id)
+    killed = registry.kill_processes(entry.get("processes") or [], grace=3.0)
+    registry.remove(cluster_id)
+    return {"stopped": cluster_id, "killed": killed}
+
+
+# -- GPUs --------------------------------------------------------------------------------------
+
+
+def gpus() -> dict[str, Any]:
+    """GET /dtwork/gpus: inventory and one telemetry sample; never raises."""
+    try:
+        info = {g.index: g.to_dict() for g in telemetry.gpu_inventory()}
+        samples = telemetry.sample(sorted(info)) if info else []
+    except Exception as exc:  # a broken driver must not break the panel
+        return {"available": False, "reason": f"NVML failed: {type(exc).__name__}", "gpus": []}
+    if not info:
+        return {"available": False, "reason": CPU_MODE_REASON, "gpus": []}
+    out = []
+    for s in samples:
+        static = info.get(s.index, {})
+        out.append(
+            {
+                "index": s.index,
+                "name": static.get("name"),
+                "uuid": static.get("uuid"),
+                "driver": static.get("driver"),
+                "utilization": s.utilization,
+                "memory_used_mb": s.memory_used_mb,
+                "memory_total_mb": s.memory_total_mb,
+                "temperature_c": s.temperature_c,
+                "power_w": s.power_w,
+            }
+        )
+    return finite({"available": True, "reason": None, "gpus": out})

@@ -1,0 +1,182 @@
+"""REST handlers under ``<base_url>/dtwork/``; every one requires an authenticated user.
+
+Routes (the wire types are mirrored in ``extension/src/types.ts``):
+
+  GET  /dtwork/health                     version and whether a run store exists
+  GET  /dtwork/clusters                   registered clusters
+  POST /dtwork/clusters/<id>/stop         kill a registered cluster's processes
+  GET  /dtwork/runs                       runs, newest first, with a loss sparkline each
+  GET  /dtwork/runs/<id>                  one run: summary, latest metrics, loss curve
+  GET  /dtwork/runs/<id>/metrics?name=N   one metric's aggregated series
+  POST /dtwork/runs/<id>/report           export the run as a notebook (dtwork.report)
+  GET  /dtwork/gpus                       NVML inventory and telemetry (CPU mode without)
+
+Errors answer ``{"error": "..."}``: 404 for malformed or unknown ids (and unknown routes
+under /dtwork/), 501 when report export is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import tornado.web
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+import dtwork
+from dtwork.server import data
+
+T = TypeVar("T")
+
+ID = r"(?P<{}>[^/]+)"  # loose on purpose: the handler validates, so bad ids get a JSON 404
+MAX_METRIC_POINTS = 5000
+
+
+class DtworkHandler(APIHandler):
+    """Shared base: JSON answers, JSON errors, blocking work off the event loop."""
+
+    auth_resource = "dtwork"
+
+    @property
+    def root_dir(self) -> str:
+        return str(self.settings["dtwork_root_dir"])
+
+    def reply(self, payload: dict[str, Any], status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(payload, allow_nan=False))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Every error as ``{"error": reason}``, without traceback."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = getattr(exc, "log_message", None) or self._reason
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": message}))
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """Run ``fn`` in a thread; answer 404/501/500 for the errors the data layer raises."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except data.NotFound as exc:
+            self.reply({"error": str(exc)}, 404)
+        except data.ReportUnavailable as exc:
+            self.reply({"error": str(exc)}, 501)
+        except data.ReportFailed as exc:
+            self.reply({"error": str(exc)}, 500)
+        return None
+
+    async def answer(self, fn: Callable[..., dict[str, Any]], *args: Any) -> None:
+        result = await self.blocking(fn, *args)
+        if result is not None:
+            self.reply(result)
+
+
+class HealthHandler(DtworkHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        exists = await asyncio.to_thread(lambda: data.store_path(self.root_dir).is_file())
+        self.reply({"ok": True, "version": dtwork.__version__, "store_exists": exists})
+
+
+class ClustersHandler(DtworkHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        await self.answer(data.list_clusters, self.root_dir)
+
+
+class ClusterStopHandler(DtworkHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, cluster_id: str) -> None:
+        await self.answer(data.stop_cluster, cluster_id)
+
+
+class RunsHandler(DtworkHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        await self.answer(data.list_runs, self.root_dir)
+
+
+class RunHandler(DtworkHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, run_id: str) -> None:
+        await self.answer(lambda: data.get_run(self.root_dir, data.parse_run_id(run_id)))
+
+
+class RunMetricsHandler(DtworkHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, run_id: str) -> None:
+        name = self.get_query_argument("name", "")
+        if not name:
+            self.reply({"error": "name the metric: ?name=loss"}, 400)
+            return
+        try:
+            max_points = min(max(int(self.get_query_argument("max_points", "1000")), 2), MAX_METRIC_POINTS)
+        except ValueError:
+            self.reply({"error": "max_points must be a whole number"}, 400)
+            return
+        await self.answer(
+            lambda: data.run_metrics(self.root_dir, data.parse_run_id(run_id), name, max_points)
+        )
+
+
+class RunReportHandler(DtworkHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, run_id: str) -> None:
+        await self.answer(lambda: data.export_report(self.root_dir, data.parse_run_id(run_id)))
+
+
+class GpusHandler(DtworkHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply(await asyncio.to_thread(data.gpus))
+
+
+class NotFoundHandler(DtworkHandler):
+    """Unknown paths under /dtwork/: a JSON 404 (after authentication, like every route)."""
+
+    def _missing(self) -> None:
+        self.reply({"error": f"no dtwork route {self.request.path!r}"}, 404)
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, rest: str) -> None:
+        self._missing()
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, rest: str) -> None:
+        self._missing()
+
+
+ROUTES: list[tuple[tuple[str, ...], type[DtworkHandler]]] = [
+    (("health",), HealthHandler),
+    (("clusters",), ClustersHandler),
+    (("clusters", ID.format("cluster_id"), "stop"), ClusterStopHandler),
+    (("runs",), RunsHandler),
+    (("runs", ID.format("run_id")), RunHandler),
+    (("runs", ID.format("run_id"), "metrics"), RunMetricsHandler),
+    (("runs", ID.format("run_id"), "report"), RunReportHandler),
+    (("gpus",), GpusHandler),
+    (("(?P<rest>.*)",), NotFoundHandler),
+]
+
+
+def setup_handlers(web_app: Any, root_dir: str) -> None:
+    """Mount every route at ``<base_url>/dtwork/...``."""
+    base_url = web_app.settings["base_url"]
+    web_app.settings["dtwork_root_dir"] = root_dir
+    handlers = [(url_path_join(base_url, "dtwork", *parts), cls) for parts, cls in ROUTES]
+    web_app.add_handlers(".*$", handlers)
