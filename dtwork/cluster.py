@@ -137,6 +137,8 @@ class Cluster:
             ) from exc
         if len(self.client.ids) < self.n:
             raise DtworkError(f"only {len(self.client.ids)} of {self.n} engines started: ask for fewer ranks")
+        # Functions defined in a notebook or a test module travel by value, closures included.
+        self.client[:].use_cloudpickle()
 
     def _join_process_group(self) -> None:
         assert self.client is not None

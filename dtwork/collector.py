@@ -191,13 +191,18 @@ class CellWatcher:
             for key in sorted(k for k in d if k.startswith("r") and k not in self._seen_keys[i]):
                 self._seen_keys[i].add(key)
                 batch.extend(d[key])
-            if "progress" in d:
+            if "progress" in d and d["progress"] != self.progress.get(self.ranks[i]):
                 self.progress[self.ranks[i]] = d["progress"]
+                self._progress_changed = True
         if batch:
             self.result.records += len(batch)
             self.session.persist(batch, self.seq)
             if self.on_records is not None:
                 self.on_records(batch)
+        dash = self.session.dashboard
+        if getattr(self, "_progress_changed", False) and dash is not None and self.on_records is not None:
+            self._progress_changed = False
+            dash.progress(dict(self.progress))
 
     # -- rank health ---------------------------------------------------------------------------
 

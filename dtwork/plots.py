@@ -329,7 +329,13 @@ def bucket_figure(results: Mapping[float, float] | None) -> go.Figure:
     fig.add_trace(_line([mb for mb, _ in points], [t for _, t in points], "step time", mode="lines+markers"))
     best = best_bucket(results)
     fig.add_trace(
-        _line([float(best)], [float(results[best])], "fastest", mode="markers", marker={"size": 14, "symbol": "star"})
+        _line(
+            [float(best)],
+            [float(results[best])],
+            "fastest",
+            mode="markers",
+            marker={"size": 14, "symbol": "star"},
+        )
     )
     return fig
 

@@ -8,8 +8,7 @@ training with it is identical to training without it (McCandlish et al. 2018 onl
 the two norms; no extra backward pass).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: DDP checks the hooks' annotations at runtime.
 import time
 from dataclasses import dataclass, field
 from typing import Any

@@ -180,7 +180,9 @@ def list_runs(root_dir: str, limit: int = MAX_RUNS) -> dict[str, Any]:
             return {"store_exists": store_path(root_dir).is_file(), "total": 0, "runs": []}
         rows = store.list_runs()
         # list_runs merges each run's summary fields into its row: the row is its own summary.
-        runs = [_run_summary(store, {**row, "summary": row}, root_dir, SPARKLINE_POINTS) for row in rows[:limit]]
+        runs = [
+            _run_summary(store, {**row, "summary": row}, root_dir, SPARKLINE_POINTS) for row in rows[:limit]
+        ]
         return finite({"store_exists": True, "total": len(rows), "runs": runs})
 
 

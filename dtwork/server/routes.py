@@ -116,6 +116,11 @@ class RunMetricsHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, run_id: str) -> None:
+        try:
+            rid = data.parse_run_id(run_id)
+        except data.NotFound as exc:
+            self.reply({"error": str(exc)}, 404)
+            return
         name = self.get_query_argument("name", "")
         if not name:
             self.reply({"error": "name the metric: ?name=loss"}, 400)
@@ -125,9 +130,7 @@ class RunMetricsHandler(DtworkHandler):
         except ValueError:
             self.reply({"error": "max_points must be a whole number"}, 400)
             return
-        await self.answer(
-            lambda: data.run_metrics(self.root_dir, data.parse_run_id(run_id), name, max_points)
-        )
+        await self.answer(lambda: data.run_metrics(self.root_dir, rid, name, max_points))
 
 
 class RunReportHandler(DtworkHandler):

@@ -1,0 +1,99 @@
+// @vitest-environment happy-dom
+import { describe, expect, it, vi } from 'vitest';
+
+import { apiErrorFrom } from '../errors';
+import { describeFailure } from '../model';
+import { renderClusters, renderGpus, renderProblem, renderRuns, sparkline } from '../render';
+import type { IRunSummary } from '../types';
+
+const run = (id: number, extra: Partial<IRunSummary> = {}): IRunSummary => ({
+  id,
+  name: null,
+  status: 'running',
+  created_at: 1,
+  ended_at: null,
+  world_size: 2,
+  backend: 'gloo',
+  cluster_id: null,
+  notebook: null,
+  n_cells: 1,
+  last_step: null,
+  global_batch_size: null,
+  throughput: null,
+  scaling_efficiency: null,
+  b_simple: null,
+  loss: null,
+  sparkline: [],
+  ...extra
+});
+
+describe('rendering', () => {
+  it('shows empty states that say what to do', () => {
+    expect(renderClusters({ clusters: [] }, vi.fn()).textContent).toMatch(/%dtrain start/);
+    expect(renderRuns({ store_exists: false, total: 0, runs: [] }, vi.fn()).textContent).toMatch(/No runs yet/);
+    expect(renderGpus({ available: false, reason: null, gpus: [] }).textContent).toMatch(/CPU mode/);
+  });
+
+  it('says when the server extension is missing', () => {
+    const node = renderProblem(describeFailure(apiErrorFrom(404, 'Not Found')));
+    expect(node.textContent).toMatch(/Server extension missing/);
+    expect(node.getAttribute('role')).toBe('alert');
+  });
+
+  it('renders a run with its figures and a loss sparkline, and reports on click', () => {
+    const onReport = vi.fn();
+    const node = renderRuns(
+      {
+        store_exists: true,
+        total: 1,
+        runs: [run(3, { last_step: 99, throughput: 1234.5, scaling_efficiency: 0.93, b_simple: 321, loss: 0.5, sparkline: [[0, 2], [99, 0.5]] })]
+      },
+      onReport
+    );
+    const card = node.querySelector('[data-run-id="3"]');
+    expect(card?.querySelector('[data-stat="throughput"]')?.textContent).toBe('throughput1.2k samples/s');
+    expect(card?.querySelector('[data-stat="efficiency"]')?.textContent).toContain('93%');
+    expect(card?.querySelector('polyline')?.getAttribute('points')).toBe('1,1 119,27');
+    (card?.querySelector('.dtwork-ReportLink') as HTMLElement).click();
+    expect(onReport).toHaveBeenCalledWith(expect.objectContaining({ id: 3 }));
+  });
+
+  it('caps the runs shown and counts the rest', () => {
+    const runs = Array.from({ length: 12 }, (_, i) => run(12 - i));
+    const node = renderRuns({ store_exists: true, total: 12, runs }, vi.fn());
+    expect(node.querySelectorAll('.dtwork-Run')).toHaveLength(10);
+    expect(node.textContent).toMatch(/2 older run\(s\)/);
+  });
+
+  it('renders a cluster with one row per rank and a stop button', () => {
+    const onStop = vi.fn();
+    const ranks = [0, 1].map(r => ({ rank: r, hostname: 'h', local_rank: r, device: 'cuda:' + r, gpu_name: 'H100', pid: 7 + r, engine_id: r }));
+    const node = renderClusters(
+      {
+        clusters: [
+          { id: 'dtwork-1-abcdef', state: 'running', n: 2, backend: 'nccl', profile: null, master: null, kernel_pid: 1, kernel_host: 'h', kernel_alive: true, notebook: null, started_at: null, ranks, pids: [] }
+        ]
+      },
+      onStop
+    );
+    expect(node.querySelectorAll('tbody tr')).toHaveLength(2);
+    expect(node.querySelector('[data-rank="1"]')?.textContent).toContain('cuda:1 (H100)');
+    (node.querySelector('.dtwork-StopButton') as HTMLElement).click();
+    expect(onStop).toHaveBeenCalledOnce();
+  });
+
+  it('renders GPU telemetry', () => {
+    const node = renderGpus({
+      available: true,
+      reason: null,
+      gpus: [{ index: 0, name: 'H100', uuid: null, driver: null, utilization: 87, memory_used_mb: 1024, memory_total_mb: 81920, temperature_c: 61, power_w: null }]
+    });
+    expect(node.textContent).toContain('GPU 0 · H100');
+    expect(node.querySelector('[data-stat="memory"]')?.textContent).toContain('1.0 / 80.0 GiB');
+    expect(node.querySelector('[data-stat="power"]')?.textContent).toContain('—');
+  });
+
+  it('says "no loss yet" without a curve', () => {
+    expect(sparkline([]).textContent).toBe('no loss yet');
+  });
+});

@@ -1,0 +1,170 @@
+/**
+ * The panel's data handling: formatting, sparklines, empty states, failure states.
+ * Pure functions with no JupyterLab imports, so that they are unit-tested without a browser.
+ */
+
+import { SERVER_MISSING_MESSAGE } from './constants';
+import { ApiError } from './errors';
+import type { IClusterInfo, IGpusReply, IRunsReply, SparkPoint } from './types';
+
+export const DASH = '—';
+
+/** What went wrong when the panel could not read a route. */
+export type Problem =
+  | { kind: 'server-missing'; message: string }
+  | { kind: 'error'; message: string };
+
+/**
+ * Classify a failed request. A 404 that is not dtwork's own JSON error means the
+ * /dtwork/ routes do not exist: the server extension is missing.
+ */
+export function describeFailure(error: unknown): Problem {
+  if (error instanceof ApiError) {
+    if (error.status === 404 && !error.fromDtwork) {
+      return { kind: 'server-missing', message: SERVER_MISSING_MESSAGE };
+    }
+    return { kind: 'error', message: error.message };
+  }
+  return { kind: 'error', message: error instanceof Error ? error.message : String(error) };
+}
+
+function isNumber(value: number | null | undefined): value is number {
+  return typeof value === 'number' && Number.isFinite(value);
+}
+
+/** Compact number: 950, 9.5k, 1.2M. */
+export function compact(value: number): string {
+  const abs = Math.abs(value);
+  if (abs >= 1e6) {
+    return `${(value / 1e6).toFixed(abs >= 1e7 ? 0 : 1)}M`;
+  }
+  if (abs >= 1e3) {
+    return `${(value / 1e3).toFixed(abs >= 1e4 ? 0 : 1)}k`;
+  }
+  if (abs >= 10 || value === 0) {
+    return value.toFixed(0);
+  }
+  return value.toFixed(1);
+}
+
+/** Throughput in samples/s: "1.2k samples/s"; a dash when unknown. */
+export function formatThroughput(samplesPerSec: number | null | undefined): string {
+  return isNumber(samplesPerSec) ? `${compact(samplesPerSec)} samples/s` : DASH;
+}
+
+/** Scaling efficiency E(n) as a percentage: 0.934 -> "93%". */
+export function formatEfficiency(efficiency: number | null | undefined): string {
+  return isNumber(efficiency) ? `${Math.round(efficiency * 100)}%` : DASH;
+}
+
+/** The gradient noise scale B_simple, a batch size: "1.2k". */
+export function formatBSimple(bSimple: number | null | undefined): string {
+  return isNumber(bSimple) ? compact(bSimple) : DASH;
+}
+
+/** A loss value with 4 significant digits. */
+export function formatLoss(loss: number | null | undefined): string {
+  if (!isNumber(loss)) {
+    return DASH;
+  }
+  return Math.abs(loss) >= 1e-3 || loss === 0 ? Number(loss.toPrecision(4)).toString() : loss.toExponential(2);
+}
+
+export function formatStep(step: number | null | undefined): string {
+  return isNumber(step) ? String(step) : DASH;
+}
+
+/** GPU memory from MiB: "12.3 / 80.0 GiB". */
+export function formatMemory(usedMb: number | null, totalMb: number | null): string {
+  const gib = (mb: number): string => (mb / 1024).toFixed(1);
+  if (isNumber(usedMb) && isNumber(totalMb)) {
+    return `${gib(usedMb)} / ${gib(totalMb)} GiB`;
+  }
+  if (isNumber(totalMb)) {
+    return `${gib(totalMb)} GiB`;
+  }
+  return DASH;
+}
+
+export function formatUnit(value: number | null | undefined, unit: string, digits = 0): string {
+  return isNumber(value) ? `${value.toFixed(digits)}${unit}` : DASH;
+}
+
+/**
+ * SVG polyline points for a loss sparkline in a width x height box (y grows downwards).
+ * Non-finite points are dropped; fewer than two points give ''; a flat curve is drawn
+ * at mid-height.
+ */
+export function sparklinePoints(
+  points: readonly SparkPoint[],
+  width: number,
+  height: number,
+  pad = 1
+): string {
+  const pts = points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y));
+  if (pts.length < 2) {
+    return '';
+  }
+  const xs = pts.map(p => p[0]);
+  const ys = pts.map(p => p[1]);
+  const [x0, x1] = [Math.min(...xs), Math.max(...xs)];
+  const [y0, y1] = [Math.min(...ys), Math.max(...ys)];
+  const sx = (x: number): number =>
+    x1 === x0 ? width / 2 : pad + ((x - x0) / (x1 - x0)) * (width - 2 * pad);
+  const sy = (y: number): number =>
+    y1 === y0 ? height / 2 : pad + ((y1 - y) / (y1 - y0)) * (height - 2 * pad);
+  return pts.map(([x, y]) => `${round2(sx(x))},${round2(sy(y))}`).join(' ');
+}
+
+function round2(v: number): string {
+  return (Math.round(v * 100) / 100).toString();
+}
+
+/** The empty state of the clusters section. */
+export const NO_CLUSTERS =
+  'No cluster is running. In a notebook run %load_ext dtwork then %dtrain start ' +
+  '(the "Insert start cell" button writes that cell for you).';
+
+/** The empty state of the runs section, by whether a run store exists yet. */
+export function noRunsMessage(reply: IRunsReply): string {
+  return reply.store_exists
+    ? 'The run store holds no runs yet: run a %%dtrain cell to record one.'
+    : 'No runs yet. A run is recorded at the first %%dtrain cell of a cluster, ' +
+        'in .dtwork/runs.sqlite beside the notebook.';
+}
+
+/** The line the GPU section shows without GPUs (the server's reason when it gives one). */
+export function gpuAbsentMessage(reply: IGpusReply): string {
+  const why = reply.reason ?? 'NVML sees no GPU';
+  return /CPU mode/.test(why) ? why : `${why}: this machine runs in CPU mode`;
+}
+
+/** "2 ranks · gloo · 1 host" */
+export function clusterHeadline(cluster: IClusterInfo): string {
+  const ranks = cluster.ranks.length || cluster.n || 0;
+  const hosts = new Set(cluster.ranks.map(r => r.hostname ?? '?')).size;
+  const parts = [`${ranks} rank${ranks === 1 ? '' : 's'}`, cluster.backend ?? 'backend ?'];
+  if (hosts > 0) {
+    parts.push(`${hosts} host${hosts === 1 ? '' : 's'}`);
+  }
+  return parts.join(' · ');
+}
+
+/** "notebook train.ipynb · kernel 1234" (with "(gone)" when the kernel died). */
+export function clusterOwner(cluster: IClusterInfo): string {
+  const parts: string[] = [];
+  if (cluster.notebook) {
+    parts.push(`notebook ${cluster.notebook}`);
+  }
+  if (cluster.kernel_pid !== null) {
+    const host = cluster.kernel_host ? ` on ${cluster.kernel_host}` : '';
+    parts.push(`kernel ${cluster.kernel_pid}${host}${cluster.kernel_alive ? '' : ' (gone)'}`);
+  }
+  return parts.length ? parts.join(' · ') : 'owner unknown';
+}
+
+/** A CSS modifier for a run or cluster state: running, completed, failed, ... */
+export function stateClass(state: string | null): string {
+  const known = ['running', 'starting', 'completed', 'failed', 'interrupted', 'stopped'];
+  return `dtwork-mod-${state && known.includes(state) ? state : 'unknown'}`;
+}

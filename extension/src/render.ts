@@ -1,0 +1,209 @@
+/** The panel's sections as DOM, from the wire types (pure DOM: unit-testable). */
+
+import { MAX_RUNS_SHOWN, SPARKLINE_HEIGHT, SPARKLINE_WIDTH } from './constants';
+import { el, svg } from './dom';
+import {
+  clusterHeadline,
+  clusterOwner,
+  DASH,
+  formatBSimple,
+  formatEfficiency,
+  formatLoss,
+  formatMemory,
+  formatStep,
+  formatThroughput,
+  formatUnit,
+  gpuAbsentMessage,
+  NO_CLUSTERS,
+  noRunsMessage,
+  Problem,
+  sparklinePoints,
+  stateClass
+} from './model';
+import type {
+  IClusterInfo,
+  IClustersReply,
+  IGpuInfo,
+  IGpusReply,
+  IRunSummary,
+  IRunsReply,
+  SparkPoint
+} from './types';
+
+export function emptyState(message: string): HTMLElement {
+  return el('p', { className: 'dtwork-Empty', text: message });
+}
+
+export function renderProblem(problem: Problem): HTMLElement {
+  const heading =
+    problem.kind === 'server-missing' ? 'Server extension missing' : 'Cannot read dtwork data';
+  return el(
+    'div',
+    { className: `dtwork-Problem dtwork-mod-${problem.kind}`, attrs: { role: 'alert' } },
+    el('strong', { text: heading }),
+    el('p', { text: problem.message })
+  );
+}
+
+function badge(state: string | null): HTMLElement {
+  return el('span', { className: `dtwork-Badge ${stateClass(state)}`, text: state ?? 'unknown' });
+}
+
+function rankRow(rank: IClusterInfo['ranks'][number]): HTMLElement {
+  const device = rank.gpu_name ? `${rank.device ?? DASH} (${rank.gpu_name})` : (rank.device ?? DASH);
+  return el(
+    'tr',
+    { data: { rank: String(rank.rank) } },
+    el('td', { text: String(rank.rank) }),
+    el('td', { text: rank.hostname ?? DASH }),
+    el('td', { text: device }),
+    el('td', { text: rank.pid === null ? DASH : String(rank.pid) })
+  );
+}
+
+function clusterCard(cluster: IClusterInfo, onStop: (c: IClusterInfo) => void): HTMLElement {
+  const head = el(
+    'div',
+    { className: 'dtwork-Card-head' },
+    badge(cluster.state),
+    el('span', { className: 'dtwork-Card-title', text: clusterHeadline(cluster) }),
+    el('button', {
+      className: 'jp-Button jp-mod-styled jp-mod-warn dtwork-StopButton',
+      text: 'Stop',
+      title: `Stop cluster ${cluster.id}: kill its engines and controller`,
+      onClick: () => onStop(cluster)
+    })
+  );
+  const table = el(
+    'table',
+    { className: 'dtwork-Ranks' },
+    el(
+      'thead',
+      {},
+      el('tr', {}, el('th', { text: 'rank' }), el('th', { text: 'host' }), el('th', { text: 'device' }), el('th', { text: 'pid' }))
+    ),
+    el('tbody', {}, ...cluster.ranks.map(rankRow))
+  );
+  return el(
+    'div',
+    { className: 'dtwork-Card dtwork-Cluster', data: { clusterId: cluster.id } },
+    head,
+    el('div', { className: 'dtwork-Meta', text: clusterOwner(cluster) }),
+    el('div', { className: 'dtwork-Meta dtwork-Id', text: cluster.id }),
+    cluster.ranks.length ? table : emptyState('The ranks are still joining the process group.')
+  );
+}
+
+export function renderClusters(
+  reply: IClustersReply,
+  onStop: (cluster: IClusterInfo) => void
+): HTMLElement {
+  if (!reply.clusters.length) {
+    return emptyState(NO_CLUSTERS);
+  }
+  return el('div', { className: 'dtwork-List' }, ...reply.clusters.map(c => clusterCard(c, onStop)));
+}
+
+export function sparkline(points: readonly SparkPoint[]): Element {
+  const line = sparklinePoints(points, SPARKLINE_WIDTH, SPARKLINE_HEIGHT);
+  if (!line) {
+    return el('span', { className: 'dtwork-Sparkline dtwork-mod-empty', text: 'no loss yet' });
+  }
+  return svg(
+    'svg',
+    {
+      class: 'dtwork-Sparkline',
+      width: String(SPARKLINE_WIDTH),
+      height: String(SPARKLINE_HEIGHT),
+      viewBox: `0 0 ${SPARKLINE_WIDTH} ${SPARKLINE_HEIGHT}`,
+      role: 'img',
+      'aria-label': `loss over ${points.length} points`
+    },
+    svg('polyline', { points: line, fill: 'none' })
+  );
+}
+
+function stat(label: string, value: string): HTMLElement {
+  return el(
+    'div',
+    { className: 'dtwork-Stat', data: { stat: label } },
+    el('span', { className: 'dtwork-Stat-label', text: label }),
+    el('span', { className: 'dtwork-Stat-value', text: value })
+  );
+}
+
+function runCard(run: IRunSummary, onReport: (r: IRunSummary) => void): HTMLElement {
+  const title = `#${run.id}${run.name ? ` ${run.name}` : ''}`;
+  const ranks = run.world_size ? `${run.world_size} × ${run.backend ?? '?'}` : (run.backend ?? DASH);
+  return el(
+    'div',
+    { className: 'dtwork-Card dtwork-Run', data: { runId: String(run.id) } },
+    el(
+      'div',
+      { className: 'dtwork-Card-head' },
+      badge(run.status),
+      el('span', { className: 'dtwork-Card-title', text: title }),
+      el('a', {
+        className: 'dtwork-ReportLink',
+        text: 'Report',
+        title: 'Export this run as a re-runnable notebook and open it',
+        attrs: { href: '#', role: 'button' },
+        onClick: event => {
+          event.preventDefault();
+          onReport(run);
+        }
+      })
+    ),
+    el(
+      'div',
+      { className: 'dtwork-Stats' },
+      stat('step', formatStep(run.last_step)),
+      stat('throughput', formatThroughput(run.throughput)),
+      stat('efficiency', formatEfficiency(run.scaling_efficiency)),
+      stat('B_simple', formatBSimple(run.b_simple)),
+      stat('loss', formatLoss(run.loss)),
+      stat('ranks', ranks)
+    ),
+    sparkline(run.sparkline)
+  );
+}
+
+export function renderRuns(reply: IRunsReply, onReport: (run: IRunSummary) => void): HTMLElement {
+  if (!reply.runs.length) {
+    return emptyState(noRunsMessage(reply));
+  }
+  const shown = reply.runs.slice(0, MAX_RUNS_SHOWN);
+  const more = reply.total - shown.length;
+  return el(
+    'div',
+    { className: 'dtwork-List' },
+    ...shown.map(r => runCard(r, onReport)),
+    more > 0 ? el('p', { className: 'dtwork-Meta', text: `${more} older run(s): %dtrain runs lists them all` }) : null
+  );
+}
+
+function gpuCard(gpu: IGpuInfo): HTMLElement {
+  const util = gpu.utilization ?? 0;
+  const bar = el('div', { className: 'dtwork-Bar' }, el('div', { className: 'dtwork-Bar-fill', attrs: { style: `width: ${Math.min(100, Math.max(0, util))}%` } }));
+  return el(
+    'div',
+    { className: 'dtwork-Card dtwork-Gpu', data: { gpuIndex: String(gpu.index) } },
+    el('div', { className: 'dtwork-Card-head' }, el('span', { className: 'dtwork-Card-title', text: `GPU ${gpu.index} · ${gpu.name ?? 'unknown'}` })),
+    bar,
+    el(
+      'div',
+      { className: 'dtwork-Stats' },
+      stat('util', formatUnit(gpu.utilization, '%')),
+      stat('memory', formatMemory(gpu.memory_used_mb, gpu.memory_total_mb)),
+      stat('temp', formatUnit(gpu.temperature_c, ' °C')),
+      stat('power', formatUnit(gpu.power_w, ' W'))
+    )
+  );
+}
+
+export function renderGpus(reply: IGpusReply): HTMLElement {
+  if (!reply.available || !reply.gpus.length) {
+    return el('p', { className: 'dtwork-Empty dtwork-CpuMode', text: gpuAbsentMessage(reply) });
+  }
+  return el('div', { className: 'dtwork-List' }, ...reply.gpus.map(gpuCard));
+}

@@ -1,0 +1,132 @@
+/**
+ * Wire types of the dtwork server extension (dtwork/server/routes.py and data.py).
+ * Each mirrors one route's JSON answer; null stands for "not known" (NaN travels as null).
+ */
+
+/** matches GET /dtwork/health */
+export interface IHealth {
+  ok: boolean;
+  version: string;
+  store_exists: boolean;
+}
+
+/** one rank of a cluster; part of GET /dtwork/clusters */
+export interface IRankInfo {
+  rank: number;
+  hostname: string | null;
+  local_rank: number | null;
+  device: string | null;
+  gpu_name: string | null;
+  pid: number | null;
+  engine_id: number | null;
+}
+
+/** one registered cluster; part of GET /dtwork/clusters */
+export interface IClusterInfo {
+  id: string;
+  state: string | null;
+  n: number | null;
+  backend: string | null;
+  profile: string | null;
+  master: string | null;
+  kernel_pid: number | null;
+  kernel_host: string | null;
+  kernel_alive: boolean;
+  notebook: string | null;
+  started_at: number | null;
+  ranks: IRankInfo[];
+  pids: number[];
+}
+
+/** matches GET /dtwork/clusters */
+export interface IClustersReply {
+  clusters: IClusterInfo[];
+}
+
+/** matches POST /dtwork/clusters/<id>/stop */
+export interface IStopReply {
+  stopped: string;
+  killed: number[];
+}
+
+/** a [step, value] point of a loss curve */
+export type SparkPoint = [number, number];
+
+/** one run as listed; part of GET /dtwork/runs */
+export interface IRunSummary {
+  id: number;
+  name: string | null;
+  status: string | null;
+  created_at: number | null;
+  ended_at: number | null;
+  world_size: number | null;
+  backend: string | null;
+  cluster_id: string | null;
+  notebook: string | null;
+  n_cells: number | null;
+  last_step: number | null;
+  global_batch_size: number | null;
+  /** samples/s */
+  throughput: number | null;
+  /** E(n) = T(n) / (n T(1)), 0..1 */
+  scaling_efficiency: number | null;
+  /** gradient noise scale B_simple = tr(Σ)/|G|² */
+  b_simple: number | null;
+  loss: number | null;
+  sparkline: SparkPoint[];
+}
+
+/** matches GET /dtwork/runs */
+export interface IRunsReply {
+  store_exists: boolean;
+  total: number;
+  runs: IRunSummary[];
+}
+
+/** matches GET /dtwork/runs/<id> */
+export interface IRunReply {
+  run: IRunSummary & {
+    last_metrics: Record<string, number | null>;
+    metric_names: string[];
+    per_slot_batch_size: number | null;
+  };
+}
+
+/** matches GET /dtwork/runs/<id>/metrics?name=NAME: points are [step, value, time] */
+export interface IMetricsReply {
+  run_id: number;
+  name: string;
+  total: number;
+  points: [number, number | null, number | null][];
+}
+
+/** matches POST /dtwork/runs/<id>/report: path is relative to the Jupyter root */
+export interface IReportReply {
+  run_id: number;
+  path: string;
+}
+
+/** one GPU sample; part of GET /dtwork/gpus (fields NVML cannot give are null) */
+export interface IGpuInfo {
+  index: number;
+  name: string | null;
+  uuid: string | null;
+  driver: string | null;
+  utilization: number | null;
+  memory_used_mb: number | null;
+  memory_total_mb: number | null;
+  temperature_c: number | null;
+  power_w: number | null;
+}
+
+/** matches GET /dtwork/gpus */
+export interface IGpusReply {
+  available: boolean;
+  reason: string | null;
+  gpus: IGpuInfo[];
+}
+
+/** every error answer of /dtwork/... */
+export interface IErrorReply {
+  error: string;
+}

@@ -1,0 +1,127 @@
+/**
+ * The dtwork sidebar in a real JupyterLab: GPUs (CPU mode here), the start cell, a live
+ * 2-rank cluster and its run, stopping it from the panel, and the "server extension
+ * missing" state. Waits on elements and responses only; screenshots go to test-results/.
+ */
+import { expect, test } from '@jupyterlab/galata';
+import type { Page, Response } from '@playwright/test';
+import * as fs from 'fs';
+
+const PANEL = '#dtwork-panel';
+const PANEL_TAB = '.jp-SideBar .lm-TabBar-tab[data-id="dtwork-panel"]';
+const section = (page: Page, name: string) => page.locator(`${PANEL} [data-section="${name}"]`);
+
+interface IClusterWire {
+  id: string;
+  pids: number[];
+  ranks: { rank: number; pid: number | null }[];
+}
+
+/** Open the sidebar by clicking its tab (layout restore can defeat activateById). */
+async function openPanel(page: Page): Promise<void> {
+  if (!(await page.locator(PANEL).isVisible())) {
+    await page.locator(PANEL_TAB).click();
+  }
+  await expect(page.locator(PANEL)).toBeVisible();
+}
+
+/** Whether a PID names a live process (a zombie, already dead, counts as gone). */
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch {
+    return false;
+  }
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
+test.describe('dtwork sidebar', () => {
+  test('shows GPUs (CPU mode without any) and helpful empty states', async ({ page, request }, testInfo) => {
+    const gpus = (await (await request.get('/dtwork/gpus')).json()) as { available: boolean; gpus: unknown[] };
+    await openPanel(page);
+    if (gpus.available) {
+      await expect(section(page, 'gpus').locator('.dtwork-Gpu')).toHaveCount(gpus.gpus.length);
+    } else {
+      await expect(section(page, 'gpus')).toContainText('CPU mode');
+    }
+    await expect(section(page, 'clusters')).toContainText('No cluster is running');
+    await expect(section(page, 'runs')).toContainText('No runs yet');
+    await expect(page.locator(`${PANEL} .dtwork-Version`)).toContainText('dtwork ');
+    await page.screenshot({ path: testInfo.outputPath('panel-empty.png') });
+  });
+
+  test('the command palette entry inserts the start cell', async ({ page }) => {
+    await page.notebook.createNew('palette.ipynb');
+    await page.keyboard.press('Control+Shift+C');
+    const palette = page.locator('#command-palette');
+    await palette.locator('input').fill('dtwork start cell');
+    await palette.locator('.lm-CommandPalette-item', { hasText: 'Insert dtwork start cell' }).click();
+    await expect.poll(() => page.notebook.getCellTextInput(0)).toBe('%load_ext dtwork\n%dtrain start');
+  });
+
+  test('a cluster and its run appear, and the panel stops the cluster', async ({ page, request }, testInfo) => {
+    await openPanel(page);
+    await page.notebook.createNew('cluster.ipynb');
+    await page.locator(`${PANEL} .dtwork-InsertButton`).click();
+    await expect.poll(() => page.notebook.getCellTextInput(0)).toContain('%dtrain start');
+
+    await page.notebook.setCell(0, 'code', '%load_ext dtwork\n%dtrain start -n 2');
+    await page.notebook.runCell(0, { inplace: true });
+    const cluster = page.locator(`${PANEL} .dtwork-Cluster`);
+    await expect(cluster).toHaveCount(1, { timeout: 90_000 });
+    await expect(cluster.locator('tbody tr')).toHaveCount(2);
+    await expect(cluster).toContainText('2 ranks');
+    // the owning notebook (as the kernel was started: galata renames it after) and kernel
+    await expect(cluster.locator('.dtwork-Meta').first()).toContainText(/notebook \S+\.ipynb · kernel \d+/);
+
+    const listed = (await (await request.get('/dtwork/clusters')).json()) as { clusters: IClusterWire[] };
+    expect(listed.clusters).toHaveLength(1);
+    const { id } = listed.clusters[0];
+    const pids = [...new Set([...listed.clusters[0].pids, ...listed.clusters[0].ranks.map(r => r.pid ?? 0)])].filter(p => p > 0);
+    expect(pids.length).toBeGreaterThanOrEqual(2);
+    expect(pids.every(isAlive)).toBe(true);
+
+    await page.notebook.addCell('code', '%%dtrain\nprint(ctx.rank)');
+    await page.notebook.runCell(1, { inplace: true });
+    const run = page.locator(`${PANEL} .dtwork-Run`);
+    await expect(run).toHaveCount(1, { timeout: 60_000 });
+    await expect(run.locator('[data-stat="ranks"]')).toContainText('2 ×');
+    await page.screenshot({ path: testInfo.outputPath('panel-cluster-and-run.png') });
+
+    await cluster.locator('.dtwork-StopButton').click();
+    const dialog = page.locator('.jp-Dialog');
+    await expect(dialog).toContainText(id);
+    const stopped = page.waitForResponse(
+      (r: Response) => r.url().endsWith(`/dtwork/clusters/${id}/stop`) && r.request().method() === 'POST'
+    );
+    await dialog.getByRole('button', { name: 'Stop' }).click();
+    expect((await stopped).status()).toBe(200);
+
+    await expect(cluster).toHaveCount(0);
+    await expect(section(page, 'clusters')).toContainText('No cluster is running');
+    const after = (await (await request.get('/dtwork/clusters')).json()) as { clusters: IClusterWire[] };
+    expect(after.clusters.map(c => c.id)).not.toContain(id);
+    for (const pid of pids) {
+      await expect.poll(() => isAlive(pid), { message: `process ${pid} still alive` }).toBe(false);
+    }
+    await expect(run).toHaveCount(1); // the run stays in the store
+    await page.screenshot({ path: testInfo.outputPath('panel-after-stop.png') });
+  });
+
+  test('says so when the server extension is missing', async ({ page }, testInfo) => {
+    await page.route('**/dtwork/**', route =>
+      route.fulfill({ status: 404, contentType: 'text/html', body: '<html><body>404 : Not Found</body></html>' })
+    );
+    await openPanel(page);
+    const banner = page.locator(`${PANEL} .dtwork-Banner`);
+    await expect(banner).toContainText('Server extension missing');
+    await expect(banner).toContainText('jupyter server extension list');
+    await expect(section(page, 'clusters')).toBeHidden();
+    await page.screenshot({ path: testInfo.outputPath('panel-server-missing.png') });
+  });
+});

@@ -1,0 +1,39 @@
+"""Shared fixtures: one real 2-rank gloo cluster for the whole session, isolated state dirs."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Isolate dtwork's per-user registry and the run store before anything imports dtwork.
+_STATE = Path(tempfile.mkdtemp(prefix="dtwork-tests-"))
+os.environ.setdefault("DTWORK_HOME", str(_STATE / "home"))
+os.environ.setdefault("DTWORK_STORE", str(_STATE / "runs.sqlite"))
+os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="session")
+def state_dir() -> Path:
+    return _STATE
+
+
+@pytest.fixture(scope="session")
+def cluster(state_dir: Path) -> Iterator[object]:
+    """A real 2-rank CPU cluster (ipyparallel engines + gloo process group)."""
+    import dtwork
+
+    c = dtwork.start(n=2, backend="gloo", timeout=60)
+    c.session.live = False
+    yield c
+    c.stop()
+
+
+@pytest.fixture()
+def fresh_run(cluster: object) -> Iterator[object]:
+    """Give each test its own run in the store and default config on every rank."""
+    cluster.configure(None)  # type: ignore[attr-defined]
+    yield cluster

@@ -1,0 +1,277 @@
+"""The core: real engines, a real gloo process group, the magics on a real IPython shell."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dtwork
+from dtwork import registry
+from dtwork.errors import DtworkError, RankFailure
+from dtwork.rendezvous import assign_ranks, choose_interface, validate_request
+
+MODEL = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+"""
+
+
+def _reference_model() -> torch.nn.Module:
+    ns: dict[str, object] = {}
+    exec(MODEL, ns)
+    return ns["net"]  # type: ignore[return-value]
+
+
+def test_ddp_matches_one_process_on_the_global_batch(cluster) -> None:
+    k, global_batch = 5, 16
+    cluster.run(
+        MODEL
+        + textwrap.dedent(
+            f"""
+            model = ctx.wrap(net)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            g = torch.Generator().manual_seed(1)
+            X = torch.randn({k} * {global_batch}, 8, generator=g); Y = torch.randn({k} * {global_batch}, 1, generator=g)
+            half = {global_batch} // ctx.world_size
+            for s in range({k}):
+                lo = s * {global_batch} + ctx.rank * half
+                loss = F.mse_loss(model(X[lo:lo + half]), Y[lo:lo + half])
+                opt.zero_grad(); loss.backward(); opt.step()
+            params = [p.detach().clone() for p in model.module.parameters()]
+            """
+        ),
+        quiet=True,
+    )
+    by_rank = cluster.pull("params")
+    ref = _reference_model()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(k * global_batch, 8, generator=g)
+    Y = torch.randn(k * global_batch, 1, generator=g)
+    for s in range(k):
+        sl = slice(s * global_batch, (s + 1) * global_batch)
+        loss = F.mse_loss(ref(X[sl]), Y[sl])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for p0, p1, pr in zip(by_rank[0], by_rank[1], ref.parameters(), strict=True):
+        assert torch.equal(p0, p1)
+        assert torch.allclose(p0, pr.detach(), atol=1e-5)
+
+
+def test_run_push_pull_and_functions(cluster) -> None:
+    cluster.push({"offset": 100})
+    cluster.run("value = offset + ctx.rank", quiet=True)
+    assert cluster.pull("value") == [100, 101]
+    assert cluster.run(lambda a: a * 2, 21) == [42, 42]
+    assert cluster.pull("value", ranks=[1]) == [101]
+    with pytest.raises(DtworkError, match="no variable 'nope' on every rank"):
+        cluster.pull("nope")
+    with pytest.raises(DtworkError, match="no rank 5: this cluster has ranks 0-1"):
+        cluster.run("x = 1", ranks=[5])
+
+
+def test_ranks_are_stable_and_ctx_is_complete(cluster) -> None:
+    def identity() -> dict:
+        from dtwork.runtime import current
+
+        c = current()
+        return {k: getattr(c, k) for k in ("rank", "local_rank", "backend", "world_size", "hostname")}
+
+    infos = cluster.run(identity)
+    assert [i["rank"] for i in infos] == [0, 1]
+    assert [i["local_rank"] for i in infos] == [0, 1]
+    assert {i["backend"] for i in infos} == {"gloo"}
+    assert {i["world_size"] for i in infos} == {2}
+    assert cluster.master_addr == "127.0.0.1" and cluster.master_port != 29500
+    assert [r["engine_id"] for r in cluster.rank_info] == sorted(r["engine_id"] for r in cluster.rank_info)
+
+
+def test_global_batch_remainder_is_dropped_with_a_warning(cluster) -> None:
+    cluster.configure({"global_batch_size": 33})
+    sizes = cluster.run(lambda: __import__("dtwork.runtime", fromlist=["x"]).current().per_slot_batch_size)
+    assert sizes == [16, 16]
+    assert cluster.global_batch_size == 33
+    cluster.configure(None)
+
+
+def test_magics_on_a_real_shell(capsys) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "dtwork")
+    try:
+        ip.run_line_magic("dtrain", "start -n 2 --backend gloo --timeout 60")
+        ip.run_cell_magic("dtrain", "", "a = 10 * (ctx.rank + 1)\nprint('rank says', ctx.rank)")
+        out = capsys.readouterr().out
+        assert "[rank 0] rank says 0" in out and "[rank 1] rank says 1" in out
+        ip.run_cell_magic("dtrain", "--rank0", "print('sum', a + 1)")
+        out = capsys.readouterr().out
+        assert "sum 11" in out and "sum 21" not in out
+        with pytest.raises(RankFailure) as info:
+            ip.run_cell_magic("dtrain", "", "if ctx.rank == 1:\n    raise ValueError('only on one')\nb = a")
+        text = str(info.value)
+        assert "failed on rank 1" in text and "ValueError" in text and "only on one" in text
+        assert "rank 0: ok" in text
+        assert text.count("Traceback") <= 1
+        ip.run_cell_magic("dtrain", "", "print('works', a)")
+        out = capsys.readouterr().out
+        assert "[rank 0] works 10" in out and "[rank 1] works 20" in out
+        ip.run_line_magic("dtrain", "status")
+        ip.run_line_magic("dtrain", "restart")
+        ip.run_cell_magic("dtrain", "", "print('after restart', 'a' in dir())")
+        assert "after restart False" in capsys.readouterr().out
+    finally:
+        ip.run_line_magic("dtrain", "stop")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("start -n 0", "the number of ranks must be a whole number >= 1, got 0"),
+        ("start --backend nccl", "--backend nccl needs GPUs, and NVML sees none on this machine"),
+        ("start --backend mpi", "unknown backend 'mpi': use one of auto, nccl, gloo"),
+        ("start --frobnicate", "unrecognized arguments: --frobnicate"),
+        ("start -n 4 --global-batch-size 3", "global batch size 3 is smaller than the 4 slots"),
+        ("start --timeout -1", "--timeout must be a positive number of seconds"),
+        ("start -n two", "argument -n: invalid int value: 'two'"),
+        ("launch", "unknown %dtrain subcommand 'launch'"),
+        ("", "%dtrain needs a subcommand"),
+    ],
+)
+def test_bad_start_input_fails_at_once_and_starts_nothing(line: str, message: str) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "dtwork")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    t0 = time.monotonic()
+    with pytest.raises(DtworkError) as info:
+        ip.run_line_magic("dtrain", line)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+    assert time.monotonic() - t0 < 5
+    after = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not after, "a bad request started processes"
+
+
+def test_more_ranks_than_gpus_is_refused_with_what_is_there() -> None:
+    with pytest.raises(DtworkError, match=r"asked for 4 ranks but this machine has 2 GPUs .*use -n 2 or fewer"):
+        validate_request(4, "auto", 2, timeout=10, global_batch_size=None)
+    assert validate_request(None, "auto", 2, timeout=10, global_batch_size=None) == (2, "nccl")
+    assert validate_request(None, "auto", 0, timeout=10, global_batch_size=None) == (2, "gloo")
+
+
+def _probe(host: str, pid: int, gpus: int = 0, addrs: dict | None = None) -> dict:
+    return {
+        "hostname": host,
+        "pid": pid,
+        "gpus": [{"index": i} for i in range(gpus)],
+        "addresses": addrs or {"lo": ["127.0.0.1"], "eth0": [f"10.0.0.{pid % 250}"]},
+    }
+
+
+def test_multi_host_rank_assignment_and_interface_choice() -> None:
+    probes = {0: _probe("b", 10, 2), 1: _probe("a", 11, 2), 2: _probe("b", 12, 2), 3: _probe("a", 13, 2)}
+    plans = assign_ranks(probes, use_gpus=True)
+    assert [(p.rank, p.hostname, p.local_rank, p.gpu) for p in plans] == [
+        (0, "b", 0, 0), (1, "b", 1, 1), (2, "a", 0, 0), (3, "a", 1, 1)
+    ]
+    assert choose_interface(probes, None) == "eth0"
+    with pytest.raises(DtworkError, match="network interface 'ib0' not found on host"):
+        choose_interface(probes, "ib0")
+    with pytest.raises(DtworkError, match="3 slots span 2 hosts with 2 GPUs each: use a multiple of 2"):
+        assign_ranks({0: _probe("a", 1, 2), 1: _probe("a", 2, 2), 2: _probe("b", 3, 2)}, use_gpus=True)
+    lonely = {0: _probe("a", 1, addrs={"lo": ["127.0.0.1"], "eth0": ["10.0.0.1"]}),
+              1: _probe("b", 2, addrs={"lo": ["127.0.0.1"], "ib0": ["10.1.0.1"]})}
+    with pytest.raises(DtworkError, match="share no network interface"):
+        choose_interface(lonely, None)
+
+
+def _cluster_pids(c: dtwork.Cluster) -> list[int]:
+    entry = registry.read(registry.entry_path(c.cluster_id)) or {}
+    return [p["pid"] for p in entry.get("processes", [])]
+
+
+def _gone(pids: list[int], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_stop_leaves_no_engine_or_controller() -> None:
+    c = dtwork.start(n=2, backend="gloo")
+    pids = _cluster_pids(c) + [r["pid"] for r in c.rank_info]
+    assert len(set(pids)) >= 3  # controller + 2 engines at least
+    c.stop()
+    assert _gone(pids, 10)
+    assert not registry.entry_path(c.cluster_id).exists()
+
+
+KERNEL = """
+import json, sys, dtwork
+c = dtwork.start(n=2, backend="gloo")
+c.run("import torch.distributed as dist; t = __import__('torch').ones(1); dist.all_reduce(t)", quiet=True)
+entry = json.load(open(dtwork.registry.entry_path(c.cluster_id)))
+print(json.dumps([p["pid"] for p in entry["processes"]]), flush=True)
+if sys.argv[1] == "exit":
+    sys.exit(0)
+import time
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+def test_kernel_exit_or_crash_leaves_no_process(how: str, tmp_path) -> None:
+    import json
+
+    script = tmp_path / "kernel.py"
+    script.write_text(KERNEL)
+    proc = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    pids = json.loads(line)
+    assert len(pids) >= 3
+    if how == "sigkill":
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert _gone(pids, 15), f"left behind: {[p for p in pids if psutil.pid_exists(p)]}"
+
+
+def test_two_kernels_run_clusters_at_once(tmp_path) -> None:
+    script = tmp_path / "k.py"
+    script.write_text(
+        "import dtwork\n"
+        "with dtwork.start(n=2, backend='gloo') as c:\n"
+        "    c.run('import torch, torch.distributed as dist; t = torch.ones(1); dist.all_reduce(t)', quiet=True)\n"
+        "    print(c.master_port, c.pull('t')[0].item())\n"
+    )
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert [o[1] for o in outs] == ["2.0", "2.0"]
+    assert outs[0][0] != outs[1][0]  # each cluster its own free port
+
+
+def test_stale_cluster_of_a_dead_kernel_is_cleaned_at_next_start(tmp_path) -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    dead_kernel = subprocess.Popen([sys.executable, "-c", "pass"])
+    rec = registry.proc_record(dead_kernel.pid)
+    dead_kernel.wait()
+    registry.write("dtwork-stale-test", {"kernel": rec, "processes": [registry.proc_record(sleeper.pid)]})
+    assert "dtwork-stale-test" in registry.clean_stale()
+    assert sleeper.wait(timeout=10) is not None
+    assert not registry.entry_path("dtwork-stale-test").exists()

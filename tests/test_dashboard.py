@@ -1,0 +1,259 @@
+"""Tests for the live dashboard: traces, bars, throttling, threads and the end state (no browser)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+import pytest
+
+from dtwork import plots
+from dtwork.collector import CellResult
+from dtwork.widgets.dashboard import Dashboard, format_duration
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_session(name: str = "mnist", global_batch: int | None = 64) -> Any:
+    return SimpleNamespace(
+        cluster=SimpleNamespace(config=SimpleNamespace(name=name), global_batch_size=global_batch)
+    )
+
+
+def log(step: int, **values: float) -> dict[str, Any]:
+    return {"kind": "log", "step": step, "rank": 0, "time": 10.0 + step, "values": values}
+
+
+def perf(step: int, rank: int, samples: float, step_time: float = 0.1) -> dict[str, Any]:
+    values = {"samples_per_s": samples, "step_time": step_time, "compute_time": 0.08, "data_time": 0.01}
+    return {"kind": "perf", "step": step, "rank": rank, "time": 10.0 + step, "values": values}
+
+
+def trace(fig: go.Figure, name: str) -> Any:
+    matches = [t for t in fig.data if t.name == name]
+    assert len(matches) == 1, [t.name for t in fig.data]
+    return matches[0]
+
+
+def no_data(fig: go.Figure) -> bool:
+    return any(a.name == plots.NO_DATA_NAME for a in fig.layout.annotations)
+
+
+@pytest.fixture
+def dash() -> Iterator[Dashboard]:
+    d = Dashboard.for_cell(fake_session(), 7, [0, 1], display=False)
+    yield d
+    d.close()
+
+
+def test_log_records_land_exactly_in_the_metrics_trace(dash: Dashboard) -> None:
+    dash.feed([log(s, loss=1 / (s + 1)) for s in range(40)])
+    dash.flush()
+    loss = trace(dash.figures["metrics"], "loss")
+    assert list(loss.x) == list(range(40))
+    assert list(loss.y) == [1 / (s + 1) for s in range(40)]
+    assert not no_data(dash.figures["metrics"])
+
+
+def test_new_metric_names_add_traces_and_existing_traces_update_in_place(dash: Dashboard) -> None:
+    dash.feed([log(0, loss=1.0)])
+    dash.flush()
+    first = trace(dash.figures["metrics"], "loss")
+    dash.feed([log(1, loss=0.5, acc=0.9)])
+    dash.flush()
+    assert trace(dash.figures["metrics"], "loss") is first
+    assert list(first.y) == [1.0, 0.5]
+    assert list(trace(dash.figures["metrics"], "acc").x) == [1]
+
+
+def test_throughput_trace_is_the_sum_over_ranks(dash: Dashboard) -> None:
+    dash.feed([perf(s, r, 100.0 * (r + 1) + s) for s in range(5) for r in (0, 1)])
+    dash.flush()
+    fig = dash.figures["throughput"]
+    assert list(trace(fig, "global").x) == list(range(5))
+    assert list(trace(fig, "global").y) == [300.0 + 2 * s for s in range(5)]
+    assert list(trace(fig, "rank 1").y) == [200.0 + s for s in range(5)]
+    assert list(trace(dash.figures["step_time"], "compute").y) == pytest.approx([0.08] * 5)
+    assert "308 samples/s" in dash._header.value  # 104 + 204 at the last step
+
+
+def test_progress_sets_bars_value_max_and_label() -> None:
+    dash = Dashboard(3, [0, 1], min_interval=0.0, trailing=False)
+    dash.feed([perf(4, 0, 250.0, step_time=0.5), perf(4, 1, 240.0, step_time=0.5)])
+    dash.progress({0: {"rank": 0, "time": 100.0, "step": 10, "total": 100, "phase": "train", "epoch": 0}})
+    dash.progress({0: {"rank": 0, "time": 110.0, "step": 20, "total": 100, "phase": "train", "epoch": 0}})
+    dash.progress({1: {"rank": 1, "time": 110.0, "step": 20, "total": None, "phase": "train", "epoch": 0}})
+    bars = dash._bars
+    assert (bars[0].value, bars[0].max) == (20, 100)
+    # 10 steps in 10 s -> 1 s/step, 80 steps left
+    assert bars[0].description == "rank 0: step 20/100 · 250 samples/s · ETA 1 min 20 s"
+    assert bars[1].value == 20 and bars[1].description == "rank 1: step 20 · 240 samples/s"
+    assert "step 20/100" in dash._header.value and "ETA 1 min 20 s" in dash._header.value
+    dash.close()
+
+
+def test_progress_eta_falls_back_to_step_times() -> None:
+    dash = Dashboard(3, [0], min_interval=0.0, trailing=False)
+    dash.feed([perf(s, 0, 100.0, step_time=2.0) for s in range(3)])
+    dash.progress({0: {"rank": 0, "time": 5.0, "step": 3, "total": 10}})
+    assert dash._bars[0].description.endswith("ETA 14 s")
+    dash.close()
+
+
+def test_feeding_twice_within_the_interval_redraws_once_unless_flushed() -> None:
+    clock = FakeClock()
+    dash = Dashboard(1, [0], clock=clock, trailing=False)
+    dash.feed([log(0, loss=1.0)])
+    clock.now += 0.1
+    dash.feed([log(1, loss=0.5)])
+    assert dash.redraws == 1
+    assert list(trace(dash.figures["metrics"], "loss").x) == [0]
+    dash.flush()
+    assert dash.redraws == 2
+    assert list(trace(dash.figures["metrics"], "loss").x) == [0, 1]
+    clock.now += 0.25
+    dash.feed([log(2, loss=0.25)])
+    assert dash.redraws == 3
+    dash.close()
+
+
+def test_records_fed_inside_the_interval_are_drawn_by_the_trailing_redraw() -> None:
+    dash = Dashboard(1, [0], min_interval=0.05)
+    dash.feed([log(0, loss=1.0)])
+    dash.feed([log(1, loss=0.5)])
+    deadline = time.monotonic() + 5.0
+    while dash.redraws < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dash.redraws == 2
+    assert list(trace(dash.figures["metrics"], "loss").x) == [0, 1]
+    dash.close()
+
+
+def test_two_threads_feeding_lose_nothing() -> None:
+    dash = Dashboard(1, [0, 1], min_interval=0.01)
+    errors: list[BaseException] = []
+
+    def worker(rank: int) -> None:
+        try:
+            for s in range(150):
+                batch = [perf(s, rank, 10.0)]
+                if rank == 0:
+                    batch.append(log(s, loss=float(s)))
+                dash.feed(batch)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dash.flush()
+    assert not errors
+    assert len(dash.rows) == 150 * 4 * 2 + 150
+    assert list(trace(dash.figures["metrics"], "loss").x) == list(range(150))
+    assert list(trace(dash.figures["throughput"], "global").y) == [20.0] * 150
+    dash.close()
+
+
+def test_empty_dashboard_shows_no_data_annotations(dash: Dashboard) -> None:
+    assert set(dash.figures) == {"metrics", "throughput", "step_time"}
+    assert all(no_data(fig) and not fig.data for fig in dash.figures.values())
+    dash.feed([log(0, loss=1.0)])
+    dash.flush()
+    assert not no_data(dash.figures["metrics"])
+    assert no_data(dash.figures["throughput"])
+
+
+def test_gpu_and_gns_figures_appear_with_their_records(dash: Dashboard) -> None:
+    dash.feed([log(0, loss=1.0)])
+    dash.flush()
+    assert "gpu" not in dash.figures and "gns" not in dash.figures
+    gpu = {"utilization": 80.0, "memory_used_mb": 1000.0, "memory_total_mb": 16000.0}
+    dash.feed([{"kind": "gpu", "step": 0, "rank": 1, "time": 0.0, "values": gpu}])
+    dash.feed([{"kind": "gns", "step": 0, "rank": 0, "time": 0.0, "values": {"b_simple": 120.0}}])
+    dash.flush()
+    assert list(trace(dash.figures["gpu"], "rank 1 utilization").y) == [80.0]
+    assert list(trace(dash.figures["gns"], "B_simple").y) == [120.0]
+    assert list(trace(dash.figures["gns"], "global batch").y) == [64.0, 64.0]
+    views = [p.view for p in dash.panels.values()]
+    assert all(v in dash.children for v in views)
+
+
+def test_store_rows_can_be_fed_too(dash: Dashboard) -> None:
+    dash.feed([{"step": 5, "rank": None, "name": "loss", "value": 0.1, "time": 1.0, "cell_seq": 2}])
+    dash.flush()
+    assert list(trace(dash.figures["metrics"], "loss").x) == [5]
+    assert dash.rows == [{"step": 5, "rank": None, "name": "loss", "value": 0.1, "time": 1.0}]
+
+
+@pytest.mark.parametrize(
+    ("status", "word", "bar_style"),
+    [("ok", "finished", "success"), ("error", "failed", "danger"), ("interrupted", "interrupted", "warning")],
+)
+def test_finish_header_says_how_the_cell_ended(
+    dash: Dashboard, status: str, word: str, bar_style: str
+) -> None:
+    dash.progress({0: {"rank": 0, "time": 1.0, "step": 5, "total": 10}})
+    assert "running" in dash._header.value
+    dash.finish(CellResult(seq=1, ranks=[0, 1], status=status, seconds=75.0))
+    assert f"{word} in 1 min 15 s" in dash._header.value
+    assert "running" not in dash._header.value
+    assert dash._bars[0].bar_style == bar_style
+    assert dash.status == word
+
+
+def test_finish_draws_what_is_pending() -> None:
+    clock = FakeClock()
+    dash = Dashboard(1, [0], clock=clock, trailing=False)
+    dash.feed([log(0, loss=1.0)])
+    dash.feed([log(1, loss=0.5)])
+    dash.finish(SimpleNamespace(status="ok"))
+    assert list(trace(dash.figures["metrics"], "loss").x) == [0, 1]
+    dash.close()
+
+
+def test_for_cell_displays_and_takes_only_a_title_from_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    shown: list[Any] = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    dash = Dashboard.for_cell(fake_session("cifar"), 12, [0, 1, 2, 3])
+    assert shown == [dash]
+    assert isinstance(dash, widgets.VBox)
+    assert (
+        "cifar" in dash._header.value and "run 12" in dash._header.value and "ranks 0-3" in dash._header.value
+    )
+    assert sorted(dash._bars) == [0, 1, 2, 3]
+    dash.close()
+    bare = Dashboard.for_cell(object(), 1, [0], display=False)
+    assert bare.title == "dtwork" and bare.global_batch is None
+    bare.close()
+
+
+def test_figures_are_figure_widgets_or_rendered_outputs(dash: Dashboard) -> None:
+    dash.feed([log(0, loss=1.0)])
+    dash.flush()
+    panel = dash.panels["metrics"]
+    if panel.live:
+        assert isinstance(panel.view, go.FigureWidget)
+    else:  # plotly >= 6 without anywidget: the same figure rendered into an Output
+        assert isinstance(panel.view, widgets.Output)
+        (output,) = panel.view.outputs
+        spec = output["data"]["application/vnd.plotly.v1+json"]
+        assert spec["data"][0]["y"] == [1.0]
+
+
+def test_format_duration() -> None:
+    assert [format_duration(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]

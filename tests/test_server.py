@@ -1,0 +1,421 @@
+"""The /dtwork/ REST routes, served by a real jupyter_server with authentication on."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from tornado.httpclient import HTTPClientError, HTTPResponse
+from tornado.routing import PathMatches, Rule
+
+import dtwork
+from dtwork import registry, telemetry
+from dtwork.store import RunStore
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+# A sample value for each named group of the route patterns (see test_every_route_needs_auth).
+SAMPLE_IDS = {"run_id": "1", "cluster_id": "dtwork-1-abcdef", "rest": "no-such-route"}
+EXPECTED_ROUTES = {
+    ("GET", "/dtwork/health"),
+    ("GET", "/dtwork/clusters"),
+    ("POST", "/dtwork/clusters/dtwork-1-abcdef/stop"),
+    ("GET", "/dtwork/runs"),
+    ("GET", "/dtwork/runs/1"),
+    ("GET", "/dtwork/runs/1/metrics"),
+    ("POST", "/dtwork/runs/1/report"),
+    ("GET", "/dtwork/gpus"),
+}
+MALFORMED_RUN_IDS = ["abc", "-1", "1.5", "0x10", "1e3", "..", "%2e%2e%2fetc", "9" * 40, "%20"]
+MALFORMED_CLUSTER_IDS = ["..", "-x", "a.b", "a%20b", "%2e%2e%2f%2e%2e", "x" * 200, "%00"]
+
+
+@pytest.fixture
+def jp_server_config() -> dict[str, Any]:
+    return {"ServerApp": {"jpserver_extensions": {"dtwork": True}}}
+
+
+@pytest.fixture(autouse=True)
+def dtwork_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A private cluster registry and run store (which does not exist until a test makes it)."""
+    home = tmp_path / "dtwork-home"
+    store = tmp_path / "store" / "runs.sqlite"
+    monkeypatch.setenv("DTWORK_HOME", str(home))
+    monkeypatch.setenv("DTWORK_STORE", str(store))
+    return {"home": home, "store": store}
+
+
+@pytest.fixture
+def store(dtwork_env: dict[str, Path]) -> dict[str, int]:
+    """A real store: run 1 completed with a loss curve and summary figures, run 2 running, empty."""
+    with RunStore(dtwork_env["store"]) as s:
+        done = s.create_run(name="mlp", world_size=2, backend="gloo", cluster_id="dtwork-1-abcdef")
+        s.add_cell(done, "print(ctx.rank)")
+        records = [{"step": i, "name": "loss", "value": 2.0 / (i + 1)} for i in range(100)]
+        records += [{"step": i, "rank": 0, "name": "loss", "value": 9.0} for i in range(100)]
+        records += [
+            {"step": 99, "name": "samples_per_sec", "value": 1234.5},
+            {"step": 99, "name": "b_simple", "value": 321.0},
+            {"step": 99, "name": "grad_norm", "value": math.nan},
+        ]
+        s.add_metrics(done, records)
+        s.update_summary(done, scaling_efficiency=0.93, weird=math.inf)
+        s.set_run_status(done, "completed", ended=True)
+        running = s.create_run(name=None, world_size=2, backend="gloo")
+    return {"done": done, "running": running}
+
+
+async def get_json(jp_fetch: Any, *parts: str, **kwargs: Any) -> Any:
+    response = await jp_fetch("dtwork", *parts, **kwargs)
+    assert response.code == 200
+    assert response.headers["Content-Type"].startswith("application/json")
+    return json.loads(response.body)
+
+
+async def error_of(jp_fetch: Any, *parts: str, code: int = 404, **kwargs: Any) -> str:
+    """Fetch expecting an HTTP error; return its JSON ``error`` message."""
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("dtwork", *parts, **kwargs)
+    assert info.value.code == code, info.value
+    assert info.value.response is not None
+    body = json.loads(info.value.response.body)
+    assert isinstance(body["error"], str) and body["error"]
+    return body["error"]
+
+
+def post(body: str = "{}") -> dict[str, Any]:
+    return {"method": "POST", "body": body}
+
+
+# -- authentication: every registered route, enumerated from the web app ----------------------
+
+
+def _rules(router: Any) -> list[Rule]:
+    out = []
+    for rule in getattr(router, "rules", []):
+        if hasattr(rule.target, "rules"):
+            out.extend(_rules(rule.target))
+        else:
+            out.append(rule)
+    return out
+
+
+def dtwork_routes(web_app: Any) -> list[tuple[str, str, str]]:
+    """``(method, url path, pattern)`` for every handler method mounted under /dtwork/."""
+    found = []
+    for rule in _rules(web_app.default_router) + _rules(web_app.wildcard_router):
+        if not isinstance(rule.matcher, PathMatches) or "/dtwork/" not in rule.matcher.regex.pattern:
+            continue
+        pattern = rule.matcher.regex.pattern
+        path = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: SAMPLE_IDS[m.group(1)], pattern).rstrip("$")
+        assert re.fullmatch(pattern, path), f"sample path {path} does not match {pattern}"
+        handler = rule.target
+        for method in ("get", "post", "put", "patch", "delete"):
+            if any(method in vars(cls) for cls in handler.__mro__ if cls.__module__.startswith("dtwork")):
+                found.append((method.upper(), path, pattern))
+    return found
+
+
+def test_routes_are_enumerated(jp_serverapp: Any, jp_base_url: str) -> None:
+    routes = {
+        (m, p.replace(jp_base_url.rstrip("/"), "", 1)) for m, p, _ in dtwork_routes(jp_serverapp.web_app)
+    }
+    assert EXPECTED_ROUTES <= routes, EXPECTED_ROUTES - routes
+
+
+@pytest.mark.parametrize("token", [None, "not-the-token"])
+async def test_every_route_needs_auth(
+    jp_serverapp: Any, http_server_client: Any, store: dict[str, int], token: str | None
+) -> None:
+    routes = dtwork_routes(jp_serverapp.web_app)
+    assert len(routes) >= len(EXPECTED_ROUTES)
+    headers = {"Authorization": f"token {token}"} if token else {}
+    for method, path, pattern in routes:
+        body = "{}" if method in ("POST", "PUT", "PATCH") else None
+        response: HTTPResponse = await http_server_client.fetch(
+            path, method=method, body=body, headers=headers, raise_error=False, follow_redirects=False
+        )
+        assert response.code == 403, f"{method} {path} ({pattern}) answered {response.code} without auth"
+
+
+# -- health, unknown routes --------------------------------------------------------------------
+
+
+async def test_health(jp_fetch: Any) -> None:
+    body = await get_json(jp_fetch, "health")
+    assert body == {"ok": True, "version": dtwork.__version__, "store_exists": False}
+
+
+async def test_unknown_route_is_json_404(jp_fetch: Any) -> None:
+    assert "no dtwork route" in await error_of(jp_fetch, "nothing", "here")
+    assert "no dtwork route" in await error_of(jp_fetch, "runs", "1", "nothing", **post())
+
+
+# -- runs -------------------------------------------------------------------------------------
+
+
+async def test_runs_without_store_are_empty(jp_fetch: Any) -> None:
+    assert await get_json(jp_fetch, "runs") == {"store_exists": False, "total": 0, "runs": []}
+    assert "store is empty" in await error_of(jp_fetch, "runs", "1")
+
+
+async def test_runs_with_empty_store_file(jp_fetch: Any, dtwork_env: dict[str, Path]) -> None:
+    dtwork_env["store"].parent.mkdir(parents=True)
+    dtwork_env["store"].write_bytes(b"")  # e.g. created by another tool, no schema yet
+    body = await get_json(jp_fetch, "runs")
+    assert body["runs"] == [] and body["total"] == 0
+
+
+async def test_runs_list(jp_fetch: Any, store: dict[str, int]) -> None:
+    body = await get_json(jp_fetch, "runs")
+    assert body["store_exists"] is True and body["total"] == 2
+    newest, done = body["runs"]
+    assert newest["id"] == store["running"] and newest["status"] == "running"
+    assert newest["sparkline"] == [] and newest["throughput"] is None and newest["loss"] is None
+    assert done["id"] == store["done"] and done["status"] == "completed"
+    assert done["world_size"] == 2 and done["backend"] == "gloo" and done["n_cells"] == 1
+    assert done["last_step"] == 99
+    assert done["throughput"] == 1234.5 and done["b_simple"] == 321.0
+    assert done["scaling_efficiency"] == 0.93
+    assert done["loss"] == pytest.approx(0.02)
+    spark = done["sparkline"]
+    assert 2 <= len(spark) <= 48
+    assert spark[0] == [0, 2.0] and spark[-1] == [99, pytest.approx(0.02)]  # aggregated, not rank 0's 9.0
+    assert [p[0] for p in spark] == sorted(p[0] for p in spark)
+
+
+async def test_run_detail(jp_fetch: Any, store: dict[str, int]) -> None:
+    run = (await get_json(jp_fetch, "runs", str(store["done"])))["run"]
+    assert run["id"] == store["done"] and run["name"] == "mlp"
+    assert run["metric_names"] == ["b_simple", "grad_norm", "loss", "samples_per_sec"]
+    assert run["last_metrics"]["grad_norm"] is None  # NaN travels as null: valid JSON
+    assert run["last_metrics"]["samples_per_sec"] == 1234.5
+    assert len(run["sparkline"]) == 100
+
+
+async def test_run_metrics(jp_fetch: Any, store: dict[str, int]) -> None:
+    rid = str(store["done"])
+    body = await get_json(jp_fetch, "runs", rid, "metrics", params={"name": "loss"})
+    assert body["name"] == "loss" and body["total"] == 100 and len(body["points"]) == 100
+    step, value, when = body["points"][3]
+    assert step == 3 and value == pytest.approx(0.5) and when > 0
+    body = await get_json(jp_fetch, "runs", rid, "metrics", params={"name": "loss", "max_points": "10"})
+    assert len(body["points"]) == 10 and body["points"][-1][0] == 99
+    nan = await get_json(jp_fetch, "runs", rid, "metrics", params={"name": "grad_norm"})
+    assert nan["points"][0][1] is None
+    assert "name the metric" in await error_of(jp_fetch, "runs", rid, "metrics", code=400)
+    message = await error_of(jp_fetch, "runs", rid, "metrics", params={"name": "accuracy"})
+    assert "no metric 'accuracy'" in message and "loss" in message
+    assert "malformed metric name" in await error_of(jp_fetch, "runs", rid, "metrics", params={"name": "a b"})
+
+
+@pytest.mark.parametrize("suffix", [(), ("metrics",), ("report",)])
+@pytest.mark.parametrize("run_id", MALFORMED_RUN_IDS)
+async def test_malformed_run_ids(
+    jp_fetch: Any, store: dict[str, int], run_id: str, suffix: tuple[str, ...]
+) -> None:
+    kwargs = post() if suffix == ("report",) else {"params": {"name": "loss"}}
+    assert "malformed run id" in await error_of(jp_fetch, "runs", run_id, *suffix, **kwargs)
+
+
+@pytest.mark.parametrize("suffix", [(), ("metrics",), ("report",)])
+async def test_unknown_run_ids(jp_fetch: Any, store: dict[str, int], suffix: tuple[str, ...]) -> None:
+    kwargs = post() if suffix == ("report",) else {"params": {"name": "loss"}}
+    assert "no run 999" in await error_of(jp_fetch, "runs", "999", *suffix, **kwargs)
+
+
+async def test_no_paths_or_environment_leak(
+    jp_fetch: Any, store: dict[str, int], dtwork_env: dict[str, Path], tmp_path: Path
+) -> None:
+    texts = []
+    for parts in (("health",), ("runs",), ("runs", "1"), ("runs", "999"), ("clusters",), ("gpus",)):
+        try:
+            texts.append((await jp_fetch("dtwork", *parts)).body.decode())
+        except HTTPClientError as exc:
+            assert exc.response is not None
+            texts.append(exc.response.body.decode())
+    for text in texts:
+        assert str(tmp_path) not in text and "runs.sqlite" not in text and "DTWORK" not in text
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+async def test_report_missing_module_is_501(
+    jp_fetch: Any, store: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "dtwork.report", None)  # import fails as if not installed
+    message = await error_of(jp_fetch, "runs", str(store["done"]), "report", code=501, **post())
+    assert "report export is not available" in message
+
+
+async def test_report_exports_and_returns_relative_path(
+    jp_fetch: Any, jp_root_dir: Path, store: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def export(run_id: int, path: Path, **kwargs: Any) -> Path:
+        calls.append((run_id, Path(path), kwargs))
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text("{}")
+        return Path(path)
+
+    monkeypatch.setitem(sys.modules, "dtwork.report", types.SimpleNamespace(export=export))
+    rid = store["done"]
+    body = await get_json(jp_fetch, "runs", str(rid), "report", **post())
+    assert body == {"run_id": rid, "path": f"reports/run-{rid}.ipynb"}
+    assert (jp_root_dir / body["path"]).is_file()
+    assert calls[0][0] == rid
+
+
+async def test_report_failure_is_500_without_paths(
+    jp_fetch: Any, store: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def export(run_id: int, path: Path) -> Path:
+        raise RuntimeError(f"cannot write {path}")
+
+    monkeypatch.setitem(sys.modules, "dtwork.report", types.SimpleNamespace(export=export))
+    message = await error_of(jp_fetch, "runs", str(store["done"]), "report", code=500, **post())
+    assert "cannot write run-1.ipynb" in message and str(tmp_path) not in message
+
+
+# -- clusters ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sleeper() -> Any:
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def register(cluster_id: str, pids: list[int], notebook: str | None = None) -> None:
+    kernel = registry.proc_record(psutil.Process().pid)  # this process: the "kernel" is alive
+    registry.write(
+        cluster_id,
+        {
+            "kernel": kernel,
+            "kernel_host": "host-a",
+            "state": "running",
+            "n": 2,
+            "backend": "gloo",
+            "ranks": [
+                {
+                    "rank": r,
+                    "hostname": "host-a",
+                    "local_rank": r,
+                    "device": "cpu",
+                    "gpu_name": None,
+                    "pid": pids[0],
+                    "engine_id": r,
+                }
+                for r in range(2)
+            ],
+            "processes": [registry.proc_record(p) for p in pids],
+            "files": [],
+            "cwd": "/somewhere/secret",
+            "store": "/somewhere/secret/runs.sqlite",
+            "started_at": 1700000000.0,
+            "notebook": notebook,
+        },
+    )
+
+
+async def test_clusters_empty(jp_fetch: Any) -> None:
+    assert await get_json(jp_fetch, "clusters") == {"clusters": []}
+
+
+async def test_clusters_list_and_stop(
+    jp_fetch: Any, jp_root_dir: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    cid = "dtwork-4242-a1b2c3"
+    register(cid, [sleeper.pid], notebook=str(jp_root_dir / "work" / "train.ipynb"))
+    (cluster,) = (await get_json(jp_fetch, "clusters"))["clusters"]
+    assert cluster["id"] == cid and cluster["state"] == "running" and cluster["backend"] == "gloo"
+    assert cluster["kernel_alive"] is True and cluster["notebook"] == "work/train.ipynb"
+    assert [r["rank"] for r in cluster["ranks"]] == [0, 1] and cluster["ranks"][1]["device"] == "cpu"
+    assert cluster["pids"] == [sleeper.pid]
+    assert "secret" not in json.dumps(cluster)
+
+    body = await get_json(jp_fetch, "clusters", cid, "stop", **post())
+    assert body == {"stopped": cid, "killed": [sleeper.pid]}
+    assert not psutil.pid_exists(sleeper.pid)
+    assert not registry.entry_path(cid).exists()
+    assert await get_json(jp_fetch, "clusters") == {"clusters": []}
+    assert "no cluster" in await error_of(jp_fetch, "clusters", cid, "stop", **post())
+
+
+async def test_stop_leaves_other_clusters(jp_fetch: Any, sleeper: subprocess.Popen[bytes]) -> None:
+    register("dtwork-1-keep00", [sleeper.pid])
+    assert "no cluster" in await error_of(jp_fetch, "clusters", "dtwork-2-other0", "stop", **post())
+    assert psutil.pid_exists(sleeper.pid) and sleeper.poll() is None
+    assert [c["id"] for c in (await get_json(jp_fetch, "clusters"))["clusters"]] == ["dtwork-1-keep00"]
+
+
+@pytest.mark.parametrize("cluster_id", MALFORMED_CLUSTER_IDS)
+async def test_malformed_cluster_ids(
+    jp_fetch: Any, sleeper: subprocess.Popen[bytes], cluster_id: str
+) -> None:
+    register("dtwork-1-keep00", [sleeper.pid])
+    assert "malformed cluster id" in await error_of(jp_fetch, "clusters", cluster_id, "stop", **post())
+    assert sleeper.poll() is None
+
+
+@pytest.mark.parametrize(
+    "path", ["clusters/..%2F..%2Fetc/stop", "clusters/%2e%2e/stop", "runs/..%2F1", "runs/1%2F..%2F2/metrics"]
+)
+async def test_encoded_traversal_is_json_404(
+    http_server_client: Any, jp_base_url: str, jp_auth_header: dict[str, str], path: str
+) -> None:
+    method, body = ("POST", "{}") if path.endswith("stop") else ("GET", None)
+    response = await http_server_client.fetch(
+        jp_base_url + "dtwork/" + path, method=method, body=body, headers=jp_auth_header, raise_error=False
+    )
+    assert response.code == 404
+    assert "malformed" in json.loads(response.body)["error"]
+
+
+async def test_stop_get_is_not_allowed(jp_fetch: Any) -> None:
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("dtwork", "clusters", "dtwork-1-abcdef", "stop")
+    assert info.value.code == 405
+
+
+# -- GPUs -------------------------------------------------------------------------------------
+
+
+async def test_gpus_cpu_mode(jp_fetch: Any) -> None:
+    body = await get_json(jp_fetch, "gpus")
+    if telemetry.gpu_count() == 0:
+        assert body["available"] is False and body["gpus"] == []
+        assert "CPU mode" in body["reason"]
+    else:
+        assert body["available"] is True and body["gpus"]
+
+
+async def test_gpus_never_500(jp_fetch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> list[Any]:
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(telemetry, "gpu_inventory", broken)
+    body = await get_json(jp_fetch, "gpus")
+    assert body == {"available": False, "reason": "NVML failed: RuntimeError", "gpus": []}
+
+
+async def test_gpus_with_fake_nvml_data(jp_fetch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = telemetry.GPUInfo(0, "Fake H100", "GPU-0", 81559.0, "555.1")
+    sample = telemetry.GPUSample(0, 87.0, 1024.0, 81559.0, 61.0, None)
+    monkeypatch.setattr(telemetry, "gpu_inventory", lambda: [gpu])
+    monkeypatch.setattr(telemetry, "sample", lambda indices=None: [sample])
+    (g,) = (await get_json(jp_fetch, "gpus"))["gpus"]
+    assert g["name"] == "Fake H100" and g["utilization"] == 87.0 and g["power_w"] is None
