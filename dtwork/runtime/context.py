@@ -7,8 +7,10 @@ the modules beside this one, so that plain PyTorch stays in the researcher's han
 
 from __future__ import annotations
 
+import gc
 import socket
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -45,9 +47,7 @@ class Context:
         self.global_batch_size: int | None = None
         self.per_slot_batch_size: int | None = None
         self.publisher = Publisher(rank)
-        self.models: list[torch.nn.Module] = []
-        self.optimizers: list[torch.optim.Optimizer] = []
-        self.schedulers: list[Any] = []
+        self._registered: dict[str, list[weakref.ref[Any]]] = {"models": [], "optimizers": [], "schedulers": []}
         self.loop: Any = None  # the running StepLoop, if any
         self.gns: float | None = None
         self.gns_state: Any = None
@@ -77,6 +77,34 @@ class Context:
             f"device={self.device} backend={self.backend} host={self.hostname} "
             f"batch={self.per_slot_batch_size}/{self.global_batch_size}>"
         )
+
+    # -- what the trial registered (weakly: a model the cell dropped is forgotten) ------------
+
+    def _live(self, kind: str) -> list[Any]:
+        refs = self._registered[kind]
+        live = [r() for r in refs]
+        self._registered[kind] = [r for r, obj in zip(refs, live, strict=True) if obj is not None]
+        return [obj for obj in live if obj is not None]
+
+    def register(self, kind: str, obj: Any) -> None:
+        if obj not in self._live(kind):
+            self._registered[kind].append(weakref.ref(obj))
+
+    @property
+    def models(self) -> list[torch.nn.Module]:
+        return self._live("models")
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return self._live("optimizers")
+
+    @property
+    def schedulers(self) -> list[Any]:
+        return self._live("schedulers")
+
+    def forget_dropped(self) -> None:
+        """Collect models/optimizers that earlier cells replaced, so checkpoints hold the live ones."""
+        gc.collect()
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -118,7 +146,7 @@ class Context:
         from dtwork.runtime.ddp import wrap_model
 
         wrapped = wrap_model(self, model, gns=gns, **ddp_kwargs)
-        self.models.append(wrapped)
+        self.register("models", wrapped)
         return wrapped
 
     def loader(self, dataset: Any, batch_size: int | None = None, **kwargs: Any) -> torch.utils.data.DataLoader:
@@ -138,7 +166,7 @@ class Context:
         from dtwork.runtime.optim import make_optimizer
 
         opt = make_optimizer(self, params, **overrides)
-        self.optimizers.append(opt)
+        self.register("optimizers", opt)
         return opt
 
     def scheduler(self, optimizer: torch.optim.Optimizer, **overrides: Any) -> Any:
@@ -146,7 +174,7 @@ class Context:
         from dtwork.runtime.optim import make_scheduler
 
         sched = make_scheduler(self, optimizer, **overrides)
-        self.schedulers.append(sched)
+        self.register("schedulers", sched)
         return sched
 
     def steps(self, loader: Iterable[Any], max_steps: int | None = None, **kwargs: Any) -> Iterator[tuple[int, Any]]:

@@ -74,6 +74,7 @@ class StepLoop:
         ctx = self.ctx
         if ctx.loop is not None:
             raise DtworkError("ctx.steps is already running: nested training loops are not supported")
+        ctx.forget_dropped()
         self._setup_precision()
         self._setup_gns()
         resume_state = self._load_resume() if self.resume else None
@@ -369,8 +370,7 @@ def backward(ctx: Any, loss: torch.Tensor) -> None:
 def optimizer_step(ctx: Any, optimizer: torch.optim.Optimizer) -> bool:
     """Step at the last micro-batch of a step (scaler-aware), zero the grads, step schedules."""
     loop: StepLoop | None = ctx.loop
-    if optimizer not in ctx.optimizers:
-        ctx.optimizers.append(optimizer)
+    ctx.register("optimizers", optimizer)
     if loop is not None and not loop.is_last_micro:
         return False
     if ctx._scaler is not None:

@@ -314,7 +314,7 @@ def stop_cluster(cluster_id: str) -> dict[str, Any]:
     entry = find_cluster(cluster_id)
     killed = registry.kill_processes(entry.get("processes") or [], grace=3.0)
     registry.remove(cluster_id)
-    return {"stopped": cluster_id, "killed": killed}
+    return {"stopped": cluster_id, "killed": sorted(set(killed))}
 
 
 # -- GPUs --------------------------------------------------------------------------------------
