@@ -161,7 +161,8 @@ class StepLoop:
         return [m for m in self.ctx.models if (s := measure_state(m)) is not None and s.gns]
 
     def _setup_gns(self) -> None:
-        if not self._gns_models() or self.ctx.gns_state is not None:
+        self.ctx.gns_state = None  # a new loop starts a new estimate (a resume restores it)
+        if not self._gns_models():
             return
         from dtwork.analysis.gns import GNSEstimator, no_estimate_reason
 

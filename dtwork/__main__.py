@@ -1,0 +1,49 @@
+"""``python -m dtwork run NOTEBOOK``: execute a notebook headlessly, write the executed copy under reports/."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def run_notebook(path: Path, out_dir: Path, timeout: int = 900) -> Path:
+    """Execute ``path`` with nbclient (cwd: the notebook's folder); write ``out_dir/<name>``."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / path.name
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path.cwd())}})
+    t0 = time.monotonic()
+    print(f"dtwork: executing {path} ({len(nb.cells)} cells) ...", flush=True)
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        nbformat.write(nb, out)
+        print(f"dtwork: {path} failed; the partial run is in {out}\n{exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    nbformat.write(nb, out)
+    print(f"dtwork: executed {path} in {time.monotonic() - t0:.0f} s -> {out}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dtwork", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="execute a notebook headlessly")
+    run.add_argument("notebook", type=Path)
+    run.add_argument("--out", type=Path, default=Path("reports"))
+    run.add_argument("--timeout", type=int, default=900)
+    args = parser.parse_args(argv)
+    if not args.notebook.exists():
+        parser.error(f"no notebook at {args.notebook}")
+    run_notebook(args.notebook, args.out, args.timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
