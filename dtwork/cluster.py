@@ -267,6 +267,8 @@ class Cluster:
 
     def _teardown(self) -> None:
         procs = registry.read(registry.entry_path(self.cluster_id)) or {}
+        # Engines stuck in a collective ignore a polite stop: signal them all ourselves first.
+        registry.kill_processes(procs.get("processes", []), grace=2.0)
         if self.client is not None:
             try:
                 self.client.close()
@@ -277,7 +279,6 @@ class Cluster:
                 self._ipp.stop_cluster_sync()
             except Exception:
                 pass
-        registry.kill_processes(procs.get("processes", []), grace=2.0)
         registry.remove(self.cluster_id)
         if self._reaper is not None:
             try:
@@ -289,8 +290,13 @@ class Cluster:
         self._ipp = None
 
     def restart(self) -> Cluster:
-        """Stop and start again with the same ranks and settings (fresh engines and process group)."""
-        self.stop()
+        """Stop and start again with the same ranks and settings (fresh engines and process group).
+
+        The trial session (its run in the store) carries on across the restart.
+        """
+        if self.state not in ("stopped", "new"):
+            self._teardown()
+            self._set_state("stopped")
         self.cluster_id = f"dtwork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.ranks, self.rank_info, self._probes = [], [], {}
         self.start()

@@ -92,6 +92,7 @@ class CellWatcher:
         self._stall_warned: set[int] = set()
         self._dead: dict[int, str] = {}
         self._t0 = time.monotonic()
+        self.restarted = False
         self.done = threading.Event()
 
     # -- the loop ------------------------------------------------------------------------
@@ -145,6 +146,7 @@ class CellWatcher:
     def _abandon(self, why: str) -> None:
         """Give up on ranks that cannot finish: restart the engines so nothing is left waiting."""
         self.result.message = why
+        self.restarted = True
         self.session.restart_after_failure(why)
 
     # -- output ----------------------------------------------------------------------------
@@ -328,6 +330,7 @@ class Session:
         self._bg_thread: threading.Thread | None = None
         self.dashboard: Any = None
         self.last: CellResult | None = None
+        self.restarts_used = 0
 
     # -- store -----------------------------------------------------------------------------
 
@@ -362,6 +365,7 @@ class Session:
         if self.run_id is not None:
             self.store.set_run_status(self.run_id, "completed", ended=True)
         self.run_id = None
+        self.restarts_used = 0
 
     def persist(self, records: list[dict[str, Any]], seq: int | None) -> None:
         """Write records to the store (first), flattened to metric rows."""
@@ -479,9 +483,40 @@ class Session:
         self.last = result
         if self.dashboard is not None:
             self.dashboard.finish(result)
+        if watcher._dead and not watcher.restarted:
+            recovered = self._recover(watcher)
+            if recovered is not None:
+                return recovered
         if result.errors:
             raise watcher.failure()
         return result
+
+    def _recover(self, watcher: CellWatcher) -> CellResult | None:
+        """After a rank died: fresh engines; with restarts left, replay the run from its checkpoint."""
+        dead = ", ".join(f"rank {r}" for r in sorted(watcher._dead))
+        print(f"dtwork: {dead} died: restarting the engines (fresh process group)", file=sys.stderr, flush=True)
+        self.restart_after_failure(f"{dead} died")
+        watcher.restarted = True
+        limit = self.cluster.config.max_restarts
+        if self.restarts_used >= limit or self.run_id is None:
+            return None
+        self.restarts_used += 1
+        self.event("resume", f"restart {self.restarts_used} of {limit}: replaying the run's cells from the last checkpoint")
+        print(f"dtwork: restart {self.restarts_used} of {limit}: replaying the run from its last checkpoint", file=sys.stderr)
+        self.cluster._call(_set_auto_resume, (True,), {}, None)
+        try:
+            result = None
+            for cell in self.store.cells(self.run_id):
+                ar = self.cluster.view().execute(cell["source"], silent=False, block=False)
+                replay = CellWatcher(self, ar, list(range(self.cluster.world_size)), seq=cell["seq"], rank0=False, quiet=True)
+                result = replay.wait()
+                if result.errors:
+                    return self._conclude(replay, result)
+                self.store.finish_cell(self.run_id, cell["seq"], "ok")
+            return result
+        finally:
+            if self.cluster.state == "running":
+                self.cluster._call(_set_auto_resume, (False,), {}, None)
 
     def _dashboard_feed(self, run_id: int, ranks: list[int], quiet: bool) -> Callable[[list[dict[str, Any]]], None] | None:
         if quiet or not self.live:
@@ -528,6 +563,12 @@ def environment(cluster: Any) -> dict[str, Any]:
         "gpus": [g.to_dict() for g in __import__("dtwork.telemetry", fromlist=["x"]).gpu_inventory()],
         "seed": cluster.config.seed,
     }
+
+
+def _set_auto_resume(on: bool) -> None:
+    from dtwork.runtime import current
+
+    current().auto_resume = on
 
 
 def call_on_ranks(cluster: Any, fn: Callable[..., Any], args: Any, kwargs: Any, ranks: list[int] | None) -> list[Any]:

@@ -1,0 +1,196 @@
+"""Engine side of the analysis commands: time DDP training steps on a subset of the ranks.
+
+``measure`` runs on EVERY rank. Ranks ``0 .. world-1`` form a process group (created
+collectively, cached per world size) and train the model for ``warmup`` untimed and ``steps``
+timed steps; the other ranks return None. The loss is ``output.float().mean()``: only the
+speed matters here, not what the model learns.
+
+Throughput T = samples / elapsed seconds; the elapsed time of a world is the slowest rank's
+(all-reduced with MAX), so T(world) = world × per-slot batch × steps / elapsed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dtwork.runtime.hooks import MeasureState, inner_hook, measure_hook
+
+_GROUPS: dict[int, Any] = {}
+
+
+def _group(world: int) -> Any:
+    """The process group of ranks 0..world-1 (every rank must call this, in the same order)."""
+    if world not in _GROUPS:
+        _GROUPS[world] = dist.new_group(ranks=list(range(world)))
+    return _GROUPS[world]
+
+
+def _user_ns() -> dict[str, Any]:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell.user_ns if shell is not None else {}
+
+
+def _ctx() -> Any:
+    import dtwork.runtime as rt
+
+    return rt.current()
+
+
+def _inputs(batch: Any) -> Any:
+    """The model input of a batch: the first item of a tuple/list batch, else the batch."""
+    if isinstance(batch, (tuple, list)):
+        return batch[0]
+    if isinstance(batch, dict):
+        return next(iter(batch.values()))
+    return batch
+
+
+def _first_in_features(model: torch.nn.Module) -> tuple[int, ...] | None:
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            return (m.in_features,)
+    return None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _agree(ok: bool, group: Any, device: torch.device) -> bool:
+    """True when every rank of ``group`` is ok (one all-reduce)."""
+    flag = torch.tensor([0.0 if ok else 1.0], device=device)
+    dist.all_reduce(flag, group=group)
+    return float(flag.item()) == 0.0
+
+
+def measure(
+    model_expr: str,
+    world: int,
+    per_slot: int,
+    steps: int,
+    warmup: int,
+    shape: tuple[int, ...] | None,
+    loader_expr: str | None,
+    synthetic: bool,
+    bucket_mb: float | None,
+) -> dict[str, Any] | None:
+    """Time ``steps`` DDP steps of ``eval(model_expr)`` on ranks 0..world-1.
+
+    Returns (ranks < world) ``{"world", "rank", "samples_per_s" (this rank), "world_samples_per_s",
+    "step_time", "comm_time", "per_slot", "shape"}`` or ``{"error": "Name: message"}`` when the
+    model (or loader) expression fails on some rank; ranks >= world return None.
+    """
+    group = _group(world)
+    rank = dist.get_rank()
+    if rank >= world:
+        return None
+    ctx = _ctx()
+    device = ctx.device
+    ns = _user_ns()
+    error = None
+    model = loader = None
+    try:
+        model = eval(model_expr, ns)  # noqa: S307 - the user's own expression, on their engines
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"{model_expr} is a {type(model).__name__}, not a torch.nn.Module")
+        if loader_expr:
+            loader = eval(loader_expr, ns)  # noqa: S307
+    except Exception as exc:  # reported once, by the kernel
+        error = f"{type(exc).__name__}: {exc}"
+    if not _agree(error is None, group, device):
+        return {"error": error or "failed on another rank", "rank": rank}
+    assert model is not None
+    model = model.to(device)
+
+    batches: list[Any] | None = None
+    it = None
+    if loader is not None:
+        it = iter(loader)
+        first = _inputs(next(it))
+        if synthetic:
+            if shape is None:
+                shape = tuple(first.shape[1:])
+            per_slot = int(first.shape[0])
+            it = None
+        else:
+            batches = [first]
+    if it is None:
+        if shape is None:
+            shape = _first_in_features(model)
+            if shape is None:
+                return {"error": "no input shape: give one (--shape), e.g. --shape 3,32,32", "rank": rank}
+        gen = torch.Generator().manual_seed(rank)
+        x = torch.randn((per_slot, *shape), generator=gen).to(device)
+
+    kwargs: dict[str, Any] = {"process_group": group}
+    kwargs["bucket_cap_mb"] = bucket_mb if bucket_mb else ctx.config.optimizations.tensor_fusion_threshold
+    if device.type == "cuda":
+        kwargs["device_ids"] = [device.index or 0]
+    ddp = DDP(model, **kwargs)
+    hook, _ = inner_hook("none")
+    state = MeasureState(inner=hook, inner_state=group)
+    ddp.register_comm_hook(state, measure_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+
+    def next_batch() -> Any:
+        nonlocal it
+        if it is None:
+            return x
+        assert batches is not None and loader is not None
+        if batches:
+            return batches.pop().to(device)
+        try:
+            return _inputs(next(it)).to(device)
+        except StopIteration:
+            it = iter(loader)
+            return _inputs(next(it)).to(device)
+
+    def one_step() -> tuple[float, float, int]:
+        inp = next_batch()
+        state.reset()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = ddp(inp).float().mean()
+        loss.backward()
+        opt.step()
+        _sync(device)
+        return time.perf_counter() - t0, state.exposed_comm(), int(inp.shape[0])
+
+    for _ in range(warmup):
+        one_step()
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    step_times, comm_times, samples = [], [], 0
+    for _ in range(steps):
+        st, ct, n = one_step()
+        step_times.append(st)
+        comm_times.append(ct)
+        samples += n
+    _sync(device)
+    elapsed = time.perf_counter() - t0
+    dist.barrier(group=group)
+    stats = torch.tensor([elapsed, float(samples)], dtype=torch.float64, device=device)
+    slowest = stats[:1].clone()
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    total = stats[1:].clone()
+    dist.all_reduce(total, group=group)
+    world_elapsed = float(slowest.item())
+    return {
+        "world": world,
+        "rank": rank,
+        "per_slot": per_slot,
+        "shape": list(shape) if shape is not None else None,
+        "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+        "world_samples_per_s": float(total.item()) / world_elapsed if world_elapsed > 0 else 0.0,
+        "step_time": sum(step_times) / max(1, len(step_times)),
+        "comm_time": sum(comm_times) / max(1, len(comm_times)),
+        "elapsed": world_elapsed,
+    }
