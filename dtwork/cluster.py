@@ -170,6 +170,7 @@ class Cluster:
                 "master_port": self.master_port,
                 "timeout": self.timeout,
                 "gpu": p.gpu,
+                "local_world_size": sum(1 for q in self.ranks if q.hostname == p.hostname),
                 "interface": iface,
                 "global_batch_size": self.global_batch_size,
                 "config": config,

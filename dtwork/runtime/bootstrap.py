@@ -131,6 +131,9 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    # Share the host's cores between its ranks (torchrun does the same with OMP_NUM_THREADS):
+    # two ranks each running all-core kernels on 2 cores thrash and slow every collective.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, spec.get("local_world_size", 1))))
     if spec["backend"] == "nccl":
         torch.cuda.set_device(0)
         device = torch.device("cuda", 0)

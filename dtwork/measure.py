@@ -1,0 +1,389 @@
+"""Kernel side of the analysis commands: scaling sweeps, data-loading check, bucket tuning, GNS advice.
+
+Each command calls ``dtwork.runtime.bench.measure`` on every rank (through ``Cluster.run``),
+turns the per-rank numbers into an ``analysis`` result, stores it in the run store
+(``store.add_result``), prints one plain line and, inside IPython, shows a figure from
+``dtwork.plots``. No torch here: the engines own the devices.
+
+Scaling efficiency E(n) = T(n) / (n T(1)) with T in samples/s (``analysis.scaling``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dtwork.errors import DtworkError
+
+DEFAULT_PER_SLOT = 32
+DEFAULT_SIZES: tuple[float, ...] = (1, 4, 16, 64, 256)
+
+
+# -- shipped to the engines (pickled by reference: this module imports no torch) ------------------
+
+
+def _bench(*args: Any) -> Any:
+    from dtwork.runtime.bench import measure
+
+    return measure(*args)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _in_ipython() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return False
+    return get_ipython() is not None
+
+
+class _Display:
+    """Show a figure once, then update it in place (a display handle) as results arrive."""
+
+    def __init__(self) -> None:
+        self.display_id: str | None = None
+        self.active = _in_ipython()
+
+    def show(self, fig: Any) -> None:
+        if not self.active:
+            return
+        import uuid
+
+        from IPython.display import display, update_display
+
+        # plotly's own display ignores display ids: send its mime bundle ourselves.
+        bundle = dict(fig._repr_mimebundle_() or {})
+        if not bundle:  # a non-notebook renderer (browser, ...): plain display, no live update
+            display(fig)
+            return
+        bundle.setdefault("text/plain", f"<plotly figure: {fig.layout.title.text or ''}>")
+        if self.display_id is None:
+            self.display_id = uuid.uuid4().hex
+            display(bundle, raw=True, display_id=self.display_id)
+        else:
+            update_display(bundle, raw=True, display_id=self.display_id)
+
+
+def _shape(shape: Any) -> tuple[int, ...] | None:
+    if shape is None:
+        return None
+    if isinstance(shape, int):
+        return (shape,)
+    if isinstance(shape, str):
+        try:
+            return tuple(int(v) for v in shape.split(",") if v.strip())
+        except ValueError:
+            raise DtworkError(f"--shape takes whole numbers such as 3,32,32 — got {shape!r}") from None
+    return tuple(int(v) for v in shape)
+
+
+def _check_slots(cluster: Any, slots: Iterable[int] | None) -> list[int]:
+    world = cluster.world_size
+    if slots is None:
+        out, n = [], 1
+        while n < world:
+            out.append(n)
+            n *= 2
+        return sorted(set(out + [world]))
+    out = sorted(set(int(s) for s in slots))
+    if not out:
+        raise DtworkError("--slots needs at least one world size, such as 1,2")
+    if out[0] < 1:
+        raise DtworkError(f"--slots {out[0]} is not a world size: use 1 or more")
+    if out[-1] > world:
+        raise DtworkError(f"--slots {out[-1]} exceeds the {world} ranks of this cluster")
+    return out
+
+
+def _run_bench(
+    cluster: Any,
+    model_expr: str,
+    world: int,
+    per_slot: int,
+    *,
+    steps: int,
+    warmup: int,
+    shape: tuple[int, ...] | None,
+    loader_expr: str | None = None,
+    synthetic: bool = True,
+    bucket_mb: float | None = None,
+) -> dict[str, Any]:
+    """Call the engine-side measurement on every rank; return rank 0's numbers (world-wide)."""
+    if not isinstance(model_expr, str) or not model_expr.strip():
+        raise DtworkError("give a model expression such as Net() (defined in a %%dtrain cell)")
+    out = cluster.run(
+        _bench, model_expr, world, per_slot, steps, warmup, shape, loader_expr, synthetic, bucket_mb
+    )
+    mine = [r for r in out[:world] if r is not None]
+    errors = [r["error"] for r in mine if "error" in r]
+    if errors:
+        what = f"model expression {model_expr!r}"
+        if loader_expr:
+            what = f"model {model_expr!r} or loader {loader_expr!r} expression"
+        hint = (
+            " (define it in a %%dtrain cell first)"
+            if errors[0].startswith(("NameError", "AttributeError"))
+            else ""
+        )
+        if errors[0].startswith("no input shape"):
+            raise DtworkError(f"{model_expr}: {errors[0]}")
+        raise DtworkError(f"{what} failed on the engines: {errors[0]}{hint}")
+    return {
+        **mine[0],
+        "comm_time": max(r["comm_time"] for r in mine),
+        "step_time": max(r["step_time"] for r in mine),
+    }
+
+
+def _store(cluster: Any, kind: str, data: Any) -> int | None:
+    try:
+        session = cluster.session
+        run_id = session.ensure_run()
+        return session.store.add_result(run_id, kind, data)
+    except DtworkError:
+        raise
+    except Exception as exc:  # the measurement stands even when the store cannot take it
+        print(f"dtwork: could not store the {kind} result: {exc}")
+        return None
+
+
+# -- scaling ------------------------------------------------------------------------------------
+
+
+def scaling(
+    cluster: Any,
+    model_expr: str,
+    *,
+    slots: Sequence[int] | None = None,
+    mode: str = "weak",
+    steps: int = 20,
+    warmup: int = 3,
+    per_slot: int | None = None,
+    global_batch: int | None = None,
+    shape: Any = None,
+    bucket_mb: float | None = None,
+    quiet: bool = False,
+) -> Any:
+    """Measure throughput at each world size in ``slots`` and return a ``ScalingResult``.
+
+    Weak scaling keeps the per-slot batch b (global b n); strong scaling keeps the global batch
+    B (per slot B // n). Efficiency E(n) = T(n) / (n T(1)). Synthetic batches of
+    ``(per_slot, *shape)`` (shape defaults to the model's first Linear's in_features).
+    """
+    from dtwork.analysis.scaling import ScalingPoint, ScalingResult, plan_sizes
+
+    if mode not in ("weak", "strong"):
+        raise DtworkError(f"scaling mode is weak or strong, got {mode!r}")
+    if steps < 1:
+        raise DtworkError(f"--steps must be at least 1, got {steps}")
+    sizes = _check_slots(cluster, slots)
+    default_per_slot = (
+        cluster.global_batch_size // cluster.world_size if cluster.global_batch_size else DEFAULT_PER_SLOT
+    )
+    b = per_slot or default_per_slot
+    big = global_batch or cluster.global_batch_size or b * sizes[-1]
+    shp = _shape(shape)
+    result = ScalingResult(mode=mode)  # type: ignore[arg-type]
+    shown = _Display()
+    from dtwork.plots import scaling_figure
+
+    for n in sizes:
+        try:
+            ps, gb = plan_sizes(mode, b, big, n)
+        except ValueError as exc:
+            raise DtworkError(str(exc)) from None
+        r = _run_bench(cluster, model_expr, n, ps, steps=steps, warmup=warmup, shape=shp, bucket_mb=bucket_mb)
+        shp = tuple(r["shape"]) if r.get("shape") else shp
+        point = ScalingPoint(
+            world_size=n,
+            throughput=r["world_samples_per_s"],
+            step_time=r["step_time"],
+            comm_time=r["comm_time"],
+            per_slot_batch=ps,
+            global_batch=gb,
+        )
+        result = ScalingResult(mode=result.mode, points=[*result.points, point])
+        shown.show(scaling_figure(result))
+    _store(cluster, "scaling", result.to_dict())
+    if not quiet:
+        print(f"dtwork: {mode} scaling of {model_expr}: {result.headline()}")
+    return result
+
+
+# -- data loading -------------------------------------------------------------------------------
+
+
+def throughput(
+    cluster: Any,
+    model_expr: str,
+    loader_expr: str,
+    *,
+    steps: int = 10,
+    warmup: int = 2,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Compare real batches from ``loader_expr`` with synthetic ones of the same shape.
+
+    Returns ``{"real", "synthetic" (samples/s over all ranks), "ratio", "bottleneck", "sentence"}``;
+    the loader is the bottleneck when real / synthetic < 0.9 (``analysis.scaling.data_bottleneck``).
+    """
+    from dtwork.analysis.scaling import data_bottleneck
+
+    if not loader_expr:
+        raise DtworkError("throughput needs a loader: --data LOADER_EXPR (e.g. --data ctx.loader(ds))")
+    world = cluster.world_size
+    real = _run_bench(
+        cluster,
+        model_expr,
+        world,
+        DEFAULT_PER_SLOT,
+        steps=steps,
+        warmup=warmup,
+        shape=None,
+        loader_expr=loader_expr,
+        synthetic=False,
+    )
+    synth = _run_bench(
+        cluster,
+        model_expr,
+        world,
+        DEFAULT_PER_SLOT,
+        steps=steps,
+        warmup=warmup,
+        shape=None,
+        loader_expr=loader_expr,
+        synthetic=True,
+    )
+    try:
+        slow, ratio, sentence = data_bottleneck(real["world_samples_per_s"], synth["world_samples_per_s"])
+    except ValueError as exc:
+        raise DtworkError(str(exc)) from None
+    out = {
+        "real": real["world_samples_per_s"],
+        "synthetic": synth["world_samples_per_s"],
+        "ratio": ratio,
+        "bottleneck": slow,
+        "sentence": sentence,
+        "world_size": world,
+        "model": model_expr,
+        "loader": loader_expr,
+    }
+    _store(cluster, "throughput", out)
+    if _in_ipython():
+        import plotly.graph_objects as go
+        from IPython.display import display
+
+        fig = go.Figure(go.Bar(x=["real batches", "synthetic batches"], y=[out["real"], out["synthetic"]]))
+        fig.update_layout(title=sentence.split(":")[0], yaxis_title="samples/s", template="plotly_white")
+        display(fig)
+    if not quiet:
+        print(f"dtwork: {sentence}")
+    return out
+
+
+# -- DDP bucket size ------------------------------------------------------------------------------
+
+
+def tune_buckets(
+    cluster: Any,
+    model_expr: str,
+    *,
+    sizes: Sequence[float] = DEFAULT_SIZES,
+    steps: int = 10,
+    warmup: int = 2,
+    per_slot: int | None = None,
+    shape: Any = None,
+    write: bool = True,
+    quiet: bool = False,
+) -> dict[float, float]:
+    """Time a step at each DDP bucket size (MB) on all ranks; return ``{size: step_time}``.
+
+    The fastest (``analysis.scaling.best_bucket``) becomes ``optimizations.tensor_fusion_threshold``
+    of the cluster config (with ``write``); stored as the "tensor_fusion" result.
+    """
+    from dtwork.analysis.scaling import best_bucket
+    from dtwork.plots import bucket_figure
+
+    sizes = [float(s) for s in sizes]
+    if not sizes or min(sizes) <= 0:
+        raise DtworkError(f"--sizes takes positive bucket sizes in MB such as 1,4,16 — got {sizes}")
+    world = cluster.world_size
+    b = per_slot or (cluster.global_batch_size // world if cluster.global_batch_size else DEFAULT_PER_SLOT)
+    shp = _shape(shape)
+    results: dict[float, float] = {}
+    shown = _Display()
+    for mb in sizes:
+        r = _run_bench(cluster, model_expr, world, b, steps=steps, warmup=warmup, shape=shp, bucket_mb=mb)
+        shp = tuple(r["shape"]) if r.get("shape") else shp
+        results[mb] = r["step_time"]
+        shown.show(bucket_figure(results))
+    best = best_bucket(results)
+    # stored in the run that was measured; writing the config then starts a new run
+    _store(cluster, "tensor_fusion", {"results": {str(k): v for k, v in results.items()}, "best": best})
+    if write:
+        cluster.configure(cluster.config.with_path("optimizations.tensor_fusion_threshold", best))
+    if not quiet:
+        times = ", ".join(f"{mb:g} MB {t * 1e3:.1f} ms" for mb, t in results.items())
+        where = "; written to optimizations.tensor_fusion_threshold" if write else ""
+        print(f"dtwork: fastest bucket {best:g} MB ({times}){where}")
+    return results
+
+
+# -- gradient noise scale -----------------------------------------------------------------------
+
+
+def _latest(store: Any, run_id: int, name: str) -> float | None:
+    rows = [r for r in store.metrics(run_id, name) if r.get("value") is not None]
+    return float(rows[-1]["value"]) if rows else None
+
+
+def gns_advice(
+    cluster: Any, *, dataset_size: int | None = None, run_id: int | None = None, quiet: bool = False
+) -> Any:
+    """Batch-size advice from the latest B_simple of the current run (``analysis.gns.advise``).
+
+    Returns a ``BatchAdvice``, or None (saying why) when the run has no noise-scale estimate.
+    """
+    from dtwork.analysis.gns import advise
+
+    session = cluster.session
+    store = session.store
+    rid = run_id or session.run_id or store.latest_run_id()
+    b_simple = _latest(store, rid, "b_simple") if rid is not None else None
+    if b_simple is None or not b_simple > 0:
+        reason = "no gradient noise scale estimate in this run yet"
+        if b_simple is not None:
+            reason = f"the B_simple estimate is {b_simple:.3g} (not positive): train more steps"
+        print(
+            f"dtwork: {reason}: wrap the model with ctx.wrap(model, gns=True) (or gns.enabled in the config) "
+            "and train a few steps under ctx.steps"
+        )
+        return None
+    b_big = _latest(store, rid, "b_big")
+    global_batch = cluster.global_batch_size or (int(b_big) if b_big else None) or cluster.world_size
+    cfg = cluster.config
+    try:
+        advice = advise(
+            b_simple,
+            int(global_batch),
+            cluster.world_size,
+            base_lr=cfg.effective_lr(),
+            warmup_steps=cfg.lr.warmup,
+            dataset_size=dataset_size,
+        )
+    except ValueError as exc:
+        raise DtworkError(str(exc)) from None
+    if not quiet:
+        print(f"dtwork: B_simple ~ {b_simple:.1f} at global batch {global_batch} (run {rid})")
+        for line in advice.summary():
+            print(f"  {line}")
+    if _in_ipython():
+        from IPython.display import display
+
+        from dtwork.plots import gns_figure, tradeoff_figure
+
+        display(gns_figure(store.metrics(rid, "b_simple"), global_batch))
+        display(tradeoff_figure(b_simple, global_batch))
+    return advice

@@ -1,0 +1,56 @@
+"""The walkthrough notebooks execute headlessly (nbclient, kernel python3) and say what they should."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+EXPECTED = {
+    "scaling.ipynb": ["efficient", "weak scaling", "strong scaling"],
+    "gns.ipynb": ["B_simple", "Critical batch size"],
+}
+
+
+def _text(nb) -> str:
+    parts: list[str] = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                parts.append(out["text"])
+            data = out.get("data", {})
+            if "text/plain" in data:
+                parts.append(data["text/plain"])
+            if out.get("output_type") == "error":
+                parts.append(f"{out.get('ename')}: {out.get('evalue')}")
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+
+    monkeypatch.setenv("DTWORK_STORE", str(tmp_path / "runs.sqlite"))
+    monkeypatch.setenv("DTWORK_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as exc:
+        pytest.fail(f"{name} failed: {str(exc)[-2000:]}")
+    text = _text(nb)
+    for expected in EXPECTED[name]:
+        assert expected in text, f"{expected!r} not in the outputs of {name}:\n{text[-3000:]}"
+
+
+def test_notebooks_are_committed_without_outputs() -> None:
+    nbformat = pytest.importorskip("nbformat")
+    for name in EXPECTED:
+        nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+        assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), name
