@@ -28,12 +28,14 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   config EXP.yaml load an experiment config on every rank as ``ctx.config`` (starts a new run)
   runs            the runs in the run store
   wait | attach   bring a background (--bg) cell back: live view, wait for its end
-  scaling [--slots 1,2] [--weak|--strong] [--steps K] MODEL_EXPR
+  scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape 20] [--batch B] MODEL_EXPR
                   throughput and scaling efficiency on synthetic data, by world size
-  throughput --data LOADER_EXPR MODEL_EXPR
+  throughput --data LOADER_EXPR [--steps K] MODEL_EXPR
                   real batches against synthetic ones: is data loading the bottleneck?
-  tune MODEL_EXPR sweep DDP bucket sizes, write the best into the config
-  gns             the gradient noise scale and batch-size advice of the current run
+  tune [--sizes 1,4,16] [--shape ...] MODEL_EXPR
+                  sweep DDP bucket sizes, write the best into the config
+  gns [--dataset-size N]
+                  the gradient noise scale and batch-size advice of the current run
   report [PATH.ipynb] [--run ID] [--html] [--verify]
                   export a run as a notebook that re-runs to the same numbers
 
@@ -185,7 +187,7 @@ class DtrainMagics(Magics):
         p.add_argument("path")
         ns = p.parse_args(argv)
         cluster = current()
-        cfg = cluster.configure(ns.path)
+        cluster.configure(ns.path)
         batch = f"global batch {cluster.global_batch_size}" if cluster.global_batch_size else "no global batch"
         print(f"dtwork: {ns.path} loaded on every rank as ctx.config ({batch}); the next cell starts a new run")
         return None
@@ -215,6 +217,89 @@ class DtrainMagics(Magics):
         return None
 
     _sub_attach = _sub_wait
+
+    def _sub_report(self, argv: list[str]) -> Any:
+        p = _parser("report")
+        p.add_argument("path", nargs="?", default=None)
+        p.add_argument("--run", default=None)
+        p.add_argument("--html", action="store_true")
+        p.add_argument("--verify", action="store_true")
+        p.add_argument("--store", default=None)
+        ns = p.parse_args(argv)
+        from dtwork.report import export
+
+        live = [c for c in _clusters if c.state == "running"] if ns.store is None else []
+        store = ns.store or (live[-1].store_path if live else None)
+        run = ns.run or (live[-1].session.run_id if live else None)  # the current run, else the latest
+        report = export(run, ns.path, store=store, html=ns.html, verify=ns.verify)
+        print(report.describe())
+        return None
+
+    # -- analysis: scaling, data loading, bucket size, noise scale ------------------------
+
+    def _sub_scaling(self, argv: list[str]) -> Any:
+        from dtwork import measure
+
+        p = _parser("scaling")
+        p.add_argument("--slots", default=None)
+        mode = p.add_mutually_exclusive_group()
+        mode.add_argument("--weak", dest="mode", action="store_const", const="weak")
+        mode.add_argument("--strong", dest="mode", action="store_const", const="strong")
+        p.add_argument("--steps", type=int, default=20)
+        p.add_argument("--shape", default=None)
+        p.add_argument("--batch", type=int, default=None)
+        p.add_argument("model", nargs="+")
+        ns = p.parse_args(argv)
+        mode_name = ns.mode or "weak"
+        measure.scaling(
+            current(),
+            " ".join(ns.model),
+            slots=_int_list(ns.slots) if ns.slots else None,
+            mode=mode_name,
+            steps=ns.steps,
+            per_slot=ns.batch if mode_name == "weak" else None,
+            global_batch=ns.batch if mode_name == "strong" else None,
+            shape=ns.shape,
+        )
+        return None
+
+    def _sub_throughput(self, argv: list[str]) -> Any:
+        from dtwork import measure
+
+        p = _parser("throughput")
+        p.add_argument("--data", required=True)
+        p.add_argument("--steps", type=int, default=10)
+        p.add_argument("model", nargs="+")
+        ns = p.parse_args(argv)
+        measure.throughput(current(), " ".join(ns.model), ns.data, steps=ns.steps)
+        return None
+
+    def _sub_tune(self, argv: list[str]) -> Any:
+        from dtwork import measure
+
+        p = _parser("tune")
+        p.add_argument("--sizes", default=None)
+        p.add_argument("--shape", default=None)
+        p.add_argument("--steps", type=int, default=10)
+        p.add_argument("model", nargs="+")
+        ns = p.parse_args(argv)
+        sizes = measure.DEFAULT_SIZES
+        if ns.sizes:
+            try:
+                sizes = tuple(float(v) for v in ns.sizes.split(",") if v.strip())
+            except ValueError:
+                raise DtworkError(f"--sizes takes bucket sizes in MB such as 1,4,16 — got {ns.sizes!r}") from None
+        measure.tune_buckets(current(), " ".join(ns.model), sizes=sizes, steps=ns.steps, shape=ns.shape)
+        return None
+
+    def _sub_gns(self, argv: list[str]) -> Any:
+        from dtwork import measure
+
+        p = _parser("gns")
+        p.add_argument("--dataset-size", type=int, default=None)
+        ns = p.parse_args(argv)
+        measure.gns_advice(current(), dataset_size=ns.dataset_size)
+        return None
 
     # -- the cell magic ----------------------------------------------------------------------
 

@@ -13,6 +13,8 @@ No widgets and no torch here.
 
 from __future__ import annotations
 
+import bisect
+
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -150,16 +152,19 @@ def _mean_over_ranks(rows: Iterable[Mapping[str, Any]], name: str) -> dict[int, 
 def global_throughput(rows: Iterable[Mapping[str, Any]]) -> tuple[list[int], list[float]]:
     """Return (steps, global samples/s): the sum over ranks of ``samples_per_s`` at each step.
 
-    Only steps every reporting rank has reached are summed, so a step still in flight on some
-    ranks does not show as a dip in the live view.
+    Ranks report throughput over short windows, each at its own steps, so every rank's latest
+    value at or before a step is carried forward. Only steps every reporting rank has reached
+    are summed, so a step still in flight on some ranks does not show as a dip.
     """
     per_rank = _by_rank(rows, "samples_per_s")
-    totals: dict[int, list[float]] = defaultdict(list)
-    for values in per_rank.values():
-        for step, v in values.items():
-            totals[step].append(v)
-    complete = [(s, sum(vs)) for s, vs in sorted(totals.items()) if len(vs) == len(per_rank)]
-    return [s for s, _ in complete], [v for _, v in complete]
+    if not per_rank:
+        return [], []
+    first = max(min(values) for values in per_rank.values())
+    last = min(max(values) for values in per_rank.values())
+    steps = sorted({s for values in per_rank.values() for s in values if first <= s <= last})
+    keyed = [(sorted(values), values) for values in per_rank.values()]
+    out = [sum(values[keys[bisect.bisect_right(keys, step) - 1]] for keys, values in keyed) for step in steps]
+    return steps, out
 
 
 def latest_by_rank(rows: Iterable[Mapping[str, Any]], name: str) -> dict[int, float]:

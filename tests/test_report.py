@@ -1,0 +1,189 @@
+"""dtwork.report: export a run as a notebook that re-runs to the same numbers, with no secrets."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from dtwork.errors import DtworkError
+from dtwork.report import Scrubber, export
+from dtwork.store import RunStore
+
+GH_TOKEN = "ghp_" + "A1b2C3d4E5" * 4
+HF_TOKEN = "hf_" + "Zz9Yy8Xx7W" * 3
+ENV_SECRET = "Qv7-correct-horse-battery"  # matches no token shape: only the env-value rule finds it
+
+CELL = f"""
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(ctx.config.seed)
+hub = "{GH_TOKEN}"
+# contact: {ENV_SECRET}
+model = ctx.wrap(nn.Linear(4, 1)); opt = ctx.optimizer(model.parameters())
+data = ctx.synthetic((4,), (1,), size=256)
+for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=20):
+    loss = F.mse_loss(model(x), y); ctx.backward(loss); ctx.step(opt); ctx.log(loss=loss)
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(cluster: object) -> tuple[int, Path]:
+    """One 2-rank CPU run of 20 steps, with secrets in its config and its cell."""
+    cfg = {"seed": 7, "global_batch_size": 16, "max_steps": 20, "hyperparameters": {"hub_token": HF_TOKEN}}
+    cluster.configure(cfg)  # type: ignore[attr-defined]
+    cluster.run(CELL, quiet=True)  # type: ignore[attr-defined]
+    session = cluster.session  # type: ignore[attr-defined]
+    run_id, store = session.run_id, session.store.path
+    cluster.configure(None)  # type: ignore[attr-defined]  # ends the run
+    return run_id, store
+
+
+def _losses(store: Path, run_id: int | None = None) -> dict[int, float]:
+    with RunStore(store, readonly=True) as s:
+        rid = s.latest_run_id() if run_id is None else run_id
+        return {r["step"]: r["value"] for r in s.metrics(rid, "loss")}
+
+
+def test_exported_notebook_reruns_to_the_recorded_losses(trained: tuple[int, Path], tmp_path: Path) -> None:
+    run_id, store = trained
+    rep = export(run_id, tmp_path / "run.ipynb", store=store, verify=True)
+    assert rep.verified is True, rep.verification
+    original, rerun = _losses(store, run_id), _losses(tmp_path / "run.rerun.sqlite")
+    assert sorted(original) == list(range(20)) and rerun.keys() == original.keys()
+    assert max(abs(original[s] - rerun[s]) for s in original) <= 1e-6
+    assert rep.max_abs_diff["loss"] <= 1e-6
+    nb = nbformat.read(rep.path, as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert code[0].startswith("%%writefile run.yaml\n")
+    assert (
+        code[1]
+        == "%load_ext dtwork\n%dtrain start -n 2 --backend gloo --config run.yaml --store run.rerun.sqlite"
+    )
+    assert code[2].startswith("%%dtrain\n") and code[3] == "%dtrain stop"
+    assert "RECORDED = json.loads(" in code[4]
+    assert "reproduced the recorded metrics" in nb.cells[-1].source
+
+
+def test_secrets_are_scrubbed_from_notebook_and_html(
+    trained: tuple[int, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id, store = trained
+    monkeypatch.setenv("MY_API_TOKEN", ENV_SECRET)
+    rep = export(run_id, tmp_path / "r.ipynb", store=store, html=True)
+    assert rep.html_path == tmp_path / "r.html"
+    for path in (rep.path, rep.html_path):
+        text = path.read_text()
+        for secret in (GH_TOKEN, HF_TOKEN, ENV_SECRET):
+            assert secret not in text
+    found = "\n".join(rep.scrubbed)
+    assert "$MY_API_TOKEN" in found and "config.hyperparameters.hub_token" in found and "cell 1" in found
+    assert ENV_SECRET not in found
+    nb = nbformat.read(rep.path, as_version=4)
+    train = next(c.source for c in nb.cells if c.source.startswith("%%dtrain"))
+    compile(train.split("\n", 1)[1], "cell", "exec")  # still runnable Python
+    assert "MY_API_TOKEN" in nb.cells[-1].source  # the report says what was scrubbed
+    html = rep.html_path.read_text()  # type: ignore[union-attr]
+    assert not re.findall(r'<script[^>]*\ssrc="https?:', html)  # plotly.js inlined, no CDN
+    assert "Plotly.newPlot" in html and "window.Plotly" in html  # the bundle itself is inline
+
+
+def test_scrubber_finds_secret_shapes_but_leaves_code_alone() -> None:
+    s = Scrubber(environ={"SERVICE_PASSWORD": "s3cr3t-value-42", "HOME": "/root", "MY_KEY": "short"})
+    text = 'url = "https://x?token=0123456789abcdef0123"\npassword = "hunter2"\nsk = "sk-' + "a" * 24 + '"'
+    out = s.text(text + "\napi_key: 9f8e7d6c5b4a39281706f5e4\nnote: s3cr3t-value-42", "cell 1")
+    assert all(v not in out for v in ("0123456789abcdef0123", "hunter2", "a" * 24, "9f8e7d6c5b4a", "s3cr3t"))
+    assert "$SERVICE_PASSWORD" in "\n".join(s.found) and "s3cr3t" not in "\n".join(s.found)
+    code = 'tokenizer = "bert-base"\npassword = getpass()\nkey_dim: 64\nsort_key = "loss"\nauthor: "Ada"'
+    assert Scrubber(environ={}).text(code, "cell 2") == code
+    cfg = {"hyperparameters": {"hub_token": "abc", "depth": 2, "auth": {"password": 123456}}}
+    assert Scrubber(environ={}).data(cfg, "config") == {
+        "hyperparameters": {"hub_token": "<scrubbed>", "depth": 2, "auth": {"password": "<scrubbed>"}}
+    }
+
+
+@pytest.fixture
+def small_store(tmp_path: Path) -> tuple[Path, int, int]:
+    """A store written directly (no cluster): an empty run, then a run with a cell and metrics."""
+    path = tmp_path / "store" / "runs.sqlite"
+    with RunStore(path) as s:
+        empty = s.create_run(world_size=2, backend="gloo")
+        rid = s.create_run(world_size=2, backend="gloo", global_batch_size=16, per_slot_batch_size=8)
+        s.add_cell(rid, "x = 1")
+        logged = (("loss", None, lambda i: 1 / (i + 1)), ("b_simple", None, lambda i: 60.0))
+        perf = tuple(("samples_per_s", r, lambda i: 50.0) for r in (0, 1))
+        rows = [
+            {"step": i, "rank": r, "name": n, "value": f(i)} for i in range(5) for n, r, f in logged + perf
+        ]
+        s.add_metrics(rid, rows)
+        point = {"step_time": 0.1, "comm_time": 0.01, "per_slot_batch": 8}
+        points = [
+            {**point, "world_size": n, "throughput": t, "global_batch": 8 * n}
+            for n, t in ((1, 50.0), (2, 90.0))
+        ]
+        s.add_result(rid, "scaling", {"mode": "weak", "points": points})
+    return path, rid, empty
+
+
+def _tree(root: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(root)), p.stat().st_mode) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("run", "target", "message"),
+    [
+        (99, "r.ipynb", "no run 99 in"),
+        (None, "missing/r.ipynb", "the folder"),
+        (None, "r.txt", "must end with .ipynb"),
+        (None, "folder.ipynb", "is a folder"),
+        ("empty", "r.ipynb", "has no cells: nothing to export"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(
+    small_store: tuple[Path, int, int], tmp_path: Path, run: object, target: str, message: str
+) -> None:
+    store, _, empty = small_store
+    out = tmp_path / "out"
+    (out / "folder.ipynb").mkdir(parents=True)
+    before = _tree(out)
+    with pytest.raises(DtworkError) as info:
+        export(empty if run == "empty" else run, out / target, store=store, html=True)  # type: ignore[arg-type]
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert _tree(out) == before
+
+
+def test_unwritable_folder_is_refused(
+    small_store: tuple[Path, int, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, rid, _ = small_store
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # a read-only folder (root writes anyway)
+    with pytest.raises(DtworkError, match="the folder .* is not writable"):
+        export(rid, tmp_path / "ro" / "r.ipynb", store=store)
+    assert not any((tmp_path / "ro").iterdir())
+
+
+def test_report_magic_on_a_real_shell(
+    small_store: tuple[Path, int, int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    store, rid, _ = small_store
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "dtwork")
+    ip.run_line_magic("dtrain", f"report {tmp_path / 'm.ipynb'} --run {rid} --store {store} --html")
+    assert (tmp_path / "m.ipynb").is_file() and (tmp_path / "m.html").is_file()
+    assert f"wrote run {rid}'s report" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    ip.run_line_magic("dtrain", f"report --store {store}")  # the latest run, to reports/run-<id>.ipynb
+    header = nbformat.read(tmp_path / "reports" / f"run-{rid}.ipynb", as_version=4).cells[0].source
+    expected = ["scaling efficiency | 90%", "B_simple | 60", "final loss | 0.2", "ranks) | 100", "batch | 64"]
+    assert all(f"{line} |" in header for line in expected), header
+    with pytest.raises(DtworkError, match="unrecognized arguments: --frobnicate") as info:
+        ip.run_line_magic("dtrain", "report --frobnicate")
+    assert "\n" not in str(info.value)
