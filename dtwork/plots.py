@@ -14,7 +14,6 @@ No widgets and no torch here.
 from __future__ import annotations
 
 import bisect
-
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
