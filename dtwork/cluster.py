@@ -100,7 +100,7 @@ class Cluster:
             self._register()
             self._join_process_group()
         except BaseException:
-            self._teardown()
+            self._teardown(force=True)
             self._set_state("failed")
             raise
         self.start_seconds = time.perf_counter() - t0
@@ -266,10 +266,11 @@ class Cluster:
         self._teardown()
         self._set_state("stopped")
 
-    def _teardown(self) -> None:
+    def _teardown(self, force: bool = False) -> None:
         procs = registry.read(registry.entry_path(self.cluster_id)) or {}
-        # Engines stuck in a collective ignore a polite stop: signal them all ourselves first.
-        registry.kill_processes(procs.get("processes", []), grace=2.0)
+        if force:
+            # Engines stuck in a collective ignore a polite stop: signal them all ourselves first.
+            registry.kill_processes(procs.get("processes", []), grace=2.0)
         if self.client is not None:
             try:
                 self.client.close()
@@ -280,6 +281,7 @@ class Cluster:
                 self._ipp.stop_cluster_sync()
             except Exception:
                 pass
+        registry.kill_processes(procs.get("processes", []), grace=2.0)  # whatever is left
         registry.remove(self.cluster_id)
         if self._reaper is not None:
             try:
@@ -290,13 +292,13 @@ class Cluster:
         self.client = None
         self._ipp = None
 
-    def restart(self) -> Cluster:
+    def restart(self, force: bool = False) -> Cluster:
         """Stop and start again with the same ranks and settings (fresh engines and process group).
 
         The trial session (its run in the store) carries on across the restart.
         """
         if self.state not in ("stopped", "new"):
-            self._teardown()
+            self._teardown(force=force)
             self._set_state("stopped")
         self.cluster_id = f"dtwork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.ranks, self.rank_info, self._probes = [], [], {}

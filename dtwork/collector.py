@@ -428,7 +428,7 @@ class Session:
 
     def restart_after_failure(self, why: str) -> None:
         self.event("restart", f"engines restarted: {why}")
-        self.cluster.restart()
+        self.cluster.restart(force=True)
 
     def on_restart(self) -> None:
         """Called by the cluster after a restart (fresh engines)."""
@@ -525,8 +525,15 @@ class Session:
             from dtwork.widgets.dashboard import Dashboard
         except ImportError:
             return None
-        self.dashboard = Dashboard.for_cell(self, run_id, ranks)
-        return self.dashboard.feed
+        self.dashboard = None
+
+        def feed(records: list[dict[str, Any]]) -> None:
+            # Made at the first records: a cell that logs nothing shows no empty dashboard.
+            if self.dashboard is None:
+                self.dashboard = Dashboard.for_cell(self, run_id, ranks)
+            self.dashboard.feed(records)
+
+        return feed
 
     def close(self) -> None:
         if self.run_id is not None and self._store is not None:
