@@ -212,17 +212,7 @@ class Cluster:
 
     def _register(self) -> None:
         """Write (or refresh) this cluster's registry entry and make sure a reaper watches it."""
-        procs = []
-        if self._ipp is not None:
-            ctrl = self._ipp.controller
-            if ctrl is not None and getattr(ctrl, "pid", None):
-                procs.append(registry.proc_record(ctrl.pid))
-            for es in self._ipp.engines.values():
-                for launcher in getattr(es, "launchers", {}).values():
-                    if getattr(launcher, "pid", None):
-                        procs.append(registry.proc_record(launcher.pid))
-        for probe in getattr(self, "_probes", {}).values():
-            procs.append({"pid": probe["pid"], "create_time": probe["create_time"]})
+        procs = self._process_records()
         files = [self._ipp.cluster_file] if self._ipp is not None and self._ipp.cluster_file else []
         path = registry.write(
             self.cluster_id,
@@ -235,7 +225,7 @@ class Cluster:
                 "profile": self.profile,
                 "master": f"{self.master_addr}:{self.master_port}" if self.master_port else None,
                 "ranks": self.rank_info or [p.to_dict() for p in self.ranks],
-                "processes": [p for p in procs if p],
+                "processes": procs,
                 "files": files,
                 "started_at": self.started_at,
                 "cwd": os.getcwd(),
@@ -252,6 +242,21 @@ class Cluster:
                 stderr=subprocess.DEVNULL,
             )
 
+    def _process_records(self) -> list[dict[str, Any]]:
+        """Every process this cluster owns that can be seen from here: controller, launchers, engines."""
+        procs = []
+        if self._ipp is not None:
+            ctrl = self._ipp.controller
+            if ctrl is not None and getattr(ctrl, "pid", None):
+                procs.append(registry.proc_record(ctrl.pid))
+            for es in self._ipp.engines.values():
+                for launcher in getattr(es, "launchers", {}).values():
+                    if getattr(launcher, "pid", None):
+                        procs.append(registry.proc_record(launcher.pid))
+        for probe in getattr(self, "_probes", {}).values():
+            procs.append({"pid": probe["pid"], "create_time": probe["create_time"]})
+        return [p for p in procs if p]
+
     def _store_path(self) -> Any:
         from dtwork.store import default_store_path
 
@@ -267,10 +272,11 @@ class Cluster:
         self._set_state("stopped")
 
     def _teardown(self, force: bool = False) -> None:
-        procs = registry.read(registry.entry_path(self.cluster_id)) or {}
+        entry = registry.read(registry.entry_path(self.cluster_id)) or {}
+        procs = entry.get("processes", []) + self._process_records()
         if force:
             # Engines stuck in a collective ignore a polite stop: signal them all ourselves first.
-            registry.kill_processes(procs.get("processes", []), grace=2.0)
+            registry.kill_processes(procs, grace=2.0)
         if self.client is not None:
             try:
                 self.client.close()
@@ -281,7 +287,7 @@ class Cluster:
                 self._ipp.stop_cluster_sync()
             except Exception:
                 pass
-        registry.kill_processes(procs.get("processes", []), grace=2.0)  # whatever is left
+        registry.kill_processes(procs, grace=2.0)  # whatever is left
         registry.remove(self.cluster_id)
         if self._reaper is not None:
             try:

@@ -390,14 +390,20 @@ class Session:
     # -- health ----------------------------------------------------------------------------
 
     def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
-        """Ranks whose engine process is gone (checked by PID on this host), with why."""
+        """Ranks whose engine is gone, with why: by PID on this host, by lost heartbeat elsewhere."""
         import socket
 
         host = socket.gethostname()
         out = {}
+        try:
+            registered = set(self.cluster.client.ids) if self.cluster.client is not None else None
+        except Exception:
+            registered = None
         for rank in ranks:
             info = self.cluster.rank_info[rank]
             if info.get("hostname") != host:
+                if registered is not None and info["engine_id"] not in registered:
+                    out[rank] = f"engine {info['engine_id']} on {info.get('hostname')} lost (no heartbeat: host or network down)"
                 continue
             probe = self.cluster._probes.get(info["engine_id"], {})
             try:
