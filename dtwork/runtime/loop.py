@@ -62,6 +62,7 @@ class StepLoop:
         self._pending: tuple[Any, torch.Tensor, list[str], dict[str, Any], float | None, int] | None = None
         self._samples = 0
         self._gns_micro: list[float] = []
+        self._gns_big: float | None = None
         self._grad_snapshot: torch.Tensor | None = None
         self._micro_len = 0
         self._perf = {"t": 0.0, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
@@ -192,18 +193,19 @@ class StepLoop:
         micro = g if self._grad_snapshot is None else g - self._grad_snapshot
         factor = self.k if self.ctx.config.optimizations.average_aggregated_gradients else 1.0
         self._gns_micro.append(float(micro.pow(2).sum()) * factor**2 / scale**2)
+        if self.is_last_micro:  # the accumulated gradient, before ctx.step zeroes it
+            self._gns_big = float(g.pow(2).sum()) * (factor / self.k) ** 2 / scale**2
 
     def _local_norms(self, scale: float) -> tuple[float, float] | None:
         """(local |G_small|^2, |G_big|^2) of this step, unscaled; None when not measured."""
         if self.ctx.gns_state is None:
             return None
         if self.micro_gns():
-            if len(self._gns_micro) < 2:
+            micro, self._gns_micro = self._gns_micro, []
+            if len(micro) < 2 or self._gns_big is None:
                 return None
-            big = float(self._grad_vector().pow(2).sum()) / scale**2
-            small = sum(self._gns_micro) / len(self._gns_micro)
-            self._gns_micro.clear()
-            return small, big
+            big, self._gns_big = self._gns_big, None
+            return sum(micro) / len(micro), big
         states = [measure_state(m) for m in self._gns_models()]
         norms = [s.norms() for s in states if s is not None]
         if not norms or any(n is None for n in norms):
