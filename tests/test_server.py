@@ -2,25 +2,77 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import importlib.util
 import json
 import math
 import re
 import subprocess
 import sys
 import types
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+import pytest_jupyter.jupyter_server as _pytest_jupyter
 from tornado.httpclient import HTTPClientError, HTTPResponse
 from tornado.routing import PathMatches, Rule
 
 import dtwork
 from dtwork import registry, telemetry
+from dtwork.errors import DtworkError
 from dtwork.store import RunStore
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
+# pytest-jupyter's fixtures, made this module's own so that they (and their autouse parts: a
+# fresh event loop and a ServerApp clean-up around every test) apply here only; registering the
+# plugin with `pytest_plugins` would impose them, and its async-test hooks, on the whole suite.
+_JP_FIXTURES = (
+    "echo_kernel_spec",
+    "http_server",
+    "http_server_client",
+    "http_server_port",
+    "io_loop",
+    "jp_argv",
+    "jp_asyncio_loop",
+    "jp_auth_header",
+    "jp_base_url",
+    "jp_config_dir",
+    "jp_configurable_serverapp",
+    "jp_data_dir",
+    "jp_env_config_path",
+    "jp_env_jupyter_path",
+    "jp_environ",
+    "jp_extension_environ",
+    "jp_fetch",
+    "jp_home_dir",
+    "jp_http_port",
+    "jp_kernel_dir",
+    "jp_logging_stream",
+    "jp_nbconvert_templates",
+    "jp_root_dir",
+    "jp_runtime_dir",
+    "jp_server_cleanup",
+    "jp_serverapp",
+    "jp_system_config_path",
+    "jp_system_jupyter_path",
+    "jp_template_dir",
+    "jp_web_app",
+)
+globals().update({name: getattr(_pytest_jupyter, name) for name in _JP_FIXTURES})
+
+
+def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test to completion on the event loop the server fixtures use."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.get_event_loop().run_until_complete(test(*args, **kwargs))
+
+    return run
+
 
 # A sample value for each named group of the route patterns (see test_every_route_needs_auth).
 SAMPLE_IDS = {"run_id": "1", "cluster_id": "dtwork-1-abcdef", "rest": "no-such-route"}
@@ -61,6 +113,11 @@ def store(dtwork_env: dict[str, Path]) -> dict[str, int]:
         s.add_cell(done, "print(ctx.rank)")
         records = [{"step": i, "name": "loss", "value": 2.0 / (i + 1)} for i in range(100)]
         records += [{"step": i, "rank": 0, "name": "loss", "value": 9.0} for i in range(100)]
+        records += [  # each rank's own throughput: the run's is the sum of their latest
+            {"step": step, "rank": rank, "name": "samples_per_s", "value": 600.0 + step + rank / 2}
+            for step in (50, 98)
+            for rank in (0, 1)
+        ]
         records += [
             {"step": 99, "name": "samples_per_sec", "value": 1234.5},
             {"step": 99, "name": "b_simple", "value": 321.0},
@@ -132,6 +189,7 @@ def test_routes_are_enumerated(jp_serverapp: Any, jp_base_url: str) -> None:
 
 
 @pytest.mark.parametrize("token", [None, "not-the-token"])
+@in_loop
 async def test_every_route_needs_auth(
     jp_serverapp: Any, http_server_client: Any, store: dict[str, int], token: str | None
 ) -> None:
@@ -149,11 +207,13 @@ async def test_every_route_needs_auth(
 # -- health, unknown routes --------------------------------------------------------------------
 
 
+@in_loop
 async def test_health(jp_fetch: Any) -> None:
     body = await get_json(jp_fetch, "health")
     assert body == {"ok": True, "version": dtwork.__version__, "store_exists": False}
 
 
+@in_loop
 async def test_unknown_route_is_json_404(jp_fetch: Any) -> None:
     assert "no dtwork route" in await error_of(jp_fetch, "nothing", "here")
     assert "no dtwork route" in await error_of(jp_fetch, "runs", "1", "nothing", **post())
@@ -162,11 +222,13 @@ async def test_unknown_route_is_json_404(jp_fetch: Any) -> None:
 # -- runs -------------------------------------------------------------------------------------
 
 
+@in_loop
 async def test_runs_without_store_are_empty(jp_fetch: Any) -> None:
     assert await get_json(jp_fetch, "runs") == {"store_exists": False, "total": 0, "runs": []}
     assert "store is empty" in await error_of(jp_fetch, "runs", "1")
 
 
+@in_loop
 async def test_runs_with_empty_store_file(jp_fetch: Any, dtwork_env: dict[str, Path]) -> None:
     dtwork_env["store"].parent.mkdir(parents=True)
     dtwork_env["store"].write_bytes(b"")  # e.g. created by another tool, no schema yet
@@ -174,6 +236,7 @@ async def test_runs_with_empty_store_file(jp_fetch: Any, dtwork_env: dict[str, P
     assert body["runs"] == [] and body["total"] == 0
 
 
+@in_loop
 async def test_runs_list(jp_fetch: Any, store: dict[str, int]) -> None:
     body = await get_json(jp_fetch, "runs")
     assert body["store_exists"] is True and body["total"] == 2
@@ -183,7 +246,7 @@ async def test_runs_list(jp_fetch: Any, store: dict[str, int]) -> None:
     assert done["id"] == store["done"] and done["status"] == "completed"
     assert done["world_size"] == 2 and done["backend"] == "gloo" and done["n_cells"] == 1
     assert done["last_step"] == 99
-    assert done["throughput"] == 1234.5 and done["b_simple"] == 321.0
+    assert done["throughput"] == 1396.5 and done["b_simple"] == 321.0
     assert done["scaling_efficiency"] == 0.93
     assert done["loss"] == pytest.approx(0.02)
     spark = done["sparkline"]
@@ -192,15 +255,34 @@ async def test_runs_list(jp_fetch: Any, store: dict[str, int]) -> None:
     assert [p[0] for p in spark] == sorted(p[0] for p in spark)
 
 
+@in_loop
+async def test_runs_limit_and_fresh_figures(
+    jp_fetch: Any, store: dict[str, int], dtwork_env: dict[str, Path]
+) -> None:
+    body = await get_json(jp_fetch, "runs", params={"limit": "1"})
+    assert body["total"] == 2 and [r["id"] for r in body["runs"]] == [store["running"]]
+    assert body["runs"][0]["sparkline"] == []
+    assert "limit must be a whole number" in await error_of(jp_fetch, "runs", code=400, params={"limit": "x"})
+    with RunStore(dtwork_env["store"]) as s:  # the running run logs: the next poll shows it
+        s.add_metrics(
+            store["running"],
+            [{"step": 0, "name": "loss", "value": 3.0}, {"step": 1, "name": "loss", "value": 2.5}],
+        )
+    (run,) = (await get_json(jp_fetch, "runs", params={"limit": "1"}))["runs"]
+    assert run["sparkline"] == [[0, 3.0], [1, 2.5]] and run["loss"] == 2.5 and run["last_step"] == 1
+
+
+@in_loop
 async def test_run_detail(jp_fetch: Any, store: dict[str, int]) -> None:
     run = (await get_json(jp_fetch, "runs", str(store["done"])))["run"]
     assert run["id"] == store["done"] and run["name"] == "mlp"
-    assert run["metric_names"] == ["b_simple", "grad_norm", "loss", "samples_per_sec"]
+    assert run["metric_names"] == ["b_simple", "grad_norm", "loss", "samples_per_s", "samples_per_sec"]
     assert run["last_metrics"]["grad_norm"] is None  # NaN travels as null: valid JSON
     assert run["last_metrics"]["samples_per_sec"] == 1234.5
     assert len(run["sparkline"]) == 100
 
 
+@in_loop
 async def test_run_metrics(jp_fetch: Any, store: dict[str, int]) -> None:
     rid = str(store["done"])
     body = await get_json(jp_fetch, "runs", rid, "metrics", params={"name": "loss"})
@@ -219,6 +301,7 @@ async def test_run_metrics(jp_fetch: Any, store: dict[str, int]) -> None:
 
 @pytest.mark.parametrize("suffix", [(), ("metrics",), ("report",)])
 @pytest.mark.parametrize("run_id", MALFORMED_RUN_IDS)
+@in_loop
 async def test_malformed_run_ids(
     jp_fetch: Any, store: dict[str, int], run_id: str, suffix: tuple[str, ...]
 ) -> None:
@@ -227,11 +310,13 @@ async def test_malformed_run_ids(
 
 
 @pytest.mark.parametrize("suffix", [(), ("metrics",), ("report",)])
+@in_loop
 async def test_unknown_run_ids(jp_fetch: Any, store: dict[str, int], suffix: tuple[str, ...]) -> None:
     kwargs = post() if suffix == ("report",) else {"params": {"name": "loss"}}
     assert "no run 999" in await error_of(jp_fetch, "runs", "999", *suffix, **kwargs)
 
 
+@in_loop
 async def test_no_paths_or_environment_leak(
     jp_fetch: Any, store: dict[str, int], dtwork_env: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -249,6 +334,7 @@ async def test_no_paths_or_environment_leak(
 # -- report -----------------------------------------------------------------------------------
 
 
+@in_loop
 async def test_report_missing_module_is_501(
     jp_fetch: Any, store: dict[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -257,6 +343,7 @@ async def test_report_missing_module_is_501(
     assert "report export is not available" in message
 
 
+@in_loop
 async def test_report_exports_and_returns_relative_path(
     jp_fetch: Any, jp_root_dir: Path, store: dict[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,6 +363,7 @@ async def test_report_exports_and_returns_relative_path(
     assert calls[0][0] == rid
 
 
+@in_loop
 async def test_report_failure_is_500_without_paths(
     jp_fetch: Any, store: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -285,6 +373,27 @@ async def test_report_failure_is_500_without_paths(
     monkeypatch.setitem(sys.modules, "dtwork.report", types.SimpleNamespace(export=export))
     message = await error_of(jp_fetch, "runs", str(store["done"]), "report", code=500, **post())
     assert "cannot write run-1.ipynb" in message and str(tmp_path) not in message
+
+
+@in_loop
+async def test_report_refused_is_409(
+    jp_fetch: Any, store: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def export(run_id: int, path: Path) -> Path:
+        raise DtworkError(f"run {run_id} has no cells: nothing to export")
+
+    monkeypatch.setitem(sys.modules, "dtwork.report", types.SimpleNamespace(export=export))
+    message = await error_of(jp_fetch, "runs", str(store["running"]), "report", code=409, **post())
+    assert "has no cells" in message
+
+
+@pytest.mark.skipif(importlib.util.find_spec("dtwork.report") is None, reason="dtwork.report not written yet")
+@in_loop
+async def test_report_with_the_real_exporter(jp_fetch: Any, jp_root_dir: Path, store: dict[str, int]) -> None:
+    rid = store["done"]
+    body = await get_json(jp_fetch, "runs", str(rid), "report", **post(), request_timeout=120)
+    notebook = json.loads((jp_root_dir / body["path"]).read_text())
+    assert body["path"] == f"reports/run-{rid}.ipynb" and notebook["nbformat"] == 4
 
 
 # -- clusters ---------------------------------------------------------------------------------
@@ -331,10 +440,12 @@ def register(cluster_id: str, pids: list[int], notebook: str | None = None) -> N
     )
 
 
+@in_loop
 async def test_clusters_empty(jp_fetch: Any) -> None:
     assert await get_json(jp_fetch, "clusters") == {"clusters": []}
 
 
+@in_loop
 async def test_clusters_list_and_stop(
     jp_fetch: Any, jp_root_dir: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
@@ -355,6 +466,7 @@ async def test_clusters_list_and_stop(
     assert "no cluster" in await error_of(jp_fetch, "clusters", cid, "stop", **post())
 
 
+@in_loop
 async def test_stop_leaves_other_clusters(jp_fetch: Any, sleeper: subprocess.Popen[bytes]) -> None:
     register("dtwork-1-keep00", [sleeper.pid])
     assert "no cluster" in await error_of(jp_fetch, "clusters", "dtwork-2-other0", "stop", **post())
@@ -363,6 +475,7 @@ async def test_stop_leaves_other_clusters(jp_fetch: Any, sleeper: subprocess.Pop
 
 
 @pytest.mark.parametrize("cluster_id", MALFORMED_CLUSTER_IDS)
+@in_loop
 async def test_malformed_cluster_ids(
     jp_fetch: Any, sleeper: subprocess.Popen[bytes], cluster_id: str
 ) -> None:
@@ -374,6 +487,7 @@ async def test_malformed_cluster_ids(
 @pytest.mark.parametrize(
     "path", ["clusters/..%2F..%2Fetc/stop", "clusters/%2e%2e/stop", "runs/..%2F1", "runs/1%2F..%2F2/metrics"]
 )
+@in_loop
 async def test_encoded_traversal_is_json_404(
     http_server_client: Any, jp_base_url: str, jp_auth_header: dict[str, str], path: str
 ) -> None:
@@ -385,6 +499,7 @@ async def test_encoded_traversal_is_json_404(
     assert "malformed" in json.loads(response.body)["error"]
 
 
+@in_loop
 async def test_stop_get_is_not_allowed(jp_fetch: Any) -> None:
     with pytest.raises(HTTPClientError) as info:
         await jp_fetch("dtwork", "clusters", "dtwork-1-abcdef", "stop")
@@ -394,6 +509,7 @@ async def test_stop_get_is_not_allowed(jp_fetch: Any) -> None:
 # -- GPUs -------------------------------------------------------------------------------------
 
 
+@in_loop
 async def test_gpus_cpu_mode(jp_fetch: Any) -> None:
     body = await get_json(jp_fetch, "gpus")
     if telemetry.gpu_count() == 0:
@@ -403,6 +519,7 @@ async def test_gpus_cpu_mode(jp_fetch: Any) -> None:
         assert body["available"] is True and body["gpus"]
 
 
+@in_loop
 async def test_gpus_never_500(jp_fetch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken() -> list[Any]:
         raise RuntimeError("driver exploded")
@@ -412,6 +529,7 @@ async def test_gpus_never_500(jp_fetch: Any, monkeypatch: pytest.MonkeyPatch) ->
     assert body == {"available": False, "reason": "NVML failed: RuntimeError", "gpus": []}
 
 
+@in_loop
 async def test_gpus_with_fake_nvml_data(jp_fetch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = telemetry.GPUInfo(0, "Fake H100", "GPU-0", 81559.0, "555.1")
     sample = telemetry.GPUSample(0, 87.0, 1024.0, 81559.0, 61.0, None)

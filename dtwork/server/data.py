@@ -27,10 +27,13 @@ METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}")
 
 SPARKLINE_POINTS = 48  # loss points per run in GET /dtwork/runs
 DETAIL_POINTS = 200  # loss points in GET /dtwork/runs/<id>
-MAX_RUNS = 200
+DEFAULT_RUNS = 50  # runs listed by GET /dtwork/runs unless ?limit= says otherwise
+MAX_RUNS = 500
+CACHE_SIZE = 512
 
 # The metric (or summary) names each panel column reads, first found wins.
-THROUGHPUT_NAMES = ("samples_per_sec", "throughput", "samples_per_s", "examples_per_sec")
+RANK_THROUGHPUT = "samples_per_s"  # each rank logs its own (runtime/loop.py); the run's is their sum
+THROUGHPUT_NAMES = ("samples_per_s", "samples_per_sec", "throughput")
 EFFICIENCY_NAMES = ("scaling_efficiency", "efficiency")
 B_SIMPLE_NAMES = ("b_simple", "B_simple", "gns_b_simple", "gns")
 LOSS_NAME = "loss"
@@ -47,7 +50,15 @@ class ReportUnavailable(Exception):
 
 
 class ReportFailed(Exception):
-    """The export raised; the message has its paths reduced to file names."""
+    """The export raised; the message has its paths reduced to file names.
+
+    ``status`` is 409 when dtwork refused the export (a DtworkError: e.g. a run with no cells),
+    500 when it broke.
+    """
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 # -- JSON hygiene ------------------------------------------------------------------------------
@@ -139,6 +150,16 @@ def loss_points(store: RunStore, run_id: int, n: int) -> list[list[float]]:
     return downsample(pts, n)
 
 
+def world_throughput(store: RunStore, run_id: int) -> float | None:
+    """Samples/s over all ranks: the sum of each rank's latest ``samples_per_s`` (as plots.py)."""
+    latest: dict[int, float] = {}
+    for row in store.metrics(run_id, RANK_THROUGHPUT, rank="all"):  # ordered by step
+        value = _number(row["value"])
+        if row["rank"] is not None and value is not None:
+            latest[row["rank"]] = value
+    return sum(latest.values()) if latest else None
+
+
 def _pick(names: tuple[str, ...], *sources: dict[str, Any]) -> float | None:
     for source in sources:
         for name in names:
@@ -148,10 +169,28 @@ def _pick(names: tuple[str, ...], *sources: dict[str, Any]) -> float | None:
     return None
 
 
+_cache: dict[tuple[Any, ...], Any] = {}
+
+
+def _cached(store: RunStore, row: dict[str, Any], what: str, compute: Any) -> Any:
+    """Memoise per-run reads while the run has no new metrics (the panel polls every 2 s).
+
+    The key holds the run's last step and cell count, so a finished run is read once and a
+    running one again whenever it logs a new step.
+    """
+    key = (str(store.path), row["id"], row.get("last_step"), row.get("n_cells"), row.get("status"), what)
+    if key not in _cache:
+        if len(_cache) >= CACHE_SIZE:
+            _cache.clear()
+        _cache[key] = compute()
+    return _cache[key]
+
+
 def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: int) -> dict[str, Any]:
     """One run as the panel lists it (matches RunSummary in extension/src/types.ts)."""
     summary = row.get("summary") or {}
-    last = store.last_metrics(row["id"])
+    last = _cached(store, row, "last", lambda: store.last_metrics(row["id"]))
+    spark = _cached(store, row, f"loss{n_points}", lambda: loss_points(store, row["id"], n_points))
     return {
         "id": row["id"],
         "name": row.get("name"),
@@ -165,16 +204,17 @@ def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: 
         "n_cells": row.get("n_cells"),
         "last_step": row.get("last_step"),
         "global_batch_size": row.get("global_batch_size"),
-        "throughput": _pick(THROUGHPUT_NAMES, last, summary),
+        "throughput": _cached(store, row, "tput", lambda: world_throughput(store, row["id"]))
+        or _pick(THROUGHPUT_NAMES, last, summary),
         "scaling_efficiency": _pick(EFFICIENCY_NAMES, last, summary),
         "b_simple": _pick(B_SIMPLE_NAMES, last, summary),
         "loss": _pick((LOSS_NAME,), last, summary),
-        "sparkline": loss_points(store, row["id"], n_points),
+        "sparkline": spark,
     }
 
 
-def list_runs(root_dir: str, limit: int = MAX_RUNS) -> dict[str, Any]:
-    """GET /dtwork/runs: the newest runs first."""
+def list_runs(root_dir: str, limit: int = DEFAULT_RUNS) -> dict[str, Any]:
+    """GET /dtwork/runs: the newest ``limit`` runs first; ``total`` counts them all."""
     with open_store(root_dir) as store:
         if store is None:
             return {"store_exists": store_path(root_dir).is_file(), "total": 0, "runs": []}
@@ -253,6 +293,8 @@ def export_report(root_dir: str, run_id: int) -> dict[str, Any]:
         pass
     try:
         result = export(run_id, target, **kwargs)
+    except DtworkError as exc:
+        raise ReportFailed(f"run {run_id} cannot be exported: {scrub(str(exc))}", status=409) from exc
     except Exception as exc:
         raise ReportFailed(f"exporting run {run_id} failed: {type(exc).__name__}: {scrub(str(exc))}") from exc
     written = getattr(result, "path", result)

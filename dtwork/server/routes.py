@@ -5,14 +5,15 @@ Routes (the wire types are mirrored in ``extension/src/types.ts``):
   GET  /dtwork/health                     version and whether a run store exists
   GET  /dtwork/clusters                   registered clusters
   POST /dtwork/clusters/<id>/stop         kill a registered cluster's processes
-  GET  /dtwork/runs                       runs, newest first, with a loss sparkline each
+  GET  /dtwork/runs[?limit=50]            runs, newest first, with a loss sparkline each
   GET  /dtwork/runs/<id>                  one run: summary, latest metrics, loss curve
   GET  /dtwork/runs/<id>/metrics?name=N   one metric's aggregated series
   POST /dtwork/runs/<id>/report           export the run as a notebook (dtwork.report)
   GET  /dtwork/gpus                       NVML inventory and telemetry (CPU mode without)
 
 Errors answer ``{"error": "..."}``: 404 for malformed or unknown ids (and unknown routes
-under /dtwork/), 501 when report export is not installed.
+under /dtwork/), 400 for bad query arguments, 409 when dtwork refuses a report (e.g. a run
+without cells), 501 when report export is not installed.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class DtworkHandler(APIHandler):
         except data.ReportUnavailable as exc:
             self.reply({"error": str(exc)}, 501)
         except data.ReportFailed as exc:
-            self.reply({"error": str(exc)}, 500)
+            self.reply({"error": str(exc)}, exc.status)
         return None
 
     async def answer(self, fn: Callable[..., dict[str, Any]], *args: Any) -> None:
@@ -102,7 +103,12 @@ class RunsHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        await self.answer(data.list_runs, self.root_dir)
+        try:
+            limit = int(self.get_query_argument("limit", str(data.DEFAULT_RUNS)))
+        except ValueError:
+            self.reply({"error": "limit must be a whole number"}, 400)
+            return
+        await self.answer(data.list_runs, self.root_dir, min(max(limit, 1), data.MAX_RUNS))
 
 
 class RunHandler(DtworkHandler):

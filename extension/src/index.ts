@@ -31,7 +31,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const panel = new DtworkPanel({
       icon: dtworkIcon,
       insertStartCell: () => void app.commands.execute(CommandIds.insertStartCell),
-      openNotebook: path => app.commands.execute('docmanager:open', { path })
+      // The default kernel spares a "Select Kernel" dialog when the report names none.
+      openNotebook: path =>
+        app.commands.execute('docmanager:open', {
+          path,
+          factory: 'Notebook',
+          kernel: { name: app.serviceManager.kernelspecs.specs?.default ?? 'python3' }
+        })
     });
     app.commands.addCommand(CommandIds.openPanel, {
       label: `Show the ${PANEL_TITLE} panel`,

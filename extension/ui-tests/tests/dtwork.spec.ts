@@ -55,6 +55,18 @@ test.describe('dtwork sidebar', () => {
     await page.screenshot({ path: testInfo.outputPath('panel-empty.png') });
   });
 
+  test('follows the light and dark themes', async ({ page }, testInfo) => {
+    await openPanel(page);
+    await expect(section(page, 'gpus').locator('.dtwork-Section-body')).not.toHaveText('Loading…');
+    const background = () => page.locator(PANEL).evaluate(node => getComputedStyle(node).backgroundColor);
+    const light = await background();
+    await page.theme.setDarkTheme();
+    await expect.poll(background).not.toBe(light);
+    await page.screenshot({ path: testInfo.outputPath('panel-dark.png') });
+    await page.theme.setLightTheme();
+    await expect.poll(background).toBe(light);
+  });
+
   test('the command palette entry inserts the start cell', async ({ page }) => {
     await page.notebook.createNew('palette.ipynb');
     await page.keyboard.press('Control+Shift+C');
@@ -93,11 +105,26 @@ test.describe('dtwork sidebar', () => {
     await expect(run.locator('[data-stat="ranks"]')).toContainText('2 ×');
     await page.screenshot({ path: testInfo.outputPath('panel-cluster-and-run.png') });
 
+    // the Report link exports the run (POST .../report) and opens the notebook it wrote
+    const reported = page.waitForResponse(
+      (r: Response) => new URL(r.url()).pathname.endsWith('/report') && r.request().method() === 'POST'
+    );
+    await run.locator('.dtwork-ReportLink').click();
+    const report = await reported;
+    expect(report.status()).toBe(200);
+    const { path } = (await report.json()) as { path: string };
+    const reportName = path.split('/').pop() ?? path;
+    const reportTab = page.locator('#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current', { hasText: reportName });
+    await expect(reportTab).toBeVisible({ timeout: 60_000 });
+    await expect(page.locator('.jp-NotebookPanel:visible .jp-Cell').first()).toBeVisible();
+    await page.screenshot({ path: testInfo.outputPath('report-opened.png') });
+
     await cluster.locator('.dtwork-StopButton').click();
     const dialog = page.locator('.jp-Dialog');
     await expect(dialog).toContainText(id);
     const stopped = page.waitForResponse(
-      (r: Response) => r.url().endsWith(`/dtwork/clusters/${id}/stop`) && r.request().method() === 'POST'
+      (r: Response) =>
+        new URL(r.url()).pathname.endsWith(`/dtwork/clusters/${id}/stop`) && r.request().method() === 'POST'
     );
     await dialog.getByRole('button', { name: 'Stop' }).click();
     expect((await stopped).status()).toBe(200);

@@ -86,11 +86,10 @@
 }
 
 .dtwork-Card-title {
-  flex: 1;
+  flex: 1 1 auto;
+  min-width: 3em;
   font-weight: 600;
-  overflow: hidden;
-  text-overflow: ellipsis;
-  white-space: nowrap;
+  overflow-wrap: anywhere;
 }
 
 .dtwork-Meta {
@@ -181,12 +180,17 @@
 }
 
 .dtwork-ReportLink {
+  margin-left: auto;
   color: var(--jp-content-link-color);
   text-decoration: none;
 }
 
 .dtwork-ReportLink:hover {
   text-decoration: underline;
+}
+
+.dtwork-StopButton {
+  margin-left: auto;
 }
 
 .dtwork-StopButton,
