@@ -47,14 +47,19 @@ Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
 """
 
 
+def _one_line(text: str) -> str:
+    """Escape line breaks and other control characters (argparse echoes stray tokens verbatim)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises a one-line DtworkError instead of exiting."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
-        raise DtworkError(f"%dtrain {self.prog}: {message} (see %dtrain?)")
+        raise DtworkError(f"%dtrain {self.prog}: {_one_line(message)} (see %dtrain?)")
 
     def exit(self, status: int = 0, message: str | None = None) -> Any:  # type: ignore[override]
-        raise DtworkError(message or f"%dtrain {self.prog}: see %dtrain?")
+        raise DtworkError(_one_line(message or "") or f"%dtrain {self.prog}: see %dtrain?")
 
 
 def _parser(name: str) -> _Parser:
@@ -202,7 +207,13 @@ class DtrainMagics(Magics):
         path = path or default_store_path()
         from pathlib import Path
 
-        if not Path(path).exists():
+        try:
+            exists = Path(path).exists()
+        except OSError as exc:  # e.g. a file name too long: exists() raises instead of answering False
+            raise DtworkError(
+                f"%dtrain runs: cannot use {str(path)[:80]!r} as the run store: {exc.strerror}"
+            ) from None
+        if not exists:
             print(format_runs_table([], path))
             return None
         with RunStore(path, readonly=True) as s:
@@ -226,6 +237,13 @@ class DtrainMagics(Magics):
         p.add_argument("--verify", action="store_true")
         p.add_argument("--store", default=None)
         ns = p.parse_args(argv)
+        if ns.run is not None:
+            # ASCII digits only: str.isdigit() also accepts '²' and '١', and 19+ digits overflow SQLite.
+            ns.run = ns.run.strip()
+            if not (ns.run.isascii() and ns.run.isdigit() and len(ns.run) <= 18):
+                raise DtworkError(
+                    f"%dtrain report: --run takes a run id, a whole number such as 3 — got {ns.run!r}"
+                )
         from dtwork.report import export
 
         live = [c for c in _clusters if c.state == "running"] if ns.store is None else []

@@ -15,6 +15,7 @@ from dtwork.errors import DtworkError
 
 BACKENDS = ("auto", "nccl", "gloo")
 LOOPBACK = "127.0.0.1"
+MAX_TIMEOUT = 365 * 24 * 3600.0  # collective timeout bound (s): finite, fits every clock
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,11 @@ def validate_request(n: int | None, backend: str, gpus: int, *, timeout: float, 
         raise DtworkError("--backend nccl needs GPUs, and NVML sees none on this machine: use --backend gloo (CPU)")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise DtworkError(f"the number of ranks must be a whole number >= 1, got {n!r}")
-    if timeout is None or not (timeout > 0):
-        raise DtworkError(f"--timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (0 < timeout <= MAX_TIMEOUT):
+        # NaN, inf and huge values would only fail on the engines (timedelta overflow), after they start.
+        raise DtworkError(
+            f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT:.0f} (a year), got {timeout!r}"
+        )
     use_gpus = backend == "nccl" or (backend == "auto" and gpus > 0)
     if n is None:
         n = gpus if use_gpus else 2
