@@ -60,12 +60,10 @@ class Cluster:
         if n is None:
             n = self.config.resources.slots_per_trial
         self.profile = profile
-        gpus = 0 if profile else telemetry.gpu_count()
+        gpus = None if profile else telemetry.gpu_count()  # a profile's engines may be elsewhere
         self.n, self.backend = rendezvous.validate_request(
             n, backend, gpus, timeout=timeout, global_batch_size=global_batch_size
         )
-        if profile and backend == "auto":
-            self.backend = "auto"  # decided from what the engines report
         self.requested_backend = backend
         self.timeout = float(timeout)
         self.interface = interface
@@ -130,9 +128,8 @@ class Cluster:
         try:
             self.client = self._ipp.start_and_connect_sync()
         except TimeoutError as exc:
-            got = len(self.client.ids) if self.client else 0
             raise DtworkError(
-                f"only {got} of {self.n} engines registered within {self.engine_timeout} s: "
+                f"not all {self.n} engines registered within {self.engine_timeout} s: "
                 f"check the launcher (profile {self.profile or 'default'}) or ask for fewer ranks"
             ) from exc
         if len(self.client.ids) < self.n:
@@ -170,8 +167,9 @@ class Cluster:
                 "master_port": self.master_port,
                 "timeout": self.timeout,
                 "gpu": p.gpu,
+                "gpu_uuid": next((g["uuid"] for g in probes[p.engine_id]["gpus"] if g["index"] == p.gpu), None),
                 "local_world_size": sum(1 for q in self.ranks if q.hostname == p.hostname),
-                "interface": iface,
+                "interface": iface or rendezvous.loopback_interface(probes[p.engine_id]),
                 "global_batch_size": self.global_batch_size,
                 "config": config,
             }

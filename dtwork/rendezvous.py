@@ -8,6 +8,7 @@ one GPU per rank, and a network interface every host shares.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from dtwork.errors import DtworkError
 
 BACKENDS = ("auto", "nccl", "gloo")
 LOOPBACK = "127.0.0.1"
+MAX_CPU_RANKS_MIN = 8  # CPU ranks allowed on any machine; more need 4x as many cores
 MAX_TIMEOUT = 365 * 24 * 3600.0  # collective timeout bound (s): finite, fits every clock
 
 
@@ -33,13 +35,18 @@ class RankPlan:
         return asdict(self)
 
 
-def validate_request(n: int | None, backend: str, gpus: int, *, timeout: float, global_batch_size: int | None) -> tuple[int, str]:
-    """Check a local start request before anything starts; return (n, backend).
+def validate_request(
+    n: int | None, backend: str, gpus: int | None, *, timeout: float, global_batch_size: int | None
+) -> tuple[int, str]:
+    """Check a start request before anything starts; return (n, backend).
 
-    ``gpus`` is the number of GPUs NVML sees on this host.
+    ``gpus`` is the number of GPUs NVML sees on this host, or None when the engines run on
+    other hosts (a profile's launcher): their GPUs are checked once the engines report.
     """
     if backend not in BACKENDS:
         raise DtworkError(f"unknown backend {backend!r}: use one of auto, nccl, gloo")
+    if gpus is None:
+        return _validate_remote(n, backend, timeout, global_batch_size)
     if backend == "nccl" and gpus == 0:
         raise DtworkError("--backend nccl needs GPUs, and NVML sees none on this machine: use --backend gloo (CPU)")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
@@ -57,6 +64,26 @@ def validate_request(n: int | None, backend: str, gpus: int, *, timeout: float, 
             f"asked for {n} ranks but this machine has {gpus} GPU{'s' if gpus != 1 else ''} (one rank per GPU): "
             f"use -n {gpus} or fewer, or --backend gloo for CPU ranks"
         )
+    cores = os.cpu_count() or 1
+    if not use_gpus and n > max(MAX_CPU_RANKS_MIN, 4 * cores):
+        raise DtworkError(
+            f"asked for {n} CPU ranks on a machine with {cores} cores: use at most {max(MAX_CPU_RANKS_MIN, 4 * cores)} "
+            f"here, or --profile NAME to start engines on other hosts"
+        )
+    _check_batch(global_batch_size, n)
+    return n, ("nccl" if use_gpus else "gloo")
+
+
+def _validate_remote(n: int | None, backend: str, timeout: float, global_batch_size: int | None) -> tuple[int, str]:
+    if n is None:
+        raise DtworkError("with --profile, say how many ranks to start: -n N (one per GPU on the hosts)")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise DtworkError(f"the number of ranks must be a whole number >= 1, got {n!r}")
+    _check_batch(global_batch_size, n)
+    return n, backend
+
+
+def _check_batch(global_batch_size: int | None, n: int) -> None:
     if global_batch_size is not None:
         if not isinstance(global_batch_size, int) or isinstance(global_batch_size, bool) or global_batch_size < 1:
             raise DtworkError(f"--global-batch-size must be a whole number >= 1, got {global_batch_size!r}")
@@ -65,7 +92,6 @@ def validate_request(n: int | None, backend: str, gpus: int, *, timeout: float, 
                 f"global batch size {global_batch_size} is smaller than the {n} slots: "
                 f"each slot needs at least one example; use --global-batch-size {n} or more"
             )
-    return n, ("nccl" if use_gpus else "gloo")
 
 
 def assign_ranks(probes: dict[int, dict[str, Any]], use_gpus: bool) -> list[RankPlan]:
@@ -78,7 +104,7 @@ def assign_ranks(probes: dict[int, dict[str, Any]], use_gpus: bool) -> list[Rank
     plans: list[RankPlan] = []
     for host in host_order:
         eids = sorted(e for e in probes if probes[e]["hostname"] == host)
-        gpus = sorted(g["index"] for g in probes[eids[0]].get("gpus", []))
+        gpus = [g["index"] for g in probes[eids[0]].get("gpus", [])]  # NVML order, or the scheduler's
         if use_gpus and len(eids) > len(gpus):
             raise DtworkError(
                 f"host {host} runs {len(eids)} engines but has {len(gpus)} GPU(s): "
@@ -137,3 +163,11 @@ def master_address(probe: dict[str, Any], interface: str | None) -> str:
     if interface is None:
         return LOOPBACK
     return probe["addresses"][interface][0]
+
+
+def loopback_interface(probe: dict[str, Any]) -> str | None:
+    """The interface carrying 127.0.0.1 on a host (so gloo listens on loopback only), if any."""
+    for name, ips in probe.get("addresses", {}).items():
+        if any(ip.startswith("127.") for ip in ips):
+            return name
+    return None

@@ -284,10 +284,11 @@ class RunStore:
 
     @staticmethod
     def _run_id(run_id: Any) -> int:
-        if isinstance(run_id, int) and not isinstance(run_id, bool):
+        if isinstance(run_id, int) and not isinstance(run_id, bool) and 0 <= run_id < 2**63:
             return run_id
-        if isinstance(run_id, str) and run_id.strip().isdigit():
-            return int(run_id.strip())
+        text = run_id.strip() if isinstance(run_id, str) else ""
+        if text.isascii() and text.isdigit() and len(text) <= 18:
+            return int(text)
         raise DtworkError(f"run id must be a whole number, got {run_id!r}")
 
     def _unknown_run(self, run_id: int) -> DtworkError:

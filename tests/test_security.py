@@ -68,12 +68,6 @@ def test_cluster_listens_on_loopback_only(cluster: Any) -> None:
     assert not exposed, "listening beyond loopback: " + "; ".join(exposed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch's TCPStore (init_method tcp://) binds its server to every interface ('::'), whatever "
-    "MASTER_ADDR says; dtwork.runtime.bootstrap.init_rank should hand rank 0 a socket bound to "
-    "master_addr (TCPStore(master_listen_fd=...)) and pass store= to init_process_group",
-)
 def test_rendezvous_store_listens_on_loopback_only(cluster: Any) -> None:
     store = [(pid, ip) for pid, ip, port in _listening(cluster) if port == cluster.master_port]
     assert store, f"nothing listens on the master port {cluster.master_port}"

@@ -58,9 +58,23 @@ def probe(kernel: dict[str, Any] | None, kernel_host: str) -> dict[str, Any]:
         "create_time": me.create_time(),
         "parent": {"pid": me.ppid(), "create_time": psutil.Process(me.ppid()).create_time()},
         "addresses": _addresses(),
-        "gpus": [g.to_dict() for g in telemetry.gpu_inventory()],
+        "gpus": _visible_gpus([g.to_dict() for g in telemetry.gpu_inventory()]),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+
+
+def _visible_gpus(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The GPUs this engine may use: all, or those a scheduler named in CUDA_VISIBLE_DEVICES (in its order)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return gpus
+    out = []
+    for token in (t.strip() for t in visible.split(",") if t.strip()):
+        match = [g for g in gpus if str(g["index"]) == token or g["uuid"].startswith(token)]
+        if not match:
+            break  # CUDA stops at the first invalid entry too
+        out.append(match[0])
+    return out
 
 
 def free_port(address: str) -> int:
@@ -111,8 +125,9 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     Return what the rank ended up with (device, GPU name and UUID through NVML).
     """
     if spec.get("gpu") is not None:
-        # Before CUDA is initialised in this process: the rank sees exactly one device.
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(spec["gpu"])
+        # Before CUDA is initialised in this process: the rank sees exactly one device, named by
+        # UUID so that CUDA's device order (fastest first) cannot differ from NVML's.
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.get("gpu_uuid") or str(spec["gpu"])
     if spec.get("interface"):
         os.environ["GLOO_SOCKET_IFNAME"] = spec["interface"]
         os.environ["NCCL_SOCKET_IFNAME"] = spec["interface"]
@@ -139,12 +154,13 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
         device = torch.device("cuda", 0)
     else:
         device = torch.device("cpu")
+    timeout = timedelta(seconds=spec["timeout"])
     dist.init_process_group(
         backend=spec["backend"],
-        init_method=f"tcp://{spec['master_addr']}:{spec['master_port']}",
+        store=_rendezvous_store(spec, timeout),
         rank=spec["rank"],
         world_size=spec["world_size"],
-        timeout=timedelta(seconds=spec["timeout"]),
+        timeout=timeout,
         **({"device_id": device} if spec["backend"] == "nccl" else {}),
     )
     ctx = Context.from_spec(spec, device)
@@ -157,6 +173,30 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     gpu = _gpu_facts(spec.get("gpu"))
     threading.Thread(target=_warm_imports, name="dtwork-warm-imports", daemon=True).start()
     return {"rank": ctx.rank, "device": str(device), "pid": os.getpid(), **gpu}
+
+
+_listener: socket.socket | None = None
+
+
+def _rendezvous_store(spec: dict[str, Any], timeout: timedelta) -> Any:
+    """The process group's TCPStore, listening on the master address only (not every interface).
+
+    ``init_method="tcp://..."`` would make rank 0 listen on all interfaces; here rank 0 binds
+    the socket itself to ``master_addr`` and hands it to the store.
+    """
+    global _listener
+    import torch.distributed as dist
+
+    addr, port, world = spec["master_addr"], int(spec["master_port"]), spec["world_size"]
+    if spec["rank"] != 0:
+        return dist.TCPStore(addr, port, world, False, timeout)
+    if _listener is not None:
+        _listener.close()
+    _listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    _listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _listener.bind((addr, port))
+    _listener.listen(max(16, world))
+    return dist.TCPStore(addr, port, world, True, timeout, master_listen_fd=_listener.fileno())
 
 
 def _warm_imports() -> None:
