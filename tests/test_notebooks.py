@@ -12,6 +12,7 @@ EXPECTED = {
     "scaling.ipynb": ["efficient", "weak scaling", "strong scaling"],
     "gns.ipynb": ["B_simple", "Critical batch size"],
 }
+QUICKSTART = ["trained 120 steps", "test accuracy", "wrote run 1's report"]
 
 
 def _text(nb) -> str:
@@ -51,6 +52,31 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_notebooks_are_committed_without_outputs() -> None:
     nbformat = pytest.importorskip("nbformat")
-    for name in EXPECTED:
+    for name in [*EXPECTED, "quickstart.ipynb"]:
         nb = nbformat.read(NOTEBOOKS / name, as_version=4)
         assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), name
+
+
+def test_quickstart_main_command_writes_the_executed_copy_and_its_report(tmp_path: Path, monkeypatch) -> None:
+    """The README's first command, minus the install: ``python -m dtwork run notebooks/quickstart.ipynb``."""
+    import subprocess
+    import sys
+
+    env = {"DTWORK_STORE": str(tmp_path / "runs.sqlite"), "DTWORK_HOME": str(tmp_path / "home")}
+    monkeypatch.chdir(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dtwork", "run", str(NOTEBOOKS / "quickstart.ipynb")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, **env},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "reports" / "quickstart.ipynb").exists()
+    assert (tmp_path / "reports" / "quickstart-report.ipynb").exists()
+    assert (tmp_path / "reports" / "quickstart-report.html").exists()
+    import nbformat
+
+    text = _text(nbformat.read(tmp_path / "reports" / "quickstart.ipynb", as_version=4))
+    for expected in QUICKSTART:
+        assert expected in text, text[-3000:]
