@@ -147,7 +147,7 @@ class Cluster:
             self.backend = "nccl" if any_gpus else "gloo"
         if self.backend == "nccl" and not any_gpus:
             raise DtworkError("--backend nccl needs a GPU on every engine host, and NVML sees none on some")
-        self.ranks = rendezvous.assign_ranks(probes, use_gpus=self.backend == "nccl")
+        self.ranks = rendezvous.assign_ranks(probes, use_gpus=self.backend == "nccl", first_host=host)
         self._probes = probes
         self._register()
         iface = rendezvous.choose_interface(probes, self.interface)

@@ -208,9 +208,9 @@ class CellWatcher:
 
     # -- rank health ---------------------------------------------------------------------------
 
-    def _check_ranks(self) -> None:
+    def _check_ranks(self, force: bool = False) -> None:
         now = time.monotonic()
-        if now - getattr(self, "_last_health", 0.0) < 0.5:
+        if not force and now - getattr(self, "_last_health", 0.0) < 0.5:
             return
         self._last_health = now
         for rank, why in self.session.dead_ranks(self.ranks).items():
@@ -227,6 +227,9 @@ class CellWatcher:
                     del i
                     break
         self._watchdog()
+
+    def _metadata_errors(self) -> bool:
+        return any(md.get("status") == "error" for md in self._metadata())
 
     def _metadata(self) -> list[dict[str, Any]]:
         try:
@@ -258,6 +261,9 @@ class CellWatcher:
     def finish(self) -> CellResult:
         self._drain_records()
         self._drain_output(final=True)
+        if not self.ar.ready() or self._metadata_errors():
+            # Survivors often fail at once when a peer dies: name the dead before concluding.
+            self._check_ranks(force=True)
         self.result.seconds = time.monotonic() - self._t0
         if self.ar.ready():
             outcomes = self.ar.get(return_exceptions=True)

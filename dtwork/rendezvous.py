@@ -94,9 +94,12 @@ def _check_batch(global_batch_size: int | None, n: int) -> None:
             )
 
 
-def assign_ranks(probes: dict[int, dict[str, Any]], use_gpus: bool) -> list[RankPlan]:
-    """Order engines into ranks: hosts by their first engine id, engines by id within a host."""
-    host_order: list[str] = []
+def assign_ranks(probes: dict[int, dict[str, Any]], use_gpus: bool, first_host: str | None = None) -> list[RankPlan]:
+    """Order engines into ranks: the kernel's host first (when it runs engines), then hosts by
+    their first engine id; engines by id within a host. Registration order between hosts is a
+    race, so it never decides which host holds rank 0.
+    """
+    host_order: list[str] = [first_host] if any(p["hostname"] == first_host for p in probes.values()) else []
     for eid in sorted(probes):
         host = probes[eid]["hostname"]
         if host not in host_order:

@@ -32,6 +32,18 @@ def cluster(state_dir: Path) -> Iterator[object]:
     c.stop()
 
 
+@pytest.fixture(autouse=True)
+def _healthy_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that broke the shared cluster (a killed rank...), restart it for the next one."""
+    yield
+    if "cluster" not in request.fixturenames:
+        return
+    c = request.getfixturevalue("cluster")
+    engines = set(c.client.ids) if c.client is not None else set()
+    if c.state != "running" or not {r["engine_id"] for r in c.rank_info} <= engines:
+        c.restart(force=True)
+
+
 @pytest.fixture()
 def fresh_run(cluster: object) -> Iterator[object]:
     """Give each test its own run in the store and default config on every rank."""

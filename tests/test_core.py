@@ -188,6 +188,8 @@ def test_multi_host_rank_assignment_and_interface_choice() -> None:
         (0, "b", 0, 0), (1, "b", 1, 1), (2, "a", 0, 0), (3, "a", 1, 1)
     ]
     assert choose_interface(probes, None) == "eth0"
+    kernel_first = assign_ranks(probes, use_gpus=True, first_host="a")
+    assert [(p.rank, p.hostname, p.engine_id) for p in kernel_first][:2] == [(0, "a", 1), (1, "a", 3)]
     with pytest.raises(DtworkError, match="network interface 'ib0' not found on host"):
         choose_interface(probes, "ib0")
     with pytest.raises(DtworkError, match="3 slots span 2 hosts with 2 GPUs each: use a multiple of 2"):
