@@ -104,7 +104,7 @@ class CellWatcher:
                 finished = self.poll()
                 if finished:
                     break
-                time.sleep(POLL_SECONDS)
+                self.ar.wait(POLL_SECONDS)  # returns the moment the cell ends
             except KeyboardInterrupt:
                 self.interrupt()
         return self.finish()
@@ -465,7 +465,7 @@ class Session:
 
     def _watch_bg(self, watcher: CellWatcher) -> None:
         while not watcher.poll():
-            time.sleep(POLL_SECONDS)
+            watcher.ar.wait(POLL_SECONDS)
         watcher.quiet = True
         watcher.finish()
 

@@ -95,7 +95,7 @@ class FigurePanel:
             if old.name in skip:
                 continue
             src = fresh.get(old.name)
-            old.x, old.y = (list(src.x), list(src.y)) if src is not None else ([], [])
+            old.x, old.y = _thin(list(src.x), list(src.y)) if src is not None else ([], [])
 
     def _sync_layout(self, new: go.Figure) -> None:
         notes = [a.to_plotly_json() for a in new.layout.annotations]
@@ -409,3 +409,17 @@ class Dashboard(widgets.VBox):
         if not steps:
             return "step —"
         return f"step {max(steps)}" + (f"/{max(totals)}" if totals else "")
+
+
+MAX_POINTS = 2000  # per trace on screen: a long run's redraws stay cheap for the kernel and the browser
+
+
+def _thin(x: list[Any], y: list[Any]) -> tuple[list[Any], list[Any]]:
+    """Keep at most about MAX_POINTS evenly spaced points of a trace, always the latest one."""
+    if len(x) <= MAX_POINTS:
+        return x, y
+    stride = -(-len(x) // MAX_POINTS)
+    keep = list(range(0, len(x), stride))
+    if keep[-1] != len(x) - 1:
+        keep.append(len(x) - 1)
+    return [x[i] for i in keep], [y[i] for i in keep]
