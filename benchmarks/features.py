@@ -1,0 +1,249 @@
+"""dtwork's own features on and off, side by side, in the same ``ctx.steps`` training loop.
+
+Each comparison is a pair of arms run back to back on the same cluster (their order alternates
+from one repetition to the next); the ratio is taken within each pair, then the median over pairs.
+
+- ``live_dashboard_store``: on = ``%%dtrain`` defaults (output shown, live dashboard fed, records
+  written to the run store) with ``ctx.log(loss=...)`` every step; off = ``session.live = False``,
+  ``quiet=True`` and no ``ctx.log``. The run store cannot be switched off in dtwork: the off arm
+  still persists the per-rank throughput records that ``ctx.steps`` publishes itself.
+- ``log_store``: the same without the dashboard: ``ctx.log`` every step against none, both quiet
+  with ``session.live = False`` (splits the first ratio into logging + store and dashboard).
+- ``gns``: ``ctx.wrap(model, gns=True)`` against ``gns=False``.
+- ``metric_averaging``: ``optimizations.average_training_metrics`` true against false.
+- ``steps_loop``: ``ctx.steps`` (per-rank progress, throughput records, the per-step stop/metrics
+  all-reduce) against a plain hand-written loop over the same wrapped model, without ``ctx.log``.
+
+Steps/s are timed inside one loop (from the step after the warmup to the end, between barriers):
+the steady state. What ``ctx.steps`` costs once per loop, before its first batch, is recorded
+apart (``loop_start_s``). Beside wall-clock steps/s, each arm records the CPU seconds it spends per
+step (every rank's engine process and the kernel process, over the timed steps): on a
+machine whose cores the ranks fill, ``cpu_ratio`` = CPU per step off ÷ on estimates the same
+throughput ratio while being far less sensitive to other work on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from benchmarks import workload as W
+from benchmarks.util import bootstrap_ci, median, paired_ratios, summarize
+
+SETUP = """
+_fb = {_k: make_batches(_k, ctx.rank) for _k in KINDS}
+
+
+def feature_loop(kind, gns, warmup, steps, log=True, hand=False):
+    \"\"\"Steps/s of ``steps`` steps after ``warmup`` steps, timed inside one training loop.
+
+    The model is built and wrapped afresh (same initial weights every time) and dropped at the
+    end, so that the loop's bookkeeping sees only the model being trained. Also returns the
+    seconds from calling ``ctx.steps`` to its first batch, how many models ctx holds, this
+    engine process's CPU seconds per timed step, and the timed window's wall-clock bounds.
+    \"\"\"
+    model = ctx.wrap(make_model(kind), gns=gns)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    batches = _fb[kind]
+    if hand:
+        train(model, opt, batches, warmup)
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        train(model, opt, batches, steps)
+        dist.barrier()
+        return (steps / (time.perf_counter() - t0), None, None, (time.process_time() - c0) / steps,
+                time.time() - (time.perf_counter() - t0), time.time())
+    t0 = c0 = None
+    t_call = time.perf_counter()
+    t_first = None
+    for step, (x, y) in ctx.steps(batches, max_steps=warmup + steps):
+        if t_first is None:
+            t_first = time.perf_counter() - t_call
+        if step == warmup and t0 is None:
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+        loss = F.cross_entropy(model(x), y)
+        ctx.backward(loss)
+        ctx.step(opt)
+        if log:
+            ctx.log(loss=loss)
+    dist.barrier()
+    return (steps / (time.perf_counter() - t0), t_first, len(ctx.models), (time.process_time() - c0) / steps,
+            time.time() - (time.perf_counter() - t0), time.time())
+"""
+
+# name -> (description, on arm, off arm); an arm: (cell keyword arguments, run options)
+ARMS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "live_dashboard_store": (
+        "live dashboard + run store on (ctx.log every step) vs off (session.live=False, quiet, no ctx.log)",
+        {"cell": {"gns": False, "log": True}, "live": True, "quiet": False},
+        {"cell": {"gns": False, "log": False}, "live": False, "quiet": True},
+    ),
+    "log_store": (
+        "part of the above without the dashboard: ctx.log every step (its values averaged, sent and written "
+        "to the run store) vs no ctx.log, with session.live=False and quiet in both arms",
+        {"cell": {"gns": False, "log": True}, "live": False, "quiet": True},
+        {"cell": {"gns": False, "log": False}, "live": False, "quiet": True},
+    ),
+    "gns": (
+        "GNS measurement: ctx.wrap(model, gns=True) vs gns=False",
+        {"cell": {"gns": True, "log": True}, "live": True, "quiet": False},
+        {"cell": {"gns": False, "log": True}, "live": True, "quiet": False},
+    ),
+    "metric_averaging": (
+        "optimizations.average_training_metrics true vs false",
+        {"cell": {"gns": False, "log": True}, "live": True, "quiet": False, "average": True},
+        {"cell": {"gns": False, "log": True}, "live": True, "quiet": False, "average": False},
+    ),
+    "steps_loop": (
+        "ctx.steps (per-rank progress, perf records, per-step all-reduce) vs a plain hand-written loop",
+        {"cell": {"gns": False, "log": False}, "live": True, "quiet": False},
+        {"cell": {"gns": False, "log": False, "hand": True}, "live": True, "quiet": False},
+    ),
+}
+
+
+def _ms(xs: list[float]) -> float | None:
+    m = median(xs)
+    return None if m is None else m * 1000.0
+
+
+class KernelCpu:
+    """Sample this (kernel) process's CPU time at 50 Hz, to read it over a window the ranks timed."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.proc = psutil.Process()
+        self.interval = interval
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _sample(self) -> None:
+        t = self.proc.cpu_times()
+        self.samples.append((time.time(), t.user + t.system))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> KernelCpu:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def at(self, t: float) -> float:
+        s = self.samples
+        if t <= s[0][0]:
+            return s[0][1]
+        for (ta, ca), (tb, cb) in zip(s, s[1:], strict=False):
+            if ta <= t <= tb:
+                return ca + (cb - ca) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
+        return s[-1][1]
+
+    def between(self, t0: float, t1: float) -> float:
+        return max(0.0, self.at(t1) - self.at(t0))
+
+
+class FeatureBench:
+    def __init__(self, runner: Any, kinds: tuple[str, ...]) -> None:
+        self.r = runner
+        self.kinds = kinds
+        self._average: bool | None = None
+        self.loop_start_s: list[float] = []  # ctx.steps: from the call to the first batch
+        self.models_seen = 0  # models registered on ctx during a loop (1 = no other model took part)
+        self.cpu = self.cpu_ranks = self.cpu_kernel = 0.0  # CPU seconds per step of the last arm
+        self.reps_done = 0
+
+    def setup(self) -> None:
+        self.r.run(f"KINDS = {tuple(self.kinds)!r}\n" + W.PIN_THREADS + SETUP)
+
+    def _set_average(self, value: bool) -> None:
+        if self._average is value:
+            return
+        self.r.cluster.configure({"optimizations": {"average_training_metrics": value}})
+        self._average = value
+
+    def arm(self, kind: str, arm: dict[str, Any], warmup: int, steps: int) -> float:
+        """Run one arm; return steps/s (the slower rank's); its CPU cost per step goes to ``self.cpu``."""
+        self._set_average(arm.get("average", True))
+        args = ", ".join(f"{k}={v!r}" for k, v in arm["cell"].items())
+        with KernelCpu() as kernel:
+            self.r.run(f"_res = feature_loop({kind!r}, warmup={warmup}, steps={steps}, {args})\n",
+                       quiet=arm["quiet"], live=arm["live"])
+        res = self.r.pull("_res")
+        if not arm["cell"].get("hand"):
+            self.loop_start_s.append(max(r[1] for r in res))
+            self.models_seen = max(self.models_seen, *(r[2] for r in res))
+        # CPU seconds per timed step: every rank's engine, plus the kernel over the same window
+        t0, t1 = min(r[4] for r in res), max(r[5] for r in res)
+        self.cpu_ranks = sum(r[3] for r in res)
+        self.cpu_kernel = kernel.between(t0, t1) / steps
+        self.cpu = self.cpu_ranks + self.cpu_kernel
+        return float(min(r[0] for r in res))
+
+    def measure(self, more: Any, warmup: dict[str, int], steps: dict[str, int], clock: Any = None) -> dict[str, Any]:
+        """Every feature, every workload: interleaved on/off pairs while ``more(rep)`` says so."""
+        raw: dict[str, dict[str, dict[str, list[float]]]] = {
+            f: {k: {f"{arm}{part}": [] for arm in ("on", "off") for part in ("", "_cpu", "_cpu_ranks", "_cpu_kernel")}
+                for k in self.kinds}
+            for f in ARMS
+        }
+        rep = 0
+        while more(rep):
+            with clock.round("features") if clock is not None else contextlib.nullcontext():
+                self._round(rep, raw, warmup, steps)
+            rep += 1
+        self.reps_done = rep
+        self._set_average(True)
+        return self._summarize(raw)
+
+    def _round(self, rep: int, raw: dict[str, Any], warmup: dict[str, int], steps: dict[str, int]) -> None:
+        """One on/off pair of every feature and workload (the order within pairs alternates by round)."""
+        for feature, (_, on, off) in ARMS.items():
+            for kind in self.kinds:
+                order = [("on", on), ("off", off)] if rep % 2 == 0 else [("off", off), ("on", on)]
+                for label, arm in order:
+                    raw[feature][kind][label].append(self.arm(kind, arm, warmup[kind], steps[kind]))
+                    raw[feature][kind][f"{label}_cpu"].append(self.cpu)
+                    raw[feature][kind][f"{label}_cpu_ranks"].append(self.cpu_ranks)
+                    raw[feature][kind][f"{label}_cpu_kernel"].append(self.cpu_kernel)
+
+    def _summarize(self, raw: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "loop_start_s": summarize(self.loop_start_s),
+            "models_registered_during_loops": self.models_seen,
+        }
+        for feature, (desc, _, _) in ARMS.items():
+            out[feature] = {"description": desc}
+            for kind in self.kinds:
+                on, off = raw[feature][kind]["on"], raw[feature][kind]["off"]
+                on_cpu, off_cpu = raw[feature][kind]["on_cpu"], raw[feature][kind]["off_cpu"]
+                pairs = paired_ratios(on, off)
+                cpu_pairs = paired_ratios(off_cpu, on_cpu)  # CPU per step off / on: a throughput-like ratio
+                out[feature][kind] = {
+                    "on_steps_per_s": on,
+                    "off_steps_per_s": off,
+                    "pair_ratios": pairs,
+                    "ratio": median(pairs),
+                    "ci95": bootstrap_ci(pairs),
+                    "ratio_of_medians": (median(on) or 0) / (median(off) or 1),
+                    "on_cpu_s_per_step": on_cpu,
+                    "off_cpu_s_per_step": off_cpu,
+                    "cpu_ratio": median(cpu_pairs),
+                    "cpu_ci95": bootstrap_ci(cpu_pairs),
+                    # where the CPU per step goes (medians, milliseconds): the ranks' engines, the kernel
+                    "cpu_ms_per_step": {
+                        f"{arm}_{part}": _ms(raw[feature][kind][f"{arm}_cpu_{part}"])
+                        for arm in ("on", "off") for part in ("ranks", "kernel")
+                    },
+                }
+        return out

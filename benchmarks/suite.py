@@ -1,0 +1,717 @@
+"""The order of the measurements (interleaved, side by side) and the results dictionary.
+
+All alternatives run in one process tree on one machine, one after the other inside every
+repetition (the order rotates between repetitions), so a slow minute caused by something else on
+the machine hits them all alike; ratios are taken between neighbours and medians over repetitions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks import workload as W
+from benchmarks.features import FeatureBench
+from benchmarks.runners import (
+    DtworkRunner,
+    LaunchWorkerRunner,
+    RawIpyparallelRunner,
+    TorchrunRunner,
+    probe_optional,
+)
+from benchmarks.util import (
+    bootstrap_ci,
+    load_average,
+    machine,
+    median,
+    paired_ratios,
+    ratio,
+    summarize,
+    versions,
+)
+
+KINDS = W.KINDS
+OPTIONAL = ("accelerate", "fabric")
+ALTERNATIVES = ("dtwork", "dtwork_steps", "raw_ipyparallel", "torchrun", "accelerate", "fabric")
+LABELS = {
+    "dtwork": "dtwork %%dtrain (same code: DDP + hand loop)",
+    "dtwork_steps": "dtwork %%dtrain idiomatic (ctx.wrap + ctx.steps + ctx.log)",
+    "raw_ipyparallel": "raw ipyparallel %px + hand-written DDP setup",
+    "torchrun": "torchrun --nproc_per_node=2",
+    "accelerate": "HuggingFace Accelerate notebook_launcher",
+    "fabric": "Lightning Fabric (strategy ddp_notebook)",
+}
+
+
+@dataclass
+class Plan:
+    """How much of everything to run (the full run, or ``--smoke``)."""
+
+    smoke: bool = False
+    coldstart_reps: int = 3
+    coldstart_train_steps: int = 40
+    round_trips: int = 30
+    throughput_reps: int = 5  # at least; more while the time budget allows, up to throughput_max_reps
+    throughput_max_reps: int = 9
+    warmup: dict[str, int] = field(default_factory=lambda: {"mlp": 10, "convnet": 3})
+    steps: dict[str, int] = field(default_factory=lambda: {"mlp": 80, "convnet": 12})
+    latency_reps_inprocess: int = 5
+    latency_reps_relaunch: int = 3
+    latency_kind: str = "mlp"
+    thread_check_reps: int = 3
+    thread_check_steps: int = 15
+    feature_reps: int = 4  # on/off pairs at least; more while the time budget allows
+    feature_max_reps: int = 12
+    budget_s: float = 720.0  # the run adds repetitions only while it can still finish within this
+    throughput_share: float = 0.45  # steps/s repetitions stop being added past this share of the budget
+    reserve_s: float = 45.0  # kept for stopping the clusters and writing the results
+    feature_steps: dict[str, int] = field(default_factory=lambda: {"mlp": 60, "convnet": 10})
+    feature_warmup: dict[str, int] = field(default_factory=lambda: {"mlp": 3, "convnet": 2})
+    long_cell_steps: int = 2400  # one long MLP cell with the live dashboard: does its kernel CPU grow?
+
+    @classmethod
+    def smoke_plan(cls) -> Plan:
+        return cls(
+            smoke=True,
+            coldstart_reps=1,
+            coldstart_train_steps=5,
+            round_trips=5,
+            throughput_reps=1,
+            throughput_max_reps=1,
+            warmup={"mlp": 2, "convnet": 1},
+            steps={"mlp": 6, "convnet": 2},
+            latency_reps_inprocess=2,
+            latency_reps_relaunch=1,
+            thread_check_reps=1,
+            thread_check_steps=2,
+            feature_reps=1,
+            feature_max_reps=1,
+            feature_steps={"mlp": 4, "convnet": 2},
+            feature_warmup={"mlp": 1, "convnet": 1},
+            long_cell_steps=40,
+        )
+
+
+class Clock:
+    """The run's time budget: repetitions beyond the minimum are added only while they fit."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.t0 = time.perf_counter()
+        self.rounds: dict[str, list[float]] = {}
+        self.throughput_deadline = plan.budget_s * plan.throughput_share
+        self.final_deadline = plan.budget_s - plan.reserve_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    @contextlib.contextmanager
+    def round(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.rounds.setdefault(name, []).append(time.perf_counter() - t)
+
+    def per_round(self, name: str) -> float:
+        """The longest round so far (a cautious guess at the next one)."""
+        return max(self.rounds.get(name, [0.0]))
+
+    def room_for(self, seconds: float, deadline: float) -> bool:
+        return self.elapsed() + seconds <= deadline
+
+
+def _log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- 1. cold start + memory, in fresh kernel processes -----------------------------------------------
+
+
+class ColdStarts:
+    """Fresh kernel processes (``benchmarks.coldstart``), one per sample, dtwork and raw alternating.
+
+    A full run starts them one at a time before anything else runs; ``--smoke`` starts them all at
+    once in the background, alongside the rest (its numbers then share the machine, which a smoke
+    run accepts: it only checks that everything runs).
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.tmp = Path(tempfile.mkdtemp(prefix="dtwork-bench-cold-"))
+        self.jobs: list[tuple[str, Path, subprocess.Popen[str]]] = []
+        self.samples: dict[str, list[dict[str, Any]]] = {"dtwork": [], "raw": []}
+        self.errors: list[str] = []
+
+    def _order(self) -> list[tuple[int, str]]:
+        out = []
+        for rep in range(self.plan.coldstart_reps):
+            out += [(rep, w) for w in (("dtwork", "raw") if rep % 2 == 0 else ("raw", "dtwork"))]
+        return out
+
+    def _spawn(self, rep: int, which: str) -> None:
+        path = self.tmp / f"{which}-{rep}.json"
+        cmd = [sys.executable, "-m", "benchmarks.coldstart", which, str(path), "--steps", str(self.plan.coldstart_train_steps)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                cwd=str(Path(__file__).resolve().parent.parent))
+        self.jobs.append((which, path, proc))
+
+    def _collect(self) -> None:
+        import json
+
+        for which, path, proc in self.jobs:
+            try:
+                _, err = proc.communicate(timeout=300)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"exit {proc.returncode}: {err[-2000:]}")
+                self.samples[which].append(json.loads(path.read_text()))
+            except Exception as exc:
+                proc.kill()
+                self.errors.append(f"{which}: {type(exc).__name__}: {exc}")
+        self.jobs = []
+
+    def run_sequential(self) -> None:
+        for rep, which in self._order():
+            _log(f"cold start {which} ({rep + 1}/{self.plan.coldstart_reps})")
+            self._spawn(rep, which)
+            self._collect()
+
+    def spawn_all(self) -> None:
+        _log("cold start kernels, all at once (smoke)")
+        for rep, which in self._order():
+            self._spawn(rep, which)
+
+    def results(self) -> dict[str, Any]:
+        self._collect()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return coldstart_summary(self.samples, self.errors)
+
+    def abort(self) -> None:
+        for _, _, proc in self.jobs:
+            if proc.poll() is None:
+                proc.terminate()
+        for _, _, proc in self.jobs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def coldstart_summary(samples: dict[str, list[dict[str, Any]]], errors: list[str]) -> dict[str, Any]:
+    def col(which: str, key: str) -> list[float]:
+        return [s[key] for s in samples[which] if s.get(key) is not None]
+
+    d, raw_engines, raw_ddp = col("dtwork", "start_s"), col("raw", "engines_s"), col("raw", "start_s")
+    cold = {
+        "dtwork_s": summarize(d),
+        "raw_ipyparallel_s": summarize(raw_engines),
+        "raw_ipyparallel_ddp_s": summarize(raw_ddp),
+        "ratio_vs_raw_ipyparallel": ratio(median(d), median(raw_engines)),
+        "ratio_vs_raw_ipyparallel_ci95": bootstrap_ci(d, raw_engines),
+        "ratio_vs_raw_ipyparallel_ddp": ratio(median(d), median(raw_ddp)),
+        "import_s": {"dtwork": median(col("dtwork", "import_s")), "ipyparallel": median(col("raw", "import_s"))},
+        "stop_s": {"dtwork": median(col("dtwork", "stop_s")), "raw_ipyparallel": median(col("raw", "stop_s"))},
+        "errors": errors,
+    }
+    memory = {}
+    for which, name in (("dtwork", "dtwork"), ("raw", "raw_ipyparallel")):
+        mem: dict[str, Any] = {}
+        for phase in ("fresh", "idle", "train"):
+            rows = [s[f"memory_{phase}"] for s in samples[which] if f"memory_{phase}" in s]
+            mem[phase] = {
+                "kernel_mb": median([r["kernel_mb"] for r in rows if r["kernel_mb"]]),
+                "engines_mb": [median([r["engines_mb"][i] for r in rows if r["engines_mb"][i]]) for i in range(2)]
+                if rows else [None, None],
+            }
+        memory[name] = mem
+    ratios = {}
+    for phase in ("fresh", "idle", "train"):
+        dm, rm = memory["dtwork"][phase], memory["raw_ipyparallel"][phase]
+        ratios[phase] = {
+            "kernel": ratio(dm["kernel_mb"], rm["kernel_mb"]),
+            "engine_mean": ratio(_mean(dm["engines_mb"]), _mean(rm["engines_mb"])),
+        }
+    memory["ratio_dtwork_vs_raw"] = ratios
+    memory["note"] = (
+        "psutil RSS in MiB, median over the cold-start kernels. fresh: right after start; idle: after the "
+        "setup cell built the MLP and its data; train: peak while a training cell runs (dtwork: ctx.wrap + "
+        "ctx.steps + ctx.log with the live dashboard and run store; raw: the hand loop)."
+    )
+    return {"cold_start": cold, "memory": memory}
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+# -- the in-process part ----------------------------------------------------------------------------
+
+
+class Suite:
+    def __init__(self, plan: Plan, clock: Clock | None = None) -> None:
+        self.plan = plan
+        self.clock = clock or Clock(plan)
+        self.dt = DtworkRunner()
+        self.raw = RawIpyparallelRunner()
+        self.torchrun: TorchrunRunner | None = None
+        self.optional: dict[str, LaunchWorkerRunner] = {}
+        self.skipped: dict[str, str] = {}
+        self.features: FeatureBench | None = None
+
+    # lifecycle
+    def start(self) -> dict[str, Any]:
+        # Both clusters at once (their start times here are not the cold-start measurement: that one
+        # runs in fresh kernels, one at a time); this only saves wall time.
+        _log("starting the dtwork cluster and the raw ipyparallel cluster")
+        failure: list[BaseException] = []
+
+        def start_dtwork() -> None:
+            try:
+                self.dt.start()
+            except BaseException as exc:  # re-raised below, in the main thread
+                failure.append(exc)
+
+        th = threading.Thread(target=start_dtwork, name="bench-dtwork-start")
+        th.start()
+        try:
+            t_raw = self.raw.start(ddp=True)
+        finally:
+            th.join()
+        if failure:
+            raise failure[0]
+        t_dt = self.dt.start_s
+        self.torchrun = TorchrunRunner()
+        # The optional launchers' kernels, one at a time (their import time is part of their cold start).
+        for name in OPTIONAL:
+            why = probe_optional(name)
+            if why is None:
+                _log(f"{name}: starting its kernel")
+                runner = LaunchWorkerRunner(name)
+                try:
+                    runner.wait_ready()
+                    self.optional[name] = runner
+                except Exception as exc:
+                    runner.stop()
+                    why = f"skipped: cannot start ({type(exc).__name__}: {exc})"
+            if why is not None:
+                self.skipped[name] = why
+                _log(f"{name}: {why}")
+        return {"dtwork_in_driver_s": t_dt, "raw_ipyparallel_ddp_in_driver_s": t_raw,
+                "raw_ipyparallel_in_driver_s": self.raw.engines_s}
+
+    def stop(self) -> None:
+        for r in self.optional.values():
+            try:
+                r.stop()
+            except Exception:
+                pass
+        if self.torchrun is not None:
+            try:
+                self.torchrun.stop()
+            except Exception:
+                pass
+
+        def stop(r: Any) -> None:
+            try:
+                r.stop()
+            except Exception:
+                traceback.print_exc()
+
+        threads = [threading.Thread(target=stop, args=(r,)) for r in (self.dt, self.raw)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+
+    # (b) round trip
+    def round_trip(self) -> dict[str, Any]:
+        _log("round trip of a trivial cell")
+        for _ in range(2):  # warm the paths
+            self.dt.round_trip(quiet=True)
+            self.raw.round_trip()
+        dq, dd, rw = [], [], []
+        for i in range(self.plan.round_trips):
+            trio = [lambda: dq.append(self.dt.round_trip(quiet=True)),
+                    lambda: dd.append(self.dt.round_trip(quiet=False)),
+                    lambda: rw.append(self.raw.round_trip())]
+            for f in trio[i % 3:] + trio[: i % 3]:
+                f()
+        return {
+            "dtwork_quiet_s": summarize(dq),
+            "dtwork_default_s": summarize(dd),
+            "raw_px_s": summarize(rw),
+            "ratio_quiet": ratio(median(dq), median(rw)),
+            "ratio_quiet_ci95": bootstrap_ci(dq, rw),
+            "ratio_default": ratio(median(dd), median(rw)),
+            "note": "dtwork: cluster.run('pass', quiet=True) (and with %%dtrain's defaults: output shown, dashboard on); "
+            "raw: DirectView.execute('pass', block=True) on a raw ipyparallel cluster (what %px does)",
+        }
+
+    # (c) + alternatives: steps/s
+    def setup_workloads(self) -> None:
+        _log("setup cells (model and data stay on the ranks)")
+        self.dt.setup()
+        self.raw.setup()
+        self.features = FeatureBench(self.dt, KINDS)
+        self.features.setup()
+
+    def throughput(self) -> dict[str, Any]:
+        p = self.plan
+        runs: dict[str, dict[str, list[float]]] = {a: {k: [] for k in KINDS} for a in ALTERNATIVES}
+        errors: dict[str, str] = {}
+
+        def dtwork() -> None:
+            for k in KINDS:
+                runs["dtwork"][k].append(self.dt.throughput(k, p.warmup[k], p.steps[k]))
+
+        def dtwork_steps() -> None:
+            assert self.features is not None
+            arm = {"cell": {"gns": False, "log": True}, "live": True, "quiet": False}
+            for k in KINDS:
+                runs["dtwork_steps"][k].append(self.features.arm(k, arm, p.warmup[k], p.steps[k]))
+
+        def raw() -> None:
+            for k in KINDS:
+                runs["raw_ipyparallel"][k].append(self.raw.throughput(k, p.warmup[k], p.steps[k]))
+
+        def launched(name: str, runner: Any) -> Any:
+            def go() -> None:
+                if name in errors:
+                    return
+                try:
+                    res = runner.throughput_many(KINDS, p.warmup, p.steps)
+                except Exception as exc:
+                    errors[name] = f"{type(exc).__name__}: {exc}"
+                    return
+                for k in KINDS:
+                    runs[name][k].append(res[k])
+
+            return go
+
+        order = [("dtwork", dtwork), ("dtwork_steps", dtwork_steps), ("raw_ipyparallel", raw),
+                 ("torchrun", launched("torchrun", self.torchrun))]
+        order += [(n, launched(n, r)) for n, r in self.optional.items()]
+        rep = 0
+        while rep < p.throughput_max_reps:
+            if rep >= p.throughput_reps and not self.clock.room_for(self.clock.per_round("throughput"),
+                                                                    self.clock.throughput_deadline):
+                break
+            _log(f"steps/s, repetition {rep + 1} (at least {p.throughput_reps}, at most {p.throughput_max_reps})")
+            with self.clock.round("throughput"):
+                shift = rep % len(order)
+                for _name, fn in order[shift:] + order[:shift]:
+                    fn()
+            rep += 1
+            for a in ALTERNATIVES:  # a missing run stays a gap, so that pairs stay aligned by repetition
+                for k in KINDS:
+                    while len(runs[a][k]) < rep:
+                        runs[a][k].append(None)
+        out: dict[str, Any] = {"plan": {"warmup": p.warmup, "steps": p.steps, "reps": rep}, "errors": errors}
+        for a in ALTERNATIVES:
+            out[a] = {k: summarize([x for x in runs[a][k] if x is not None]) for k in KINDS}
+
+        def pairs(a: str, b: str, k: str) -> list[float]:
+            return [x / y for x, y in zip(runs[a][k], runs[b][k], strict=True) if x and y]
+
+        # The headline ratio: the median over repetitions of (alternative / torchrun) within a repetition,
+        # whose runs were minutes apart at most; the ratio of the medians is kept beside it.
+        out["ratio_vs_torchrun"] = {a: {k: median(pairs(a, "torchrun", k)) for k in KINDS} for a in ALTERNATIVES}
+        out["ratio_vs_torchrun_ci95"] = {a: {k: bootstrap_ci(pairs(a, "torchrun", k)) for k in KINDS} for a in ALTERNATIVES}
+        out["ratio_of_medians_vs_torchrun"] = {
+            a: {k: ratio(out[a][k]["median"], out["torchrun"][k]["median"]) for k in KINDS} for a in ALTERNATIVES
+        }
+        out["ratio_vs_raw_ipyparallel"] = {
+            a: {k: median(pairs(a, "raw_ipyparallel", k)) for k in KINDS} for a in ALTERNATIVES
+        }
+        out["torchrun_default_threads"] = self.torchrun.default_threads if self.torchrun else None
+        return out
+
+    # (d) iteration latency
+    def iteration_latency(self) -> dict[str, Any]:
+        p, kind = self.plan, self.plan.latency_kind
+        res: dict[str, list[float]] = {"dtwork": [], "dtwork_steps": [], "raw_ipyparallel": []}
+        first: dict[str, list[float]] = {}
+        errors: dict[str, str] = {}
+        relaunchers: dict[str, Any] = {"torchrun": self.torchrun, **self.optional}
+        for name in relaunchers:
+            res[name], first[name] = [], []
+        self.dt.run(W.LATENCY_STEPS_SETUP.format(kind=kind))
+        self.dt.iterate(kind)  # the first changed cell after setup is not special, but warm it anyway
+        self.dt.iterate_steps()
+        self.raw.iterate(kind)
+        reps = max(p.latency_reps_inprocess, p.latency_reps_relaunch)
+        for rep in range(reps):
+            _log(f"iteration latency, repetition {rep + 1}/{reps}")
+            if rep < p.latency_reps_inprocess:
+                res["dtwork"].append(self.dt.iterate(kind))
+                res["dtwork_steps"].append(self.dt.iterate_steps())
+                res["raw_ipyparallel"].append(self.raw.iterate(kind))
+            if rep < p.latency_reps_relaunch:
+                for name, runner in relaunchers.items():
+                    if name in errors:
+                        continue
+                    try:
+                        wall, first_step = runner.iterate(kind)
+                    except Exception as exc:
+                        errors[name] = f"{type(exc).__name__}: {exc}"
+                        continue
+                    res[name].append(wall)
+                    first[name].append(first_step)
+        self.dt.run(W.LATENCY_STEPS_TEARDOWN)
+        out: dict[str, Any] = {"kind": kind, "errors": errors}
+        for name, vals in res.items():
+            out[name] = {"wall_s": summarize(vals)}
+            if name in first:
+                out[name]["first_step_s"] = summarize(first[name])
+        d = median(res["dtwork"])
+        out["speedup_vs"] = {name: ratio(median(vals), d) for name, vals in res.items() if name not in ("dtwork", "dtwork_steps")}
+        out["dtwork_steps_speedup_vs_torchrun"] = ratio(median(res.get("torchrun", [])), median(res["dtwork_steps"]))
+        out["speedup_vs_torchrun_first_step"] = ratio(median(first.get("torchrun", [])), d)
+        out["speedup_vs_torchrun_ci95"] = bootstrap_ci(res.get("torchrun", []), res["dtwork"])
+        out["note"] = (
+            "dtwork / raw ipyparallel: a changed cell (new learning rate, one training step) run on ranks that already "
+            "hold the model and data; wall time until every rank finished. torchrun / Accelerate / Fabric: every "
+            "change is a relaunch that rebuilds the model and data; wall_s = the whole launch, first_step_s = from "
+            "the launch to the first finished step on all ranks (measured inside the ranks)."
+        )
+        return out
+
+    # dtwork engines' default threads against one per rank
+    def thread_check(self) -> dict[str, Any]:
+        p = self.plan
+        _log("thread check: engine default threads vs one per rank")
+        default, pinned = [], []
+        for rep in range(p.thread_check_reps):
+            pair = [("default", default), ("pinned", pinned)]
+            for mode, acc in pair if rep % 2 == 0 else pair[::-1]:
+                acc.append(self.dt.throughput("mlp", 2, p.thread_check_steps, threads=mode))
+        threads = self.dt.pull("_default_threads")
+        return {
+            "engine_default_threads": threads,
+            "torchrun_worker_threads": self.torchrun.default_threads if self.torchrun else None,
+            "logical_cpus": os.cpu_count(),
+            "default_steps_per_s": summarize(default),
+            "pinned_steps_per_s": summarize(pinned),
+            "ratio_default_vs_pinned": ratio(median(default), median(pinned)),
+            "pair_ratios": paired_ratios(default, pinned),
+        }
+
+    def long_cell(self) -> dict[str, Any]:
+        """One long training cell with the live dashboard on: the kernel's CPU share, quarter by quarter."""
+        from benchmarks.features import KernelCpu
+
+        assert self.features is not None
+        n = self.plan.long_cell_steps
+        _log(f"one long cell with the live dashboard ({n} MLP steps)")
+        with KernelCpu(0.05) as k:
+            self.dt.run(f"_res = feature_loop('mlp', warmup=3, steps={n}, log=True, gns=False)\n", quiet=False, live=True)
+        res = self.dt.pull("_res")
+        t0, t1 = min(x[4] for x in res), max(x[5] for x in res)
+        quarters = [k.between(t0 + (t1 - t0) * i / 4, t0 + (t1 - t0) * (i + 1) / 4) / ((t1 - t0) / 4) for i in range(4)]
+        return {
+            "steps": n,
+            "seconds": t1 - t0,
+            "steps_per_s": min(x[0] for x in res),
+            "kernel_cpu_share_by_quarter": quarters,
+            "note": "CPU seconds the kernel process spends per wall second (1.0 = one core) in each quarter of the "
+            "timed steps of one long %%dtrain cell (ctx.steps + ctx.log, live dashboard on)",
+        }
+
+    def feature_overheads(self) -> dict[str, Any]:
+        assert self.features is not None
+        p = self.plan
+        _log(f"feature overheads on/off (at least {p.feature_reps}, at most {p.feature_max_reps} interleaved pairs each)")
+
+        def more(rep: int) -> bool:
+            if rep >= p.feature_max_reps:
+                return False
+            return rep < p.feature_reps or self.clock.room_for(self.clock.per_round("features"), self.clock.final_deadline)
+
+        out = self.features.measure(more, p.feature_warmup, p.feature_steps, self.clock)
+        out["plan"] = {"warmup": p.feature_warmup, "steps": p.feature_steps, "pairs": self.features.reps_done}
+        return out
+
+
+def run(plan: Plan, command: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    results: dict[str, Any] = {
+        "meta": {
+            "command": command,
+            "smoke": plan.smoke,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "machine": machine(),
+            "versions": versions(),
+            "plan": asdict(plan),
+            "workloads": {
+                "mlp": "MLP 784-512-512-10 (ReLU), per-rank batch 64 of 1x28x28, 16 synthetic batches in memory",
+                "convnet": "convnet conv32-pool-conv64-pool-fc128-fc10, per-rank batch 32 of 3x32x32, 16 synthetic batches",
+                "common": "2 ranks, gloo on CPU, SGD(lr=0.01, momentum=0.9), one intra-op thread per rank",
+            },
+        },
+        "gpu": {"measured": False, "note": "not measured: no GPU in this session"},
+    }
+    if results["meta"]["machine"].get("gpu") == "present":
+        results["gpu"]["note"] = "not measured: this suite runs the CPU path (gloo) only; the GPU section is a placeholder"
+    cold = ColdStarts(plan)
+    clock = Clock(plan)
+    suite = Suite(plan, clock)
+    try:
+        if plan.smoke:
+            cold.spawn_all()  # they run alongside everything else; collected at the end
+        else:
+            cold.run_sequential()
+            results.update(cold.results())
+        results["core_in_driver_start_s"] = suite.start()
+        results["round_trip"] = suite.round_trip()
+        suite.setup_workloads()
+        results["throughput"] = suite.throughput()
+        results["iteration_latency"] = suite.iteration_latency()
+        results["threads"] = suite.thread_check()
+        results["long_cell"] = suite.long_cell()
+        results["features"] = suite.feature_overheads()
+        if plan.smoke:
+            results.update(cold.results())
+        results["alternatives"] = alternatives_table(results, suite)
+    finally:
+        _log("stopping clusters")
+        cold.abort()
+        suite.stop()
+    results["meta"]["duration_s"] = time.perf_counter() - t0
+    results["meta"]["load_average_at_end"] = load_average()
+    results["targets"] = targets(results)
+    return results
+
+
+def alternatives_table(results: dict[str, Any], suite: Suite) -> dict[str, Any]:
+    """One row per launcher: steps/s (median), cold start, iteration latency; or why skipped."""
+    tp, lat, cold = results["throughput"], results["iteration_latency"], results["cold_start"]
+    imp = cold.get("import_s", {})
+
+    def plus(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else a + b
+
+    cold_by = {
+        "dtwork": plus(imp.get("dtwork"), cold["dtwork_s"]["median"]),
+        "dtwork_steps": plus(imp.get("dtwork"), cold["dtwork_s"]["median"]),
+        "raw_ipyparallel": plus(imp.get("ipyparallel"), cold["raw_ipyparallel_ddp_s"]["median"]),
+        "torchrun": median(suite.torchrun.cold_starts) if suite.torchrun else None,
+        **{n: plus(r.import_s, median(r.cold_starts)) for n, r in suite.optional.items()},
+    }
+    launch_to_ready = {n: median(r.cold_starts) for n, r in suite.optional.items()}
+    rows: dict[str, Any] = {}
+    for a in ALTERNATIVES:
+        if a in suite.skipped:
+            rows[a] = {"label": LABELS[a], "available": False, "skipped": suite.skipped[a]}
+            continue
+        err = tp["errors"].get(a) or lat["errors"].get(a)
+        lat_key = a
+        rows[a] = {
+            "label": LABELS[a],
+            "available": err is None,
+            "steps_per_s": {k: tp[a][k]["median"] for k in KINDS},
+            "ratio_vs_torchrun": tp["ratio_vs_torchrun"][a],
+            "cold_start_s": cold_by.get(a),
+            "launch_to_ready_s": launch_to_ready.get(a),
+            "iteration_latency_s": lat.get(lat_key, {}).get("wall_s", {}).get("median"),
+        }
+        if err:
+            rows[a]["error"] = err
+    if suite.torchrun is not None and suite.torchrun.teardown_failures and "torchrun" in rows:
+        rows["torchrun"]["teardown_failures"] = suite.torchrun.teardown_failures  # measured, then crashed on exit
+    rows["note"] = (
+        "Cold start: from a fresh kernel with nothing imported to a ready process group on 2 ranks. dtwork: "
+        "import dtwork + dtwork.start (engines up, torch imported there, process group formed and checked); raw "
+        "ipyparallel: import ipyparallel + Cluster.start_and_connect_sync + the hand-written init_process_group; "
+        "torchrun: from the command to a ready process group inside the workers; Accelerate / Fabric: importing "
+        "them (torch included) in the kernel + the launch call to a ready process group in the forked workers "
+        "(that launch part alone: launch_to_ready_s; they pay it again at every launch, see the iteration latency)."
+    )
+    return rows
+
+
+def _target(tid: str, issue: int, what: str, measured: float | None, target: str, ok: bool | None,
+            detail: str = "", ci95: list[float] | None = None, threshold: float | None = None,
+            higher_is_better: bool = True) -> dict[str, Any]:
+    """One target. ``conclusive``: the 95% interval lies wholly on one side of the threshold."""
+    conclusive = None
+    if ci95 is not None and threshold is not None:
+        lo, hi = ci95
+        conclusive = (lo >= threshold or hi < threshold) if higher_is_better else (hi <= threshold or lo > threshold)
+    return {"id": tid, "issue": issue, "what": what, "measured": measured, "target": target,
+            "met": ok, "detail": detail, "ci95": ci95, "conclusive": conclusive}
+
+
+def _r(x: float | None, nd: int = 2) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    cold = r.get("cold_start", {})
+    c_ratio = cold.get("ratio_vs_raw_ipyparallel")
+    out.append(_target(
+        "2a", 2, "cold start to process group ready, N=2: dtwork / raw ipyparallel's own start",
+        c_ratio, "< 1.0", None if c_ratio is None else c_ratio < 1.0,
+        ci95=cold.get("ratio_vs_raw_ipyparallel_ci95"), threshold=1.0, higher_is_better=False,
+        detail=f"dtwork {_r(cold.get('dtwork_s', {}).get('median'))} s, raw ipyparallel {_r(cold.get('raw_ipyparallel_s', {}).get('median'))} s; "
+        f"raw ipyparallel + hand-written DDP setup {_r(cold.get('raw_ipyparallel_ddp_s', {}).get('median'))} s",
+    ))
+    rt = r.get("round_trip", {})
+    out.append(_target(
+        "2b", 2, "round trip of a trivial %%dtrain cell / raw %px", rt.get("ratio_quiet"), "<= 1.2",
+        None if rt.get("ratio_quiet") is None else rt["ratio_quiet"] <= 1.2,
+        ci95=rt.get("ratio_quiet_ci95"), threshold=1.2, higher_is_better=False,
+        detail=f"dtwork {_r((rt.get('dtwork_quiet_s', {}).get('median') or 0) * 1000, 1)} ms, "
+        f"raw {_r((rt.get('raw_px_s', {}).get('median') or 0) * 1000, 1)} ms",
+    ))
+    tpr = r.get("throughput", {})
+    tp = tpr.get("ratio_vs_torchrun", {}).get("dtwork", {})
+    for k in KINDS:
+        v = tp.get(k)
+        out.append(_target(
+            f"2c-{k}", 2, f"steps/s under %%dtrain / torchrun --nproc_per_node=2, same code ({k})",
+            v, ">= 0.98", None if v is None else v >= 0.98,
+            f"median of the per-repetition ratios; ratio of the medians "
+            f"{_r(tpr.get('ratio_of_medians_vs_torchrun', {}).get('dtwork', {}).get(k), 3)}",
+            tpr.get("ratio_vs_torchrun_ci95", {}).get("dtwork", {}).get(k), 0.98,
+        ))
+    lat = r.get("iteration_latency", {})
+    sp = lat.get("speedup_vs", {}).get("torchrun")
+    out.append(_target(
+        "2d", 2, "iteration latency: torchrun relaunch / changed %%dtrain cell (x faster)", sp, ">= 10",
+        None if sp is None else sp >= 10, ci95=lat.get("speedup_vs_torchrun_ci95"), threshold=10.0,
+        detail=f"dtwork {_r(lat.get('dtwork', {}).get('wall_s', {}).get('median'), 3)} s, torchrun relaunch "
+        f"{_r(lat.get('torchrun', {}).get('wall_s', {}).get('median'))} s; against torchrun's launch-to-first-step "
+        f"alone: {_r(lat.get('speedup_vs_torchrun_first_step'), 1)}x",
+    ))
+    feats = r.get("features", {})
+    for fid, issue, name, thr in (("live_dashboard_store", 3, "throughput, live dashboard + store on / off", 0.99),
+                                  ("gns", 4, "step throughput, GNS measurement on / off", 0.97)):
+        for k in KINDS:
+            fk = feats.get(fid, {}).get(k, {})
+            v = fk.get("ratio")
+            pairs = fk.get("pair_ratios", [])
+            out.append(_target(
+                f"{issue}-{k}", issue, f"{name} ({k})", v, f">= {thr}", None if v is None else v >= thr,
+                f"pair ratios {[round(x, 3) for x in pairs]}; CPU-time estimate {_r(fk.get('cpu_ratio'), 3)}",
+                fk.get("ci95"), thr,
+            ))
+    dur = r.get("meta", {}).get("duration_s")
+    smoke = r.get("meta", {}).get("smoke")
+    out.append(_target(
+        "8-time", 8, "the full benchmark's wall time on this 2-core machine (s)" if not smoke else "smoke run wall time (s)",
+        dur, "< 900" if not smoke else "< 120", None if dur is None else dur < (900 if not smoke else 120),
+    ))
+    return out

@@ -1,0 +1,161 @@
+"""Small helpers: statistics, silencing output, free ports, clean exits, machine facts."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import signal
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from importlib import metadata
+from typing import Any
+
+MB = 1024.0 * 1024.0
+
+
+def median(values: Sequence[float]) -> float | None:
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return statistics.median(vals) if vals else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return float(a) / float(b)
+
+
+def paired_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """Ratios of measurements taken side by side (a[i] next to b[i])."""
+    return [float(x) / float(y) for x, y in zip(a, b, strict=False) if y]
+
+
+def bootstrap_ci(
+    a: Sequence[float], b: Sequence[float] | None = None, n: int = 2000, seed: int = 0
+) -> list[float] | None:
+    """95% percentile-bootstrap interval of median(a), or of median(a) / median(b) (resampled apart).
+
+    With 3-7 samples this is rough, but it says how far the noise of a shared machine reaches.
+    """
+    import random
+
+    a = [float(x) for x in a]
+    bb = [float(x) for x in b] if b is not None else None
+    if len(a) < 2 or (bb is not None and len(bb) < 2):
+        return None
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(n):
+        m = statistics.median(rng.choices(a, k=len(a)))
+        if bb is not None:
+            d = statistics.median(rng.choices(bb, k=len(bb)))
+            m = m / d if d else float("nan")
+        stats.append(m)
+    stats.sort()
+    return [stats[int(0.025 * (n - 1))], stats[int(0.975 * (n - 1))]]
+
+
+def summarize(runs: Sequence[float]) -> dict[str, Any]:
+    vals = [float(v) for v in runs]
+    return {
+        "runs": vals,
+        "median": median(vals),
+        "min": min(vals) if vals else None,
+        "max": max(vals) if vals else None,
+    }
+
+
+@contextlib.contextmanager
+def silenced() -> Iterator[None]:
+    """Send this process's Python-level stdout to /dev/null (a cell's output, widget reprs)."""
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        yield
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so that ``finally`` blocks stop the engines we started."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    if hasattr(signal, "SIGTERM"):
+        signal.signal(signal.SIGTERM, handler)
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine() -> dict[str, Any]:
+    import psutil
+
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "logical_cpus": psutil.cpu_count(logical=True),
+        "physical_cpus": psutil.cpu_count(logical=False),
+        "memory_gib": round(psutil.virtual_memory().total / 1024**3, 1),
+        "load_average_at_start": load_average(),
+        "gpu": "none visible (NVML: no GPU)" if not _has_gpu() else "present",
+    }
+
+
+def _has_gpu() -> bool:
+    try:
+        from dtwork import telemetry
+
+        return telemetry.gpu_count() > 0
+    except Exception:
+        return False
+
+
+def versions() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        **{
+            pkg: version(pkg)
+            for pkg in ("dtwork", "torch", "ipyparallel", "pyzmq", "ipykernel", "plotly", "psutil", "accelerate", "lightning")
+        },
+    }

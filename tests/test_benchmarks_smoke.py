@@ -1,0 +1,131 @@
+"""The benchmark entry point in smoke mode: runs end to end and writes what it promises.
+
+``python -m benchmarks --smoke --out DIR`` runs a few steps of every measurement (cold start and
+memory in fresh kernels, round trip, steps/s under every launcher, iteration latency, feature
+on/off pairs) and must leave results.json with finite positive numbers, the plots and a summary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("mlp", "convnet")
+TIMEOUT = 300  # the smoke run takes about a minute on the 2-core machine; this is a hang guard
+
+
+def _positive(x: Any, what: str) -> None:
+    assert isinstance(x, (int, float)) and not isinstance(x, bool), f"{what}: {x!r} is not a number"
+    assert math.isfinite(x) and x > 0, f"{what}: {x!r} is not finite and positive"
+
+
+def _run_smoke(out: Path, state: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DTWORK_HOME": str(state / "home"), "DTWORK_STORE": str(state / "runs.sqlite")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the entry point stops the engines it started on SIGTERM
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        raise AssertionError(f"smoke run did not finish in {TIMEOUT} s:\n{stderr[-3000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    proc = _run_smoke(out, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "steps/s relative to torchrun" in proc.stdout
+
+    r = json.loads((out / "results.json").read_text())
+    assert r["meta"]["smoke"] is True
+    assert r["meta"]["command"].startswith("python -m benchmarks")
+    for key in ("cpu_model", "logical_cpus", "memory_gib"):
+        assert r["meta"]["machine"][key]
+    assert r["meta"]["versions"]["torch"] and r["meta"]["versions"]["ipyparallel"]
+    _positive(r["meta"]["duration_s"], "duration")
+
+    # (a) cold start, (b) round trip
+    cold = r["cold_start"]
+    assert not cold["errors"], cold["errors"]
+    for key in ("dtwork_s", "raw_ipyparallel_s", "raw_ipyparallel_ddp_s"):
+        _positive(cold[key]["median"], f"cold_start.{key}")
+    _positive(cold["ratio_vs_raw_ipyparallel"], "cold start ratio")
+    rt = r["round_trip"]
+    for key in ("dtwork_quiet_s", "dtwork_default_s", "raw_px_s"):
+        _positive(rt[key]["median"], f"round_trip.{key}")
+    _positive(rt["ratio_quiet"], "round trip ratio")
+
+    # (c) steps/s under every launcher that ran; optional ones ran or say why they were skipped
+    tp = r["throughput"]
+    assert not tp["errors"], tp["errors"]
+    for alt in ("dtwork", "dtwork_steps", "raw_ipyparallel", "torchrun"):
+        for kind in KINDS:
+            _positive(tp[alt][kind]["median"], f"throughput.{alt}.{kind}")
+            _positive(tp["ratio_vs_torchrun"][alt][kind], f"ratio_vs_torchrun.{alt}.{kind}")
+    alts = r["alternatives"]
+    for alt in ("accelerate", "fabric"):
+        row = alts[alt]
+        if row.get("skipped"):
+            assert row["skipped"].startswith("skipped:"), row
+        else:
+            assert row["available"], row
+            for kind in KINDS:
+                _positive(row["steps_per_s"][kind], f"{alt} steps/s {kind}")
+            _positive(row["cold_start_s"], f"{alt} cold start")
+            _positive(row["iteration_latency_s"], f"{alt} iteration latency")
+    for alt in ("dtwork", "raw_ipyparallel", "torchrun"):
+        _positive(alts[alt]["cold_start_s"], f"{alt} cold start")
+        _positive(alts[alt]["iteration_latency_s"], f"{alt} iteration latency")
+
+    # (d) iteration latency
+    lat = r["iteration_latency"]
+    assert not lat["errors"], lat["errors"]
+    for alt in ("dtwork", "dtwork_steps", "raw_ipyparallel", "torchrun"):
+        _positive(lat[alt]["wall_s"]["median"], f"iteration_latency.{alt}")
+    _positive(lat["speedup_vs"]["torchrun"], "iteration speedup vs torchrun")
+
+    # feature overheads, memory, GPU placeholder
+    for feature in ("live_dashboard_store", "log_store", "gns", "metric_averaging", "steps_loop"):
+        for kind in KINDS:
+            f = r["features"][feature][kind]
+            _positive(f["ratio"], f"features.{feature}.{kind}")
+            assert len(f["on_steps_per_s"]) == len(f["off_steps_per_s"]) >= 1
+    for q in r["long_cell"]["kernel_cpu_share_by_quarter"]:
+        assert math.isfinite(q) and q >= 0
+    _positive(r["long_cell"]["steps_per_s"], "long cell steps/s")
+    mem = r["memory"]
+    for who in ("dtwork", "raw_ipyparallel"):
+        for phase in ("fresh", "idle", "train"):
+            _positive(mem[who][phase]["kernel_mb"], f"memory.{who}.{phase}.kernel")
+            assert len(mem[who][phase]["engines_mb"]) == 2
+            for i, v in enumerate(mem[who][phase]["engines_mb"]):
+                _positive(v, f"memory.{who}.{phase}.engine{i}")
+    assert r["gpu"]["measured"] is False and r["gpu"]["note"].startswith("not measured")
+
+    # every target has a measured value and a verdict
+    ids = {t["id"] for t in r["targets"]}
+    assert {"2a", "2b", "2c-mlp", "2c-convnet", "2d", "3-mlp", "4-mlp"} <= ids
+    for t in r["targets"]:
+        _positive(t["measured"], f"target {t['id']}")
+        assert isinstance(t["met"], bool)
+
+    # plots and the markdown summary (a smoke run leaves docs/benchmarks.md alone)
+    assert (out / "plots.html").stat().st_size > 1000
+    summary = (out / "summary.md").read_text()
+    assert "## Targets" in summary and "dtwork against each alternative" in summary
+    assert "smoke run" in summary
