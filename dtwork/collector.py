@@ -58,6 +58,20 @@ def _traceback(err: Any) -> str:
     return _error_line(err)
 
 
+@contextlib.contextmanager
+def _interrupts_as_flags() -> Any:
+    """Within the block, SIGINT appends to the yielded list instead of raising (main thread only)."""
+    pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield pending
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class CellWatcher:
     """Follow one AsyncResult until it ends: output, records, failures, interrupts."""
 
@@ -98,15 +112,23 @@ class CellWatcher:
     # -- the loop ------------------------------------------------------------------------
 
     def wait(self) -> CellResult:
-        """Poll until the cell ends; Ctrl-C asks for a consistent stop, twice escalates."""
-        while True:
-            try:
-                finished = self.poll()
-                if finished:
-                    break
-                self.ar.wait(POLL_SECONDS)  # returns the moment the cell ends
-            except KeyboardInterrupt:
-                self.interrupt()
+        """Poll until the cell ends; Ctrl-C asks for a consistent stop, twice escalates.
+
+        While waiting, SIGINT only sets a flag: a KeyboardInterrupt raised inside
+        ipyparallel's client code could leave its message routing half-updated.
+        """
+        with _interrupts_as_flags() as pending:
+            while True:
+                try:
+                    if self.poll():
+                        break
+                    if pending:
+                        pending.clear()
+                        self.interrupt()
+                        continue
+                    self.ar.wait(POLL_SECONDS)  # returns the moment the cell ends
+                except KeyboardInterrupt:  # not the main thread: no handler could be installed
+                    self.interrupt()
         return self.finish()
 
     def poll(self) -> bool:

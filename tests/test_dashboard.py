@@ -124,7 +124,7 @@ def test_feeding_twice_within_the_interval_redraws_once_unless_flushed() -> None
     dash.flush()
     assert dash.redraws == 2
     assert list(trace(dash.figures["metrics"], "loss").x) == [0, 1]
-    clock.now += 0.25
+    clock.now += 0.5
     dash.feed([log(2, loss=0.25)])
     assert dash.redraws == 3
     dash.close()

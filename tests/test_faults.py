@@ -27,22 +27,6 @@ for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=100000):
 """
 
 
-def test_sigint_stops_every_rank_at_the_same_step_and_the_next_cell_works(cluster, capsys) -> None:
-    cluster.configure({"global_batch_size": 8})
-    cluster.run(SETUP, quiet=True)
-    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    t0 = time.monotonic()
-    result = cluster.run(LOOP, quiet=True)
-    assert time.monotonic() - t0 < 15
-    assert result.status == "interrupted"
-    last = cluster.pull("last")
-    assert last[0] == last[1] and 0 < last[0] < 100000
-    assert "stop at the same step" in capsys.readouterr().err
-    cluster.run("after = ctx.rank", quiet=True)
-    assert cluster.pull("after") == [0, 1]
-
-
 def test_watchdog_names_a_stalled_rank(cluster, capsys) -> None:
     cluster.configure({"global_batch_size": 8})
     cluster.session.stall_seconds = 1.5
@@ -58,6 +42,22 @@ def test_watchdog_names_a_stalled_rank(cluster, capsys) -> None:
         cluster.session.stall_seconds = 60.0
     err = capsys.readouterr().err
     assert "no progress for 2 s from" in err and "rank 1 (step" in err
+
+
+def test_sigint_stops_every_rank_at_the_same_step_and_the_next_cell_works(cluster, capsys) -> None:
+    cluster.configure({"global_batch_size": 8})
+    cluster.run(SETUP, quiet=True)
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    result = cluster.run(LOOP, quiet=True)
+    assert time.monotonic() - t0 < 15
+    assert result.status == "interrupted"
+    last = cluster.pull("last")
+    assert last[0] == last[1] and 0 < last[0] < 100000
+    assert "stop at the same step" in capsys.readouterr().err
+    cluster.run("after = ctx.rank", quiet=True)
+    assert cluster.pull("after") == [0, 1]
 
 
 def test_killed_rank_is_detected_named_and_the_cluster_recovers(cluster, capsys) -> None:

@@ -87,6 +87,9 @@ class Context:
         return [obj for obj in live if obj is not None]
 
     def register(self, kind: str, obj: Any) -> None:
+        refs = self._registered[kind]
+        if refs and refs[-1]() is obj:  # the common case: ctx.step(opt) on every step
+            return
         if obj not in self._live(kind):
             self._registered[kind].append(weakref.ref(obj))
 

@@ -13,19 +13,32 @@ from types import FrameType
 
 STOP_SIGNAL = signal.SIGUSR1
 _flag = threading.Event()
+_in_cell = threading.Event()
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
-    _flag.set()
-    if not _in_loop.is_set():
-        # Not inside ctx.steps: nothing can stop consistently, so behave like Ctrl-C.
+    if _in_loop.is_set():
+        _flag.set()  # ctx.steps agrees on it with the other ranks
+    elif _in_cell.is_set():
+        # A cell outside ctx.steps: nothing can stop consistently, so behave like Ctrl-C.
         raise KeyboardInterrupt("dtwork: interrupted")
+    # Between cells: ignore (raising here would kill the engine's event loop).
 
 
 def install() -> None:
-    """Install the SIGUSR1 handler (main thread only, once per engine)."""
+    """Install the SIGUSR1 handler (main thread only) and track when a cell runs."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(STOP_SIGNAL, _handler)
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is not None and not getattr(shell, "_dtwork_cell_hooks", False):
+        shell.events.register("pre_execute", _in_cell.set)
+        shell.events.register("post_execute", _in_cell.clear)
+        shell._dtwork_cell_hooks = True
 
 
 def requested() -> bool:

@@ -82,10 +82,18 @@ class MeasureState:
         return float(torch.stack(self.local_sq).sum()), float(torch.stack(self.reduced_sq).sum())
 
 
+def _sq_norm(t: torch.Tensor) -> torch.Tensor:
+    """|t|^2 in float32 or wider, without a full-size temporary for float32 buffers."""
+    flat = t.detach().reshape(-1)
+    if flat.dtype not in (torch.float32, torch.float64):
+        flat = flat.float()
+    return torch.dot(flat, flat)
+
+
 def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Time the exchange and (with ``gns``) record local and reduced squared norms."""
     if state.gns:
-        state.local_sq.append(bucket.buffer().detach().float().pow(2).sum())
+        state.local_sq.append(_sq_norm(bucket.buffer()))
     state.buckets += 1
     state.last_launch = time.perf_counter()
     fut = state.inner(state.inner_state, bucket)
@@ -94,7 +102,7 @@ def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.
         out = f.value()
         out = out[0] if isinstance(out, list) else out
         if state.gns:
-            state.reduced_sq.append(out.detach().float().pow(2).sum())
+            state.reduced_sq.append(_sq_norm(out))
         state.last_done = time.perf_counter()
         return out
 

@@ -68,6 +68,7 @@ class StepLoop:
         self._perf = {"t": 0.0, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
         self._last_gpu = 0.0
         self._no_gns_said = False
+        self._models: list[Any] = []
 
     # -- the iteration ---------------------------------------------------------------------------
 
@@ -75,10 +76,10 @@ class StepLoop:
         ctx = self.ctx
         if ctx.loop is not None:
             raise DtworkError("ctx.steps is already running: nested training loops are not supported")
-        ctx.forget_dropped()
         self._setup_precision()
         self._setup_gns()
         resume_state = self._load_resume() if self.resume else None
+        self._models = ctx.models
         ctx.loop = self
         control.clear()
         control.enter_loop()
@@ -125,7 +126,7 @@ class StepLoop:
 
     def _one(self, batch: Any, data_time: float) -> Iterator[tuple[int, Any]]:
         self.is_last_micro = (self.micro + 1) % self.k == 0
-        for m in self.ctx.models:
+        for m in self._models:
             m.require_backward_grad_sync = self.is_last_micro
         batch = to_device(batch, self.ctx.device)
         n = batch_len(batch)
@@ -159,7 +160,7 @@ class StepLoop:
     # -- gradient noise scale -------------------------------------------------------------------
 
     def _gns_models(self) -> list[Any]:
-        return [m for m in self.ctx.models if (s := measure_state(m)) is not None and s.gns]
+        return [m for m in self.ctx.models if (s := measure_state(m)) is not None and s.gns]  # once per step
 
     def _setup_gns(self) -> None:
         self.ctx.gns_state = None  # a new loop starts a new estimate (a resume restores it)
@@ -225,7 +226,7 @@ class StepLoop:
         norms = self._local_norms(scale) if self.stepped or ctx._scaler is None else None
         self.step += 1
         comm = 0.0
-        for m in ctx.models:
+        for m in self._models:
             s = measure_state(m)
             if s is not None:
                 comm += s.exposed_comm()
@@ -330,11 +331,13 @@ class StepLoop:
         return {"step": self.step, "epoch": self.epoch, "micro": self.micro}
 
     def save_checkpoint(self) -> None:
+        self.ctx.forget_dropped()  # a checkpoint holds the live models only
         path = checkpoint.save(self.ctx, self.state())
         if path is not None:
             self.ctx.publisher.record("event", self.step, {}, event="checkpoint", message=f"checkpoint {path}")
 
     def _load_resume(self) -> dict[str, Any] | None:
+        self.ctx.forget_dropped()
         path = checkpoint.latest(self.ctx)
         if path is None:
             if self.ctx.rank == 0:

@@ -2,7 +2,7 @@
 
 The collector hands it the records it has just persisted (``feed``, possibly from its polling
 thread) and the ranks' progress (``progress``). Records are appended under a lock; the view
-is redrawn at most every ``min_interval`` seconds (0.25 s: at least twice a second while
+is redrawn at most every ``min_interval`` seconds (0.5 s: twice a second while
 records flow) and once more shortly after a burst ends, so nothing stays undrawn. A redraw
 rebuilds each figure with :mod:`dtwork.plots` (the same figures the reports draw) and copies
 the traces' x/y into the figures on screen inside ``batch_update()``.
@@ -31,7 +31,7 @@ from dtwork import plots
 __all__ = ["Dashboard", "FigurePanel", "format_duration"]
 
 Row = dict[str, Any]
-MIN_INTERVAL = 0.25  # seconds between redraws while records flow
+MIN_INTERVAL = 0.5  # seconds between redraws while records flow
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
 BASE_FIGURES = ("metrics", "throughput", "step_time")
 KIND_FIGURES = {"gpu": "gpu", "gns": "gns"}  # figures shown once a record of that kind arrives
