@@ -74,6 +74,7 @@ class Cluster:
         self.cluster_id = f"dtwork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.ranks: list[rendezvous.RankPlan] = []
         self.rank_info: list[dict[str, Any]] = []
+        self._probes: dict[int, dict[str, Any]] = {}  # what each engine reported, by engine id
         self.master_addr: str | None = None
         self.master_port: int | None = None
         self.started_at: float | None = None
@@ -167,7 +168,9 @@ class Cluster:
                 "master_port": self.master_port,
                 "timeout": self.timeout,
                 "gpu": p.gpu,
-                "gpu_uuid": next((g["uuid"] for g in probes[p.engine_id]["gpus"] if g["index"] == p.gpu), None),
+                "gpu_uuid": next(
+                    (g["uuid"] for g in probes[p.engine_id]["gpus"] if g["index"] == p.gpu), None
+                ),
                 "local_world_size": sum(1 for q in self.ranks if q.hostname == p.hostname),
                 "interface": iface or rendezvous.loopback_interface(probes[p.engine_id]),
                 "global_batch_size": self.global_batch_size,
@@ -187,10 +190,10 @@ class Cluster:
                     f"check the network (--interface) and firewalls"
                 ) from exc
             except ipp.error.RemoteError as exc:
-                raise DtworkError(f"rank on engine {eid} could not join the process group: {exc.ename}: {exc.evalue}") from exc
-        self.rank_info = [
-            {**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in self.ranks
-        ]
+                raise DtworkError(
+                    f"rank on engine {eid} could not join the process group: {exc.ename}: {exc.evalue}"
+                ) from exc
+        self.rank_info = [{**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in self.ranks]
 
     def _check_routes(self, iface: str | None) -> None:
         """Check that every rank can reach rank 0's address before the process group forms."""
@@ -251,7 +254,7 @@ class Cluster:
                 for launcher in getattr(es, "launchers", {}).values():
                     if getattr(launcher, "pid", None):
                         procs.append(registry.proc_record(launcher.pid))
-        for probe in getattr(self, "_probes", {}).values():
+        for probe in self._probes.values():
             procs.append({"pid": probe["pid"], "create_time": probe["create_time"]})
         return [p for p in procs if p]
 
@@ -349,7 +352,9 @@ class Cluster:
 
     def _require_running(self) -> ipp.Client:
         if self.state != "running" or self.client is None:
-            raise DtworkError(f"the cluster is {self.state}: start one with %dtrain start (or dtwork.start())")
+            raise DtworkError(
+                f"the cluster is {self.state}: start one with %dtrain start (or dtwork.start())"
+            )
         return self.client
 
     @property

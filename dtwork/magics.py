@@ -105,6 +105,23 @@ def _split(line: str) -> list[str]:
         raise DtworkError(f"%dtrain: cannot parse {line!r}: {exc}") from None
 
 
+def plan_start(argv: list[str]) -> Any:
+    """Parse ``%dtrain start`` options into a validated, not yet started, Cluster."""
+    from dtwork.cluster import DEFAULT_TIMEOUT, Cluster
+
+    ns = _start_parser().parse_args(argv)
+    return Cluster(
+        ns.n,
+        backend=ns.backend,
+        timeout=DEFAULT_TIMEOUT if ns.timeout is None else ns.timeout,
+        interface=ns.interface,
+        profile=ns.profile,
+        global_batch_size=ns.global_batch_size,
+        config=ns.config,
+        store=ns.store,
+    )
+
+
 def current() -> Any:
     """The notebook's current cluster, or a one-line error saying how to start one."""
     live = [c for c in _clusters if c.state == "running"]
@@ -139,22 +156,11 @@ class DtrainMagics(Magics):
     # -- subcommands -------------------------------------------------------------------------
 
     def _sub_start(self, argv: list[str]) -> Any:
-        from dtwork.cluster import DEFAULT_TIMEOUT, Cluster
         from dtwork.widgets.cluster_view import cluster_widget
 
-        ns = _start_parser().parse_args(argv)
         if any(c.state == "running" for c in _clusters):
             raise DtworkError("a cluster is already running in this kernel: %dtrain stop (or restart) first")
-        cluster = Cluster(
-            ns.n,
-            backend=ns.backend,
-            timeout=DEFAULT_TIMEOUT if ns.timeout is None else ns.timeout,
-            interface=ns.interface,
-            profile=ns.profile,
-            global_batch_size=ns.global_batch_size,
-            config=ns.config,
-            store=ns.store,
-        )
+        cluster = plan_start(argv)
         cluster.start()
         _clusters.append(cluster)
         self._display(cluster_widget(cluster))
@@ -193,8 +199,12 @@ class DtrainMagics(Magics):
         ns = p.parse_args(argv)
         cluster = current()
         cluster.configure(ns.path)
-        batch = f"global batch {cluster.global_batch_size}" if cluster.global_batch_size else "no global batch"
-        print(f"dtwork: {ns.path} loaded on every rank as ctx.config ({batch}); the next cell starts a new run")
+        batch = (
+            f"global batch {cluster.global_batch_size}" if cluster.global_batch_size else "no global batch"
+        )
+        print(
+            f"dtwork: {ns.path} loaded on every rank as ctx.config ({batch}); the next cell starts a new run"
+        )
         return None
 
     def _sub_runs(self, argv: list[str]) -> Any:
@@ -306,7 +316,9 @@ class DtrainMagics(Magics):
             try:
                 sizes = tuple(float(v) for v in ns.sizes.split(",") if v.strip())
             except ValueError:
-                raise DtworkError(f"--sizes takes bucket sizes in MB such as 1,4,16 — got {ns.sizes!r}") from None
+                raise DtworkError(
+                    f"--sizes takes bucket sizes in MB such as 1,4,16 — got {ns.sizes!r}"
+                ) from None
         measure.tune_buckets(current(), " ".join(ns.model), sizes=sizes, steps=ns.steps, shape=ns.shape)
         return None
 

@@ -234,27 +234,20 @@ def throughput(
     if not loader_expr:
         raise DtworkError("throughput needs a loader: --data LOADER_EXPR (e.g. --data ctx.loader(ds))")
     world = cluster.world_size
-    real = _run_bench(
-        cluster,
-        model_expr,
-        world,
-        DEFAULT_PER_SLOT,
-        steps=steps,
-        warmup=warmup,
-        shape=None,
-        loader_expr=loader_expr,
-        synthetic=False,
-    )
-    synth = _run_bench(
-        cluster,
-        model_expr,
-        world,
-        DEFAULT_PER_SLOT,
-        steps=steps,
-        warmup=warmup,
-        shape=None,
-        loader_expr=loader_expr,
-        synthetic=True,
+    # The same model on the loader's batches, then on synthetic batches of their shape.
+    real, synth = (
+        _run_bench(
+            cluster,
+            model_expr,
+            world,
+            DEFAULT_PER_SLOT,
+            steps=steps,
+            warmup=warmup,
+            shape=None,
+            loader_expr=loader_expr,
+            synthetic=synthetic,
+        )
+        for synthetic in (False, True)
     )
     try:
         slow, ratio, sentence = data_bottleneck(real["world_samples_per_s"], synth["world_samples_per_s"])

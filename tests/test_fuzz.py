@@ -24,9 +24,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import dtwork.magics as magics
-from dtwork.cluster import DEFAULT_TIMEOUT, Cluster
 from dtwork.errors import DtworkError
-from dtwork.magics import _cell_parser, _int_list, _split, _start_parser
+from dtwork.magics import _cell_parser, _int_list, _split, plan_start
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -131,17 +130,7 @@ def _no_new_children() -> Iterator[None]:
 def test_start_request_constructs_or_refuses(argv: list[str]) -> None:
     with _no_new_children():
         try:
-            ns = _start_parser().parse_args(argv)
-            cluster = Cluster(
-                ns.n,
-                backend=ns.backend,
-                timeout=DEFAULT_TIMEOUT if ns.timeout is None else ns.timeout,
-                interface=ns.interface,
-                profile=ns.profile,
-                global_batch_size=ns.global_batch_size,
-                config=ns.config,
-                store=ns.store,
-            )
+            cluster = plan_start(argv)
         except DtworkError as exc:  # ConfigError is one
             _check_message(exc)
             return

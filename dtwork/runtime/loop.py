@@ -67,7 +67,6 @@ class StepLoop:
         self._micro_len = 0
         self._perf = {"t": 0.0, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
         self._last_gpu = 0.0
-        self._no_gns_said = False
         self._models: list[Any] = []
 
     # -- the iteration ---------------------------------------------------------------------------
