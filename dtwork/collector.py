@@ -107,6 +107,8 @@ class CellWatcher:
         self._dead: dict[int, str] = {}
         self._t0 = time.monotonic()
         self.restarted = False
+        self._progress_changed = False
+        self._last_health = 0.0
         self.done = threading.Event()
 
     # -- the loop ------------------------------------------------------------------------
@@ -160,7 +162,9 @@ class CellWatcher:
             with contextlib.suppress(Exception):
                 self.cluster.signal(signal.SIGUSR1, self.ranks)
         else:
-            self._print("dtwork: second interrupt: aborting the process group and restarting the engines", err=True)
+            self._print(
+                "dtwork: second interrupt: aborting the process group and restarting the engines", err=True
+            )
             self.session.event("abort", "second interrupt: engines restarted")
             self._abandon("interrupted")
             self.result.status = "interrupted"
@@ -224,7 +228,7 @@ class CellWatcher:
             if self.on_records is not None:
                 self.on_records(batch)
         dash = self.session.dashboard
-        if getattr(self, "_progress_changed", False) and dash is not None and self.on_records is not None:
+        if self._progress_changed and dash is not None and self.on_records is not None:
             self._progress_changed = False
             dash.progress(dict(self.progress))
 
@@ -232,7 +236,7 @@ class CellWatcher:
 
     def _check_ranks(self, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - getattr(self, "_last_health", 0.0) < 0.5:
+        if not force and now - self._last_health < 0.5:
             return
         self._last_health = now
         for rank, why in self.session.dead_ranks(self.ranks).items():
@@ -242,12 +246,8 @@ class CellWatcher:
                 self.session.event("rank_failure", f"rank {rank}: {why}", {"rank": rank})
                 if self._failed_at is None:
                     self._failed_at = now
-        if self._failed_at is None:
-            for i, md in enumerate(self._metadata()):
-                if md.get("status") == "error" and self._failed_at is None:
-                    self._failed_at = now
-                    del i
-                    break
+        if self._failed_at is None and self._metadata_errors():
+            self._failed_at = now
         self._watchdog()
 
     def _metadata_errors(self) -> bool:
@@ -265,7 +265,9 @@ class CellWatcher:
             return
         now = time.time()
         stalled = {
-            r: p for r, p in self.progress.items() if now - p.get("time", now) > limit and r not in self._stall_warned
+            r: p
+            for r, p in self.progress.items()
+            if now - p.get("time", now) > limit and r not in self._stall_warned
         }
         if not stalled:
             return
@@ -290,9 +292,7 @@ class CellWatcher:
         if self.ar.ready():
             outcomes = self.ar.get(return_exceptions=True)
         else:
-            outcomes = [
-                ipp.error.EngineError(self._dead.get(r, "did not finish")) for r in self.ranks
-            ]
+            outcomes = [ipp.error.EngineError(self._dead.get(r, "did not finish")) for r in self.ranks]
         for rank, out in zip(self.ranks, outcomes, strict=False):
             if isinstance(out, BaseException):
                 self.result.errors[rank] = out
@@ -332,7 +332,10 @@ class CellWatcher:
         """One traceback (the first failing rank's) plus one status line per other rank."""
         errs = self.result.errors
         first = min(errs)
-        lines = [f"dtwork: the cell failed on rank {first}" + (f" ({self.result.message})" if self.result.message else "")]
+        lines = [
+            f"dtwork: the cell failed on rank {first}"
+            + (f" ({self.result.message})" if self.result.message else "")
+        ]
         lines.append(_traceback(errs[first]))
         for rank in self.ranks:
             if rank == first:
@@ -404,7 +407,14 @@ class Session:
             rank = None if rec.get("kind") in ("log", "gns") else rec.get("rank")
             for name, value in rec.get("values", {}).items():
                 rows.append(
-                    {"step": rec.get("step"), "rank": rank, "name": name, "value": value, "time": rec.get("time"), "cell_seq": seq}
+                    {
+                        "step": rec.get("step"),
+                        "rank": rank,
+                        "name": name,
+                        "value": value,
+                        "time": rec.get("time"),
+                        "cell_seq": seq,
+                    }
                 )
             if rec.get("kind") == "event":
                 self.store.add_event(self.run_id, rec.get("event", "rank"), rec.get("message", ""), rec)
@@ -431,7 +441,9 @@ class Session:
             info = self.cluster.rank_info[rank]
             if info.get("hostname") != host:
                 if registered is not None and info["engine_id"] not in registered:
-                    out[rank] = f"engine {info['engine_id']} on {info.get('hostname')} lost (no heartbeat: host or network down)"
+                    out[rank] = (
+                        f"engine {info['engine_id']} on {info.get('hostname')} lost (no heartbeat: host or network down)"
+                    )
                 continue
             probe = self.cluster._probes.get(info["engine_id"], {})
             try:
@@ -441,13 +453,15 @@ class Session:
                 if probe and abs(proc.create_time() - probe["create_time"]) > 0.01:
                     raise psutil.NoSuchProcess(info["pid"])
             except psutil.NoSuchProcess:
-                out[rank] = f"engine process {info['pid']} on {info.get('hostname')} died{self._exit_reason(info)}"
+                out[rank] = (
+                    f"engine process {info['pid']} on {info.get('hostname')} died{self._exit_reason(info)}"
+                )
         return out
 
     def _exit_reason(self, info: dict[str, Any]) -> str:
         code = None
         ipc = self.cluster._ipp
-        for es in (ipc.engines.values() if ipc is not None else []):
+        for es in ipc.engines.values() if ipc is not None else []:
             for launcher in getattr(es, "launchers", {}).values():
                 if getattr(launcher, "pid", None) == info["pid"]:
                     code = (getattr(launcher, "stop_data", None) or {}).get("exit_code")
@@ -469,7 +483,9 @@ class Session:
 
     # -- running cells ---------------------------------------------------------------------
 
-    def run_cell(self, source: str, *, ranks: list[int] | None, rank0: bool, bg: bool, quiet: bool) -> CellResult:
+    def run_cell(
+        self, source: str, *, ranks: list[int] | None, rank0: bool, bg: bool, quiet: bool
+    ) -> CellResult:
         if self.background is not None and not self.background.done.is_set():
             raise DtworkError("a background cell is still training: %dtrain wait (or attach) first")
         run_id = self.ensure_run()
@@ -522,27 +538,56 @@ class Session:
             if recovered is not None:
                 return recovered
         if result.errors:
+            self._settle([r for r in result.errors if r not in watcher._dead])
             raise watcher.failure()
         return result
+
+    def _settle(self, ranks: list[int], tries: int = 40) -> None:
+        """Wait until ranks that raised stop aborting requests (ipykernel aborts what arrives
+        right after an error), so the next cell is not refused with TaskAborted."""
+        if not ranks or self.cluster.state != "running":
+            return
+        for _ in range(tries):
+            try:
+                self.cluster.view(ranks).execute("", silent=True, block=False).get(timeout=5)
+                return
+            except ipp.error.TaskAborted:
+                time.sleep(0.05)
+            except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
+                if "TaskAborted" not in str(exc):
+                    return
+                time.sleep(0.05)
+            except Exception:
+                return
 
     def _recover(self, watcher: CellWatcher) -> CellResult | None:
         """After a rank died: fresh engines; with restarts left, replay the run from its checkpoint."""
         dead = ", ".join(f"rank {r}" for r in sorted(watcher._dead))
-        print(f"dtwork: {dead} died: restarting the engines (fresh process group)", file=sys.stderr, flush=True)
+        print(
+            f"dtwork: {dead} died: restarting the engines (fresh process group)", file=sys.stderr, flush=True
+        )
         self.restart_after_failure(f"{dead} died")
         watcher.restarted = True
         limit = self.cluster.config.max_restarts
         if self.restarts_used >= limit or self.run_id is None:
             return None
         self.restarts_used += 1
-        self.event("resume", f"restart {self.restarts_used} of {limit}: replaying the run's cells from the last checkpoint")
-        print(f"dtwork: restart {self.restarts_used} of {limit}: replaying the run from its last checkpoint", file=sys.stderr)
+        self.event(
+            "resume",
+            f"restart {self.restarts_used} of {limit}: replaying the run's cells from the last checkpoint",
+        )
+        print(
+            f"dtwork: restart {self.restarts_used} of {limit}: replaying the run from its last checkpoint",
+            file=sys.stderr,
+        )
         self.cluster._call(_set_auto_resume, (True,), {}, None)
         try:
             result = None
             for cell in self.store.cells(self.run_id):
                 ar = self.cluster.view().execute(cell["source"], silent=False, block=False)
-                replay = CellWatcher(self, ar, list(range(self.cluster.world_size)), seq=cell["seq"], rank0=False, quiet=True)
+                replay = CellWatcher(
+                    self, ar, list(range(self.cluster.world_size)), seq=cell["seq"], rank0=False, quiet=True
+                )
                 result = replay.wait()
                 if result.errors:
                     return self._conclude(replay, result)
@@ -552,7 +597,9 @@ class Session:
             if self.cluster.state == "running":
                 self.cluster._call(_set_auto_resume, (False,), {}, None)
 
-    def _dashboard_feed(self, run_id: int, ranks: list[int], quiet: bool) -> Callable[[list[dict[str, Any]]], None] | None:
+    def _dashboard_feed(
+        self, run_id: int, ranks: list[int], quiet: bool
+    ) -> Callable[[list[dict[str, Any]]], None] | None:
         if quiet or not self.live:
             return None
         try:
@@ -612,7 +659,9 @@ def _set_auto_resume(on: bool) -> None:
     current().auto_resume = on
 
 
-def call_on_ranks(cluster: Any, fn: Callable[..., Any], args: Any, kwargs: Any, ranks: list[int] | None) -> list[Any]:
+def call_on_ranks(
+    cluster: Any, fn: Callable[..., Any], args: Any, kwargs: Any, ranks: list[int] | None
+) -> list[Any]:
     """Call ``fn(*args, **kwargs)`` on every rank; return the results by rank (raise on failure)."""
     ar = cluster.view(ranks).apply_async(fn, *args, **kwargs)
     try:
