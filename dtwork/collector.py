@@ -283,6 +283,9 @@ class CellWatcher:
     # -- the end -------------------------------------------------------------------------------
 
     def finish(self) -> CellResult:
+        if self.ar.ready():
+            # The reply can arrive before the last output and records: wait for them (bounded).
+            self.ar.wait_for_output(5)
         self._drain_records()
         self._drain_output(final=True)
         if not self.ar.ready() or self._metadata_errors():
