@@ -69,9 +69,19 @@ test.describe('dtwork sidebar', () => {
 
   test('the command palette entry inserts the start cell', async ({ page }) => {
     await page.notebook.createNew('palette.ipynb');
-    await page.keyboard.press('Control+Shift+C');
     const palette = page.locator('#command-palette');
-    await palette.locator('input').fill('dtwork start cell');
+    const input = palette.locator('input');
+    // Open the palette through its command: a keyboard shortcut is lost when focus sits in
+    // the new notebook's kernel-start dialog or editor (seen on a slow CI machine).
+    await expect(async () => {
+      await page.evaluate(async () => {
+        const app = (window as unknown as { jupyterapp: { commands: { execute(id: string): Promise<unknown> } } })
+          .jupyterapp;
+        await app.commands.execute('apputils:activate-command-palette');
+      });
+      await expect(input).toBeVisible({ timeout: 2_000 });
+    }).toPass({ timeout: 30_000 });
+    await input.fill('dtwork start cell');
     await palette.locator('.lm-CommandPalette-item', { hasText: 'Insert dtwork start cell' }).click();
     await expect.poll(() => page.notebook.getCellTextInput(0)).toBe('%load_ext dtwork\n%dtrain start');
   });
