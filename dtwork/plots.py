@@ -1,12 +1,17 @@
 """Pure figure builders: rank records or store rows -> plotly figures.
 
-The live dashboard and the notebook reports call the same functions on the same data, so a
-run looks the same while it trains and afterwards. Every figure function takes *rows*
+The live dashboard and the notebook reports draw from the same code on the same data, so a
+run looks the same while it trains and afterwards: each training figure is a *series*
+(:class:`MetricsSeries`, :class:`ThroughputSeries`, ...) that takes rows as they come and gives
+the figure's traces; the report builds one from all of a run's rows, the dashboard keeps one per
+figure for a cell and redraws from it in time bounded by the points drawn, not the rows seen.
+Every figure function takes *rows*
 (``{"step", "rank", "name", "value", "time"}``, as ``RunStore.metrics(..., rank="all")``
 returns them); :func:`rows_from_records` turns rank records into rows the way the store does
 ("log" and "gns" records become aggregated rows with rank None, the others per-rank rows).
 
-Every figure is titled, has labelled axes, keeps its traces' x/y as plain lists of numbers and
+Every figure is titled, has labelled axes, keeps its traces' x/y as plain lists of numbers (the
+dashboard's thinned traces are numpy arrays) and
 draws an empty input as an empty figure with a "no data yet" annotation instead of raising.
 No widgets and no torch here.
 """
@@ -15,10 +20,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import defaultdict
+from array import array as Column
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
@@ -29,9 +35,16 @@ from dtwork.analysis.scaling import ScalingResult, best_bucket
 __all__ = [
     "GNS_NAMES",
     "GPU_NAMES",
+    "GnsSeries",
+    "GpuSeries",
+    "MetricsSeries",
     "NO_DATA",
     "NO_DATA_NAME",
     "PERF_NAMES",
+    "Series",
+    "StepTimeSeries",
+    "ThroughputSeries",
+    "Trace",
     "bucket_figure",
     "global_throughput",
     "gns_figure",
@@ -124,30 +137,6 @@ def metric_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     return list(seen)
 
 
-def _series(rows: Iterable[Mapping[str, Any]], name: str) -> tuple[list[int], list[float]]:
-    """Return the (steps, values) of the aggregated metric ``name`` in row order."""
-    pairs = [(r["step"], r["value"]) for r in rows if r["rank"] is None and r["name"] == name]
-    return [s for s, _ in pairs], [v for _, v in pairs]
-
-
-def _by_rank(rows: Iterable[Mapping[str, Any]], name: str) -> dict[int, dict[int, float]]:
-    """Return {rank: {step: value}} for the per-rank metric ``name`` (the last value of a step wins)."""
-    out: dict[int, dict[int, float]] = defaultdict(dict)
-    for r in rows:
-        if r["rank"] is not None and r["name"] == name:
-            out[r["rank"]][r["step"]] = r["value"]
-    return dict(sorted(out.items()))
-
-
-def _mean_over_ranks(rows: Iterable[Mapping[str, Any]], name: str) -> dict[int, float]:
-    """Return {step: mean over the ranks that reported ``name`` at that step}."""
-    by_step: dict[int, list[float]] = defaultdict(list)
-    for values in _by_rank(rows, name).values():
-        for step, v in values.items():
-            by_step[step].append(v)
-    return {s: sum(vs) / len(vs) for s, vs in sorted(by_step.items())}
-
-
 def global_throughput(rows: Iterable[Mapping[str, Any]]) -> tuple[list[int], list[float]]:
     """Return (steps, global samples/s): the sum over ranks of ``samples_per_s`` at each step.
 
@@ -155,20 +144,474 @@ def global_throughput(rows: Iterable[Mapping[str, Any]]) -> tuple[list[int], lis
     value at or before a step is carried forward. Only steps every reporting rank has reached
     are summed, so a step still in flight on some ranks does not show as a dip.
     """
-    per_rank = _by_rank(rows, "samples_per_s")
-    if not per_rank:
-        return [], []
-    first = max(min(values) for values in per_rank.values())
-    last = min(max(values) for values in per_rank.values())
-    steps = sorted({s for values in per_rank.values() for s in values if first <= s <= last})
-    keyed = [(sorted(values), values) for values in per_rank.values()]
-    out = [sum(values[keys[bisect.bisect_right(keys, step) - 1]] for keys, values in keyed) for step in steps]
-    return steps, out
+    trace = ThroughputSeries().add(rows).global_trace()
+    return (list(trace[0]), list(trace[1])) if trace else ([], [])
 
 
 def latest_by_rank(rows: Iterable[Mapping[str, Any]], name: str) -> dict[int, float]:
     """Return {rank: value at the rank's highest step} for the per-rank metric ``name``."""
-    return {rank: values[max(values)] for rank, values in _by_rank(rows, name).items() if values}
+    ranks: dict[int, _RankSeries] = {}
+    for r in rows:
+        if r["rank"] is not None and r["name"] == name:
+            ranks.setdefault(r["rank"], _RankSeries()).set(r["step"], r["value"])
+    return {rank: series.latest() for rank, series in sorted(ranks.items())}
+
+
+# -- incremental series --------------------------------------------------------------------------
+#
+# Every training figure is drawn from a *series* object that takes rows as they come
+# (``add``) and gives the figure's traces (``traces``) or the whole figure (``figure``). The
+# report builds one from all the rows of a run; the live dashboard keeps one per figure for a
+# whole cell, adds each batch of records and redraws from it: adding costs O(rows added), and a
+# redraw with ``max_points`` costs O(max_points) per trace whatever the length of the run.
+# Per-rank values follow "the last value of a rank's step wins"; ranks report in step order,
+# and anything out of order is still drawn exactly (by a full recomputation).
+
+
+class Trace(NamedTuple):
+    """One trace of a figure: its name, x and y (lists, or numpy arrays when thinned), its
+    plotly style (keyword arguments of ``go.Scatter``) and its subplot (row, col) or None."""
+
+    name: str
+    x: Any
+    y: Any
+    style: dict[str, Any]
+    cell: tuple[int, int] | None = None
+
+
+def _pick(n: int, max_points: int | None) -> Sequence[int] | None:
+    """Return evenly spaced indices (always the last one) when ``n`` exceeds ``max_points``."""
+    if max_points is None or n <= max_points:
+        return None
+    stride = -(-n // max_points)
+    keep = list(range(0, n, stride))
+    if keep[-1] != n - 1:
+        keep.append(n - 1)
+    return keep
+
+
+def _take(seq: Sequence[Any], keep: Sequence[int] | None, array: bool) -> Any:
+    """Return ``seq`` (or its items at ``keep``) as a list, or as a numpy array for the widgets.
+
+    Integer arrays come as int32 when they fit (else float64): the widget protocol sends those
+    as binary buffers, while int64 arrays go as JSON lists, item by item.
+    """
+    if not array:
+        return list(seq) if keep is None else [seq[i] for i in keep]
+    if isinstance(seq, Column) and len(seq):
+        # a copy, never a view: a column exporting its buffer could not grow any more
+        view = np.frombuffer(seq, dtype=np.int64 if seq.typecode == "q" else np.float64)
+        out = view.copy() if keep is None else view[keep]
+        del view
+    else:
+        out = np.asarray(seq if keep is None else [seq[i] for i in keep])
+    if out.dtype.kind in "iu":
+        small = out.size == 0 or (int(out.min()) >= -(2**31) and int(out.max()) < 2**31)
+        out = out.astype(np.int32 if small else np.float64)
+    return out
+
+
+def _steps() -> Column:
+    return Column("q")
+
+
+def _values() -> Column:
+    return Column("d")
+
+
+class _RankSeries:
+    """One rank's values of one name: steps in arrival order, the last value of a step wins."""
+
+    __slots__ = ("at", "in_order", "steps", "values")
+
+    def __init__(self) -> None:
+        self.steps = _steps()
+        self.values = _values()
+        self.at: dict[int, int] = {}  # step -> index
+        self.in_order = True  # steps strictly increasing so far
+
+    def set(self, step: int, value: float) -> bool:
+        """Store ``value`` at ``step``; return False when the step was not after the last one."""
+        i = self.at.get(step)
+        if i is not None:
+            self.values[i] = value
+            return False
+        fresh = not self.steps or step > self.steps[-1]
+        self.in_order = self.in_order and fresh
+        self.at[step] = len(self.steps)
+        self.steps.append(step)
+        self.values.append(value)
+        return fresh
+
+    def latest(self) -> float:
+        """The value at the highest step."""
+        if self.in_order:
+            return self.values[-1]
+        return self.values[self.at[max(self.at)]]
+
+    def sorted_keys(self) -> Sequence[int]:
+        return self.steps if self.in_order else sorted(self.steps)
+
+    def carried(self, keys: Sequence[int], step: int) -> float:
+        """The value at the last step at or before ``step`` (``keys``: sorted_keys())."""
+        return self.values[self.at[keys[bisect.bisect_right(keys, step) - 1]]]
+
+    def trace(self, keep_max: int | None, array: bool) -> tuple[Any, Any]:
+        keep = _pick(len(self.steps), keep_max)
+        return _take(self.steps, keep, array), _take(self.values, keep, array)
+
+
+class _StepMeans:
+    """Means over ranks per step of one per-rank name (the last value of a rank's step wins)."""
+
+    __slots__ = ("by_rank", "sums")
+
+    def __init__(self) -> None:
+        self.sums: dict[int, list[float]] = {}  # step -> [sum, count]
+        self.by_rank: dict[int, _RankSeries] = {}
+
+    def add(self, step: int, rank: int, value: float) -> bool:
+        """Add a value; return True when ``step`` is new for this name."""
+        series = self.by_rank.setdefault(rank, _RankSeries())
+        i = series.at.get(step)
+        total = self.sums.get(step)
+        if i is not None and total is not None:  # a rank's step reported again: replace it
+            total[0] += value - series.values[i]
+            series.set(step, value)
+            return False
+        series.set(step, value)
+        if total is None:
+            self.sums[step] = [value, 1]
+            return True
+        total[0] += value
+        total[1] += 1
+        return False
+
+    def means(self, steps: Iterable[int]) -> list[float]:
+        """The mean at each step (0.0 where no rank reported)."""
+        sums = self.sums
+        return [(t[0] / t[1]) if (t := sums.get(s)) else 0.0 for s in steps]
+
+
+class _Steps:
+    """A sorted list of distinct steps, appended to in O(1) when steps come in order."""
+
+    __slots__ = ("seen", "steps")
+
+    def __init__(self) -> None:
+        self.steps = _steps()
+        self.seen: set[int] = set()
+
+    def add(self, step: int) -> None:
+        if step in self.seen:
+            return
+        self.seen.add(step)
+        if not self.steps or step > self.steps[-1]:
+            self.steps.append(step)
+        else:
+            bisect.insort(self.steps, step)
+
+
+class Series:
+    """Base of the incremental figure data: ``add`` rows, then ``traces`` or ``figure``."""
+
+    title = ""
+    x_title = "step"
+    y_title = ""
+
+    def __init__(self) -> None:
+        self.version = 0  # bumped by every add that changed something
+
+    def add(self, rows: Iterable[Mapping[str, Any]]) -> Series:
+        """Take rows ``{step, rank, name, value}`` (others are ignored); return self."""
+        changed = False
+        for r in rows:
+            changed = self._add(r) or changed
+        if changed:
+            self.version += 1
+        return self
+
+    def _add(self, row: Mapping[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def traces(self, max_points: int | None = None) -> list[Trace]:
+        """The figure's traces in order; with ``max_points``, at most about that many points per
+        trace (evenly spaced, the latest kept) as numpy arrays, else every point as lists."""
+        raise NotImplementedError
+
+    def empty_figure(self) -> go.Figure:
+        """The titled figure without traces."""
+        return _titled(go.Figure(), self.title, self.x_title, self.y_title)
+
+    def figure(self, max_points: int | None = None) -> go.Figure:
+        """The whole figure; "no data yet" when there is nothing to draw."""
+        return self.assemble(self.traces(max_points))
+
+    def assemble(self, traces: Sequence[Trace]) -> go.Figure:
+        """The figure with these traces (styled, on their subplots); "no data yet" without any."""
+        fig = self.empty_figure()
+        for t in traces:
+            scatter = _line(t.x, t.y, t.name, **t.style)
+            if t.cell is None:
+                fig.add_trace(scatter)
+            else:
+                fig.add_trace(scatter, *t.cell)
+        return fig if traces else _no_data(fig)
+
+
+class MetricsSeries(Series):
+    """Aggregated metrics (rank None) against step, one trace per name, in first-seen order
+    (or the order of ``names``); noise-scale names are left out unless named."""
+
+    title, y_title = "Metrics", "value"
+
+    def __init__(self, names: Sequence[str] | None = None) -> None:
+        super().__init__()
+        self.names = None if names is None else list(names)
+        self._data: dict[str, tuple[Column, Column]] = {}
+
+    def _add(self, row: Mapping[str, Any]) -> bool:
+        name = row["name"]
+        if row["rank"] is not None or (name in GNS_NAMES if self.names is None else name not in self.names):
+            return False
+        xs, ys = self._data.get(name) or self._data.setdefault(name, (_steps(), _values()))
+        xs.append(row["step"])
+        ys.append(row["value"])
+        return True
+
+    def traces(self, max_points: int | None = None) -> list[Trace]:
+        order = list(self._data) if self.names is None else [n for n in self.names if n in self._data]
+        array = max_points is not None
+        out = []
+        for name in order:
+            xs, ys = self._data[name]
+            keep = _pick(len(xs), max_points)
+            out.append(Trace(name, _take(xs, keep, array), _take(ys, keep, array), {}))
+        return out
+
+
+class GnsSeries(Series):
+    """B_simple against step, with the global batch as a dashed line when given."""
+
+    title, y_title = "Gradient noise scale", "B_simple (samples)"
+
+    def __init__(self, global_batch: int | None = None) -> None:
+        super().__init__()
+        self.global_batch = global_batch
+        self._xs = _steps()
+        self._ys = _values()
+        self._extent: tuple[int, int] | None = None  # (first, last) step
+
+    def _add(self, row: Mapping[str, Any]) -> bool:
+        if row["rank"] is not None or row["name"] != "b_simple":
+            return False
+        step = row["step"]
+        self._xs.append(step)
+        self._ys.append(row["value"])
+        lo, hi = self._extent or (step, step)
+        self._extent = (min(lo, step), max(hi, step))
+        return True
+
+    def traces(self, max_points: int | None = None) -> list[Trace]:
+        if not self._xs or self._extent is None:
+            return []
+        array = max_points is not None
+        keep = _pick(len(self._xs), max_points)
+        out = [Trace("B_simple", _take(self._xs, keep, array), _take(self._ys, keep, array), {})]
+        if self.global_batch:
+            x, y = list(self._extent), [float(self.global_batch)] * 2
+            out.append(Trace("global batch", _take(x, None, array), _take(y, None, array), _GREY_DASH))
+        return out
+
+
+_GREY_DASH = {"line": {"dash": "dash", "color": "#888"}}
+
+
+class ThroughputSeries(Series):
+    """Global samples/s (the sum over ranks, see :func:`global_throughput`) and one trace per
+    rank "rank r". The global trace grows by the steps every rank has passed since the last
+    call; a new rank or a step out of order recomputes it."""
+
+    title, y_title = "Throughput", "samples/s"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ranks: dict[int, _RankSeries] = {}
+        self._gx = _steps()
+        self._gy = _values()
+        self._upto: int | None = None  # the global trace is final up to this step
+
+    def _add(self, row: Mapping[str, Any]) -> bool:
+        if row["rank"] is None or row["name"] != "samples_per_s":
+            return False
+        series = self.ranks.get(row["rank"])
+        if series is None:
+            series = self.ranks[row["rank"]] = _RankSeries()
+            self._reset()
+        step = row["step"]
+        if not series.set(step, row["value"]) and self._upto is not None and step <= self._upto:
+            self._reset()
+        return True
+
+    def _reset(self) -> None:
+        self._gx, self._gy, self._upto = _steps(), _values(), None
+
+    def global_trace(self) -> tuple[Sequence[int], Sequence[float]] | None:
+        """(steps, global samples/s), brought up to date; None before every rank overlaps."""
+        if not self.ranks:
+            return None
+        keyed = [(series.sorted_keys(), series) for series in self.ranks.values()]
+        first = max(keys[0] for keys, _ in keyed)
+        last = min(keys[-1] for keys, _ in keyed)
+        low = first if self._upto is None else max(first, self._upto + 1)
+        if low <= last:
+            new: set[int] = set()
+            for keys, _ in keyed:
+                new.update(keys[bisect.bisect_left(keys, low) : bisect.bisect_right(keys, last)])
+            for step in sorted(new):
+                self._gx.append(step)
+                self._gy.append(sum(series.carried(keys, step) for keys, series in keyed))
+            self._upto = last
+        return (self._gx, self._gy) if self._gx else None
+
+    def latest(self) -> dict[int, float]:
+        """{rank: samples/s at the rank's highest step}."""
+        return {rank: series.latest() for rank, series in sorted(self.ranks.items())}
+
+    def total(self) -> float | None:
+        """The latest global samples/s."""
+        trace = self.global_trace()
+        return trace[1][-1] if trace else None
+
+    def traces(self, max_points: int | None = None) -> list[Trace]:
+        array = max_points is not None
+        out = []
+        glob = self.global_trace()
+        if glob:
+            keep = _pick(len(glob[0]), max_points)
+            style = {"line": {"width": 3, "color": "#222"}}
+            out.append(Trace("global", _take(glob[0], keep, array), _take(glob[1], keep, array), style))
+        for i, (rank, series) in enumerate(sorted(self.ranks.items())):
+            x, y = series.trace(max_points, array)
+            out.append(Trace(f"rank {rank}", x, y, {"line": {"color": _colour(i)}}))
+        return out
+
+
+class StepTimeSeries(Series):
+    """Compute, communication wait and data-loading time per step stacked (means over ranks),
+    and the measured step time dashed. A part no rank measured is left out; at a step where
+    only some parts were measured the missing ones count as 0."""
+
+    title, y_title = "Step time split (mean over ranks)", "seconds per step"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._parts = {name: _StepMeans() for name, _ in STEP_PARTS}
+        self._union = _Steps()  # steps of the parts
+        self._measured = _StepMeans()
+        self._measured_steps = _Steps()
+
+    def _add(self, row: Mapping[str, Any]) -> bool:
+        rank, name, step = row["rank"], row["name"], row["step"]
+        if rank is None:
+            return False
+        if name == "step_time":
+            if self._measured.add(step, rank, row["value"]):
+                self._measured_steps.add(step)
+            return True
+        means = self._parts.get(name)
+        if means is None:
+            return False
+        if means.add(step, rank, row["value"]):
+            self._union.add(step)
+        return True
+
+    def recent_step_times(self, rank: int, n: int) -> list[float]:
+        """The last ``n`` step times rank ``rank`` reported, in arrival order."""
+        series = self._measured.by_rank.get(rank)
+        return series.values[-n:] if series else []
+
+    def traces(self, max_points: int | None = None) -> list[Trace]:
+        array = max_points is not None
+        out = []
+        steps = self._union.steps
+        keep = _pick(len(steps), max_points)
+        x = steps if keep is None else [steps[i] for i in keep]
+        for name, label in STEP_PARTS:
+            means = self._parts[name]
+            if means.sums:
+                y = means.means(x)
+                out.append(
+                    Trace(label, _take(x, None, array), _take(y, None, array), {"stackgroup": "split"})
+                )
+        measured = self._measured_steps.steps
+        if measured:
+            keep = _pick(len(measured), max_points)
+            xm = measured if keep is None else [measured[i] for i in keep]
+            ym = self._measured.means(xm)
+            out.append(
+                Trace("step time", _take(xm, None, array), _take(ym, None, array), {"line": {"dash": "dash"}})
+            )
+        return out
+
+
+class GpuSeries(Series):
+    """GPU utilization (%) and memory used (MB) per rank against step, side by side, with the
+    largest memory total as a dashed line over the memory steps."""
+
+    title = "GPUs"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._util: dict[int, _RankSeries] = {}
+        self._memory: dict[int, _RankSeries] = {}
+        self._totals: dict[int, _RankSeries] = {}
+        self._total: float | None = None  # the largest memory total
+        self._memory_steps: tuple[int, int] | None = None  # (first, last) memory step
+
+    def _add(self, row: Mapping[str, Any]) -> bool:
+        rank, name = row["rank"], row["name"]
+        table = {"utilization": self._util, "memory_used_mb": self._memory, "memory_total_mb": self._totals}
+        if rank is None or name not in table:
+            return False
+        series = table[name].setdefault(rank, _RankSeries())
+        fresh = series.set(row["step"], row["value"])
+        if name == "memory_total_mb":
+            value = row["value"]
+            if fresh:
+                self._total = value if self._total is None else max(self._total, value)
+            else:  # a replaced value may have been the largest
+                self._total = max(max(s.values) for s in self._totals.values())
+        elif name == "memory_used_mb":
+            step = row["step"]
+            lo, hi = self._memory_steps or (step, step)
+            self._memory_steps = (min(lo, step), max(hi, step))
+        return True
+
+    def empty_figure(self) -> go.Figure:
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("utilization", "memory"))
+        _titled(fig, self.title, "step", "")
+        fig.update_yaxes(title_text="utilization (%)", row=1, col=1)
+        fig.update_yaxes(title_text="memory used (MB)", row=1, col=2)
+        return fig
+
+    def traces(self, max_points: int | None = None) -> list[Trace]:
+        array = max_points is not None
+        out = []
+        for i, (rank, series) in enumerate(sorted(self._util.items())):
+            x, y = series.trace(max_points, array)
+            out.append(Trace(f"rank {rank} utilization", x, y, {"line": {"color": _colour(i)}}, (1, 1)))
+        for i, (rank, series) in enumerate(sorted(self._memory.items())):
+            x, y = series.trace(max_points, array)
+            out.append(
+                Trace(f"rank {rank} memory", x, y, {"line": {"color": _colour(i), "dash": "dot"}}, (1, 2))
+            )
+        if self._total is not None and self._memory_steps is not None:
+            x, y = list(self._memory_steps), [self._total] * 2
+            out.append(
+                Trace("memory total", _take(x, None, array), _take(y, None, array), _GREY_DASH, (1, 2))
+            )
+        return out
 
 
 # -- shared layout -------------------------------------------------------------------------------
@@ -209,92 +652,51 @@ def _no_data(fig: go.Figure, text: str = NO_DATA) -> go.Figure:
 
 
 def _line(x: Sequence[float], y: Sequence[float], name: str, **kw: Any) -> go.Scatter:
-    return go.Scatter(x=list(x), y=list(y), name=name, mode=kw.pop("mode", "lines"), **kw)
+    """A line trace; numpy arrays stay arrays (plotly validates lists item by item, slowly)."""
+    x = x if isinstance(x, np.ndarray) else list(x)
+    y = y if isinstance(y, np.ndarray) else list(y)
+    return go.Scatter(x=x, y=y, name=name, mode=kw.pop("mode", "lines"), **kw)
 
 
 # -- training figures ----------------------------------------------------------------------------
 
 
-def metrics_figure(rows: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> go.Figure:
+def metrics_figure(rows: Iterable[Mapping[str, Any]], names: Sequence[str] | None = None) -> go.Figure:
     """Plot each aggregated metric against step, one trace per metric named after it.
 
     ``names`` picks and orders the metrics; by default every aggregated metric except the
     noise-scale ones (see :func:`gns_figure`), in the order they first appear.
     """
-    fig = _titled(go.Figure(), "Metrics", "step", "value")
-    for name in metric_names(rows) if names is None else names:
-        steps, values = _series(rows, name)
-        if steps:
-            fig.add_trace(_line(steps, values, name))
-    return fig if fig.data else _no_data(fig)
+    return MetricsSeries(names).add(rows).figure()
 
 
-def throughput_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+def throughput_figure(rows: Iterable[Mapping[str, Any]]) -> go.Figure:
     """Plot global samples/s (the sum over ranks at each step) and one trace per rank "rank r"."""
-    fig = _titled(go.Figure(), "Throughput", "step", "samples/s")
-    steps, total = global_throughput(rows)
-    if steps:
-        fig.add_trace(_line(steps, total, "global", line={"width": 3, "color": "#222"}))
-    for i, (rank, values) in enumerate(_by_rank(rows, "samples_per_s").items()):
-        fig.add_trace(_line(list(values), list(values.values()), f"rank {rank}", line={"color": _colour(i)}))
-    return fig if fig.data else _no_data(fig)
+    return ThroughputSeries().add(rows).figure()
 
 
-def step_time_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+def step_time_figure(rows: Iterable[Mapping[str, Any]]) -> go.Figure:
     """Stack compute, communication wait and data-loading time per step (means over ranks).
 
     A part no rank measured (e.g. communication wait on a backend without timing) is left out;
     a step where only some parts were measured counts the missing ones as 0. The measured
     step time is drawn as a dashed line: the gap above the stack is time not accounted for.
     """
-    fig = _titled(go.Figure(), "Step time split (mean over ranks)", "step", "seconds per step")
-    parts = {label: _mean_over_ranks(rows, name) for name, label in STEP_PARTS}
-    parts = {label: means for label, means in parts.items() if means}
-    steps = sorted({s for means in parts.values() for s in means})
-    for label, means in parts.items():
-        fig.add_trace(_line(steps, [means.get(s, 0.0) for s in steps], label, stackgroup="split"))
-    measured = _mean_over_ranks(rows, "step_time")
-    if measured:
-        fig.add_trace(_line(list(measured), list(measured.values()), "step time", line={"dash": "dash"}))
-    return fig if fig.data else _no_data(fig)
+    return StepTimeSeries().add(rows).figure()
 
 
-def gpu_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+def gpu_figure(rows: Iterable[Mapping[str, Any]]) -> go.Figure:
     """Plot GPU utilization (%) and memory used (MB) against step, per rank, side by side."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("utilization", "memory"))
-    _titled(fig, "GPUs", "step", "")
-    fig.update_yaxes(title_text="utilization (%)", row=1, col=1)
-    fig.update_yaxes(title_text="memory used (MB)", row=1, col=2)
-    memory = _by_rank(rows, "memory_used_mb")
-    for i, (rank, values) in enumerate(_by_rank(rows, "utilization").items()):
-        line = {"color": _colour(i)}
-        fig.add_trace(_line(list(values), list(values.values()), f"rank {rank} utilization", line=line), 1, 1)
-    for i, (rank, values) in enumerate(memory.items()):
-        line = {"color": _colour(i), "dash": "dot"}
-        fig.add_trace(_line(list(values), list(values.values()), f"rank {rank} memory", line=line), 1, 2)
-    totals = [v for values in _by_rank(rows, "memory_total_mb").values() for v in values.values()]
-    steps = [s for values in memory.values() for s in values]
-    if totals and steps:
-        x, y = [min(steps), max(steps)], [max(totals)] * 2
-        fig.add_trace(_line(x, y, "memory total", line={"color": "#888", "dash": "dash"}), 1, 2)
-    return fig if fig.data else _no_data(fig)
+    return GpuSeries().add(rows).figure()
 
 
-def gns_figure(rows: Sequence[Mapping[str, Any]], global_batch: int | None = None) -> go.Figure:
+def gns_figure(rows: Iterable[Mapping[str, Any]], global_batch: int | None = None) -> go.Figure:
     """Plot the gradient noise scale B_simple = tr(Sigma)/|G|^2 against step.
 
     With ``global_batch`` a dashed line marks the current global batch: well below B_simple
     wastes steps, well above wastes examples (McCandlish et al. 2018, arXiv:1812.06162).
     """
-    fig = _titled(go.Figure(), "Gradient noise scale", "step", "B_simple (samples)")
-    steps, values = _series(rows, "b_simple")
-    if not steps:
-        return _no_data(fig)
-    fig.add_trace(_line(steps, values, "B_simple"))
-    if global_batch:
-        x, y = [min(steps), max(steps)], [float(global_batch)] * 2
-        fig.add_trace(_line(x, y, "global batch", line={"dash": "dash", "color": "#888"}))
-    return fig
+    return GnsSeries(global_batch).add(rows).figure()
 
 
 # -- analysis figures ----------------------------------------------------------------------------

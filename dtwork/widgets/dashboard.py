@@ -1,11 +1,13 @@
 """The live training dashboard of one cell: header, figures and per-rank progress bars.
 
 The collector hands it the records it has just persisted (``feed``, possibly from its polling
-thread) and the ranks' progress (``progress``). Records are appended under a lock; the view
-is redrawn at most every ``min_interval`` seconds (0.5 s: twice a second while
-records flow) and once more shortly after a burst ends, so nothing stays undrawn. A redraw
-rebuilds each figure with :mod:`dtwork.plots` (the same figures the reports draw) and copies
-the traces' x/y into the figures on screen inside ``batch_update()``.
+thread) and the ranks' progress (``progress``). Each figure is drawn from a
+:class:`dtwork.plots.Series` (the same code the reports draw with) that takes the records as
+they come. The view is redrawn at most every ``min_interval`` seconds (0.5 s: twice a second
+while records flow) and once more shortly after a burst ends, so nothing stays undrawn. A
+redraw sends only the figures that changed, as numpy arrays of at most ``MAX_POINTS`` points
+per trace: its cost is bounded by the points on screen, not by the length of the run, and the
+kernel's CPU stays with the ranks.
 
 The figures are plotly ``FigureWidget``s. Plotly >= 6 needs the ``anywidget`` package for
 those; without it each figure is a plain ``go.Figure`` re-rendered into an ``Output`` widget,
@@ -32,9 +34,11 @@ __all__ = ["Dashboard", "FigurePanel", "format_duration"]
 
 Row = dict[str, Any]
 MIN_INTERVAL = 0.5  # seconds between redraws while records flow
+MAX_POINTS = 1000  # per trace on screen (a plot is ~800 px wide): redraws stay cheap however long the run
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
 BASE_FIGURES = ("metrics", "throughput", "step_time")
-KIND_FIGURES = {"gpu": "gpu", "gns": "gns"}  # figures shown once a record of that kind arrives
+KIND_FIGURES = ("gpu", "gns")  # figures shown once they have something to draw
+KIND_SERIES = {"log": ("metrics",), "perf": ("throughput", "step_time"), "gpu": ("gpu",), "gns": ("gns",)}
 STATUS_WORDS = {"ok": "finished", "error": "failed", "interrupted": "interrupted", "running": "running"}
 STATUS_COLOURS = {"running": "#1565c0", "finished": "#2e7d32", "failed": "#c62828", "interrupted": "#ef6c00"}
 BAR_STYLES = {"finished": "success", "failed": "danger", "interrupted": "warning"}
@@ -71,31 +75,30 @@ class FigurePanel:
             self.view = widgets.Output()
             self.live = False
             self._render()
+        self.names = [trace.name for trace in self.figure.data]
+        self.version = 0  # of the series last drawn
 
-    def update(self, new: go.Figure) -> None:
-        """Copy the traces' x/y (and annotations, title) of ``new`` into the figure on screen.
-
-        Traces are matched by name: new names are added first (one addTraces message), then
-        every existing trace is updated in place inside one ``batch_update()``.
+    def show(self, traces: Sequence[plots.Trace], series: plots.Series) -> None:
+        """Draw ``traces`` (``series.traces(...)``): in place when the figure has those traces
+        already, added at the end when they are new, the figure rebuilt when their order changed.
         """
-        names = {trace.name for trace in self.figure.data}
-        added = [trace for trace in new.data if trace.name not in names]
-        if added:
-            self.figure.add_traces(added)
+        if not self.live:  # the Output fallback renders plotly's JSON: plain lists there
+            traces = [t._replace(x=list(map(_plain, t.x)), y=list(map(_plain, t.y))) for t in traces]
+        names = [t.name for t in traces]
+        have = len(self.names)
+        if names[:have] != self.names:  # order changed: start again from the series' figure
+            self.figure.data = ()
+            have = 0
+        fig = series.assemble(traces[have:]) if len(names) > have or not names else None
         with self.figure.batch_update():
-            self._sync_traces(new, skip={trace.name for trace in added})
-            self._sync_layout(new)
+            for old, new in zip(self.figure.data, traces, strict=False):
+                old.x, old.y = new.x, new.y
+            if fig is not None:
+                self.figure.add_traces(list(fig.data))
+                self._sync_layout(series.assemble(traces))
+        self.names = names
         if not self.live:
             self._render()
-
-    def _sync_traces(self, new: go.Figure, skip: set[str]) -> None:
-        """Set x/y of traces matched by name; empty the ones ``new`` no longer has."""
-        fresh = {trace.name: trace for trace in new.data}
-        for old in self.figure.data:
-            if old.name in skip:
-                continue
-            src = fresh.get(old.name)
-            old.x, old.y = _thin(list(src.x), list(src.y)) if src is not None else ([], [])
 
     def _sync_layout(self, new: go.Figure) -> None:
         notes = [a.to_plotly_json() for a in new.layout.annotations]
@@ -107,6 +110,11 @@ class FigurePanel:
     def _render(self) -> None:
         bundle = _mime_bundle(self.figure)
         self.view.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)  # type: ignore[attr-defined]
+
+
+def _plain(value: Any) -> Any:
+    """A Python number for a numpy scalar (JSON for the Output fallback)."""
+    return value.item() if hasattr(value, "item") else value
 
 
 def _session_info(session: Any) -> tuple[str, int | None]:
@@ -152,19 +160,26 @@ class Dashboard(widgets.VBox):
         self.redraws = 0
         self.status = "running"
         self._clock = clock
+        self.rows_fed = 0
         self._lock = threading.Lock()  # guards the data below
         self._draw_lock = threading.Lock()  # one redraw at a time
-        self._rows: list[Row] = []
-        self._by_kind: dict[str, list[Row]] = {"log": [], "perf": [], "gns": [], "gpu": []}
+        self._series: dict[str, plots.Series] = {
+            "metrics": plots.MetricsSeries(),
+            "throughput": plots.ThroughputSeries(),
+            "step_time": plots.StepTimeSeries(),
+            "gpu": plots.GpuSeries(),
+            "gns": plots.GnsSeries(global_batch),
+        }
+        self._last_step: int | None = None  # of the last row fed
         self._progress: dict[int, dict[str, Any]] = {}
         self._first_progress: dict[int, tuple[float, int]] = {}
         self._seconds: float | None = None
         self._dirty = False
         self._last_draw = -math.inf
         self._timer: threading.Timer | None = None
-        self._header = widgets.HTML(self._header_html({}, self._by_kind))
+        self._header = widgets.HTML(self._header_html({}, {}, None))
         self._bars = {r: self._new_bar(r) for r in self.ranks}
-        self.panels = {key: FigurePanel(self._build(key, self._by_kind)) for key in BASE_FIGURES}
+        self.panels = {key: FigurePanel(self._series[key].figure()) for key in BASE_FIGURES}
         self._arrange()
 
     # -- construction ------------------------------------------------------------------------
@@ -196,18 +211,6 @@ class Dashboard(widgets.VBox):
         bars = widgets.VBox([self._bars[r] for r in sorted(self._bars)])
         self.children = (self._header, *views, bars)
 
-    def _build(self, key: str, by_kind: Mapping[str, list[Row]]) -> go.Figure:
-        """Build figure ``key`` from the rows of the kinds it draws."""
-        if key == "metrics":
-            return plots.metrics_figure(by_kind["log"])
-        if key == "throughput":
-            return plots.throughput_figure(by_kind["perf"])
-        if key == "step_time":
-            return plots.step_time_figure(by_kind["perf"])
-        if key == "gpu":
-            return plots.gpu_figure(by_kind["gpu"])
-        return plots.gns_figure(by_kind["gns"], self.global_batch)
-
     # -- public API --------------------------------------------------------------------------
 
     @property
@@ -215,21 +218,20 @@ class Dashboard(widgets.VBox):
         """The figures on screen by key ("metrics", "throughput", "step_time", "gpu", "gns")."""
         return {key: panel.figure for key, panel in self.panels.items()}
 
-    @property
-    def rows(self) -> list[Row]:
-        """All rows fed so far (``{step, rank, name, value, time}``), in arrival order."""
-        with self._lock:
-            return list(self._rows)
-
     def feed(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Add rank records (or store rows); redraw if ``min_interval`` has passed. Thread-safe."""
         rows = plots.rows_from_records(records)
         if not rows:
             return
+        by_kind: dict[str, list[Row]] = {}
+        for row in rows:
+            by_kind.setdefault(plots.row_kind(row), []).append(row)
         with self._lock:
-            self._rows.extend(rows)
-            for row in rows:
-                self._by_kind[plots.row_kind(row)].append(row)
+            for kind, kind_rows in by_kind.items():
+                for key in KIND_SERIES[kind]:
+                    self._series[key].add(kind_rows)
+            self.rows_fed += len(rows)
+            self._last_step = rows[-1]["step"]
             self._dirty = True
         self._maybe_redraw()
 
@@ -307,55 +309,77 @@ class Dashboard(widgets.VBox):
 
     # -- drawing -----------------------------------------------------------------------------
 
-    def _snapshot(self) -> tuple[dict[str, list[Row]], dict[int, dict[str, Any]]]:
+    def _snapshot(self) -> dict[str, Any]:
+        """Copy what a redraw needs under the lock: the changed figures' traces (bounded in size
+        by MAX_POINTS), the progress, the rates and the ETAs."""
         with self._lock:
             self._dirty = False
-            by_kind = {kind: list(rows) for kind, rows in self._by_kind.items()}
-            return by_kind, {r: dict(p) for r, p in self._progress.items()}
+            figures = {}
+            for key, series in self._series.items():
+                panel = self.panels.get(key)
+                if series.version != (panel.version if panel else 0):
+                    figures[key] = (series.version, series.traces(MAX_POINTS))
+            progress = {r: dict(p) for r, p in self._progress.items()}
+            throughput = self._series["throughput"]
+            assert isinstance(throughput, plots.ThroughputSeries)
+            return {
+                "figures": figures,
+                "progress": progress,
+                "rates": throughput.latest(),
+                "total": throughput.total(),
+                "etas": {r: self._eta(r, p) for r, p in progress.items()},
+            }
 
     def _draw(self) -> None:
-        """Redraw figures, bars and header from a snapshot (caller holds the draw lock)."""
-        by_kind, progress = self._snapshot()
-        self._add_kind_panels(by_kind)
-        for key, panel in self.panels.items():
-            panel.update(self._build(key, by_kind))
-        self._draw_bars(progress, by_kind["perf"])
-        self._header.value = self._header_html(progress, by_kind)
+        """Redraw the changed figures, the bars and the header (caller holds the draw lock)."""
+        snap = self._snapshot()
+        added = False
+        for key, (version, traces) in snap["figures"].items():
+            panel = self.panels.get(key)
+            if panel is None:
+                if not traces:
+                    continue
+                panel = self.panels[key] = FigurePanel(self._series[key].assemble([]))
+                added = True
+            panel.show(traces, self._series[key])
+            panel.version = version
+        if added:
+            self._arrange()
+        self._draw_bars(snap["progress"], snap["rates"], snap["etas"])
+        self._header.value = self._header_html(snap["progress"], snap["etas"], snap["total"])
         self.redraws += 1
         self._last_draw = self._clock()
 
-    def _add_kind_panels(self, by_kind: Mapping[str, list[Row]]) -> None:
-        added = False
-        for kind, key in KIND_FIGURES.items():
-            if by_kind[kind] and key not in self.panels:
-                self.panels[key] = FigurePanel(self._build(key, by_kind))
-                added = True
-        if added:
-            self._arrange()
-
-    def _seconds_per_step(self, rank: int, info: Mapping[str, Any], perf: list[Row]) -> float | None:
+    def _seconds_per_step(self, rank: int, info: Mapping[str, Any]) -> float | None:
         """Return the rank's seconds per step: from its progress so far, else its recent step times."""
         first = self._first_progress.get(rank)
         step, t = info.get("step"), info.get("time")
         if first is not None and step is not None and t is not None and step > first[1] and t > first[0]:
             return (float(t) - first[0]) / (int(step) - first[1])
-        times = [r["value"] for r in perf if r["rank"] == rank and r["name"] == "step_time"][-ETA_WINDOW:]
+        step_time = self._series["step_time"]
+        assert isinstance(step_time, plots.StepTimeSeries)
+        times = step_time.recent_step_times(rank, ETA_WINDOW)
         return sum(times) / len(times) if times else None
 
-    def _eta(self, rank: int, info: Mapping[str, Any], perf: list[Row]) -> float | None:
+    def _eta(self, rank: int, info: Mapping[str, Any]) -> float | None:
+        """Seconds left for ``rank`` (caller holds the lock)."""
         step, total = info.get("step"), info.get("total")
-        per_step = self._seconds_per_step(rank, info, perf)
+        per_step = self._seconds_per_step(rank, info)
         if step is None or total is None or per_step is None:
             return None
         return max(0, int(total) - int(step)) * per_step
 
-    def _draw_bars(self, progress: Mapping[int, Mapping[str, Any]], perf: list[Row]) -> None:
-        rates = plots.latest_by_rank(perf, "samples_per_s")
+    def _draw_bars(
+        self,
+        progress: Mapping[int, Mapping[str, Any]],
+        rates: Mapping[int, float],
+        etas: Mapping[int, float | None],
+    ) -> None:
         for rank, info in sorted(progress.items()):
             if rank not in self._bars:
                 self._bars[rank] = self._new_bar(rank)
                 self._arrange()
-            self._draw_bar(self._bars[rank], rank, info, rates.get(rank), self._eta(rank, info, perf))
+            self._draw_bar(self._bars[rank], rank, info, rates.get(rank), etas.get(rank))
 
     def _draw_bar(
         self,
@@ -378,20 +402,22 @@ class Dashboard(widgets.VBox):
         bar.bar_style = BAR_STYLES.get(self.status, "")
 
     def _header_html(
-        self, progress: Mapping[int, Mapping[str, Any]], by_kind: Mapping[str, list[Row]]
+        self,
+        progress: Mapping[int, Mapping[str, Any]],
+        etas: Mapping[int, float | None],
+        total: float | None,
     ) -> str:
         parts = [
             f"<b>{html.escape(self.title)}</b>",
             f"run {self.run_id}",
             f"ranks {_ranks_text(self.ranks)}",
         ]
-        parts.append(self._step_text(progress, by_kind))
-        _, total = plots.global_throughput(by_kind["perf"])
+        parts.append(self._step_text(progress))
         if total:
-            parts.append(f"{total[-1]:,.0f} samples/s")
-        etas = [e for r, p in progress.items() if (e := self._eta(r, p, by_kind["perf"])) is not None]
-        if etas and self.status == "running":
-            parts.append(f"ETA {format_duration(max(etas))}")
+            parts.append(f"{total:,.0f} samples/s")
+        known = [eta for eta in etas.values() if eta is not None]
+        if known and self.status == "running":
+            parts.append(f"ETA {format_duration(max(known))}")
         seconds = self._seconds
         state = self.status + (
             f" in {format_duration(seconds)}" if seconds and self.status != "running" else ""
@@ -400,26 +426,11 @@ class Dashboard(widgets.VBox):
         parts.append(f"<span style='color:{colour}'>● {html.escape(state)}</span>")
         return f"<div class='dtwork-dashboard-header'>{' · '.join(parts)}</div>"
 
-    @staticmethod
-    def _step_text(progress: Mapping[int, Mapping[str, Any]], by_kind: Mapping[str, list[Row]]) -> str:
+    def _step_text(self, progress: Mapping[int, Mapping[str, Any]]) -> str:
         steps = [int(p["step"]) for p in progress.values() if p.get("step") is not None]
         totals = [int(p["total"]) for p in progress.values() if p.get("total")]
-        if not steps:
-            steps = [r["step"] for rows in by_kind.values() for r in rows[-1:]]
+        if not steps and self._last_step is not None:
+            steps = [self._last_step]
         if not steps:
             return "step —"
         return f"step {max(steps)}" + (f"/{max(totals)}" if totals else "")
-
-
-MAX_POINTS = 2000  # per trace on screen: a long run's redraws stay cheap for the kernel and the browser
-
-
-def _thin(x: list[Any], y: list[Any]) -> tuple[list[Any], list[Any]]:
-    """Keep at most about MAX_POINTS evenly spaced points of a trace, always the latest one."""
-    if len(x) <= MAX_POINTS:
-        return x, y
-    stride = -(-len(x) // MAX_POINTS)
-    keep = list(range(0, len(x), stride))
-    if keep[-1] != len(x) - 1:
-        keep.append(len(x) - 1)
-    return [x[i] for i in keep], [y[i] for i in keep]
