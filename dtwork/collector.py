@@ -95,7 +95,6 @@ class CellWatcher:
         self.quiet = quiet
         self.on_records = on_records
         self.result = CellResult(seq, ranks)
-        self._seen_keys: list[set[str]] = [set() for _ in ranks]
         self._out_pos = [0 for _ in ranks]
         self._err_pos = [0 for _ in ranks]
         self._partial: dict[tuple[str, int], str] = {}
@@ -216,9 +215,11 @@ class CellWatcher:
         for i, d in enumerate(data):
             if not isinstance(d, dict):
                 continue
-            for key in sorted(k for k in d if k.startswith("r") and k not in self._seen_keys[i]):
-                self._seen_keys[i].add(key)
-                batch.extend(d[key])
+            # Take each batch out of the result's metadata as it is read: a long cell neither
+            # keeps its records twice nor rescans them at every poll. (ipyparallel's IO thread
+            # adds keys meanwhile: list() and pop() are atomic, iterating the dict is not.)
+            for key in sorted(k for k in list(d) if k.startswith("r")):
+                batch.extend(d.pop(key, ()))
             if "progress" in d and d["progress"] != self.progress.get(self.ranks[i]):
                 self.progress[self.ranks[i]] = d["progress"]
                 self._progress_changed = True
