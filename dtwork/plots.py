@@ -19,6 +19,7 @@ No widgets and no torch here.
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from array import array as Column
 from collections.abc import Iterable, Mapping, Sequence
@@ -52,6 +53,7 @@ __all__ = [
     "latest_by_rank",
     "metric_names",
     "metrics_figure",
+    "no_data_note",
     "row_kind",
     "rows_from_records",
     "scaling_figure",
@@ -169,14 +171,17 @@ def latest_by_rank(rows: Iterable[Mapping[str, Any]], name: str) -> dict[int, fl
 
 
 class Trace(NamedTuple):
-    """One trace of a figure: its name, x and y (lists, or numpy arrays when thinned), its
-    plotly style (keyword arguments of ``go.Scatter``) and its subplot (row, col) or None."""
+    """One trace of a figure: its name, x and y (lists, or numpy arrays when thinned) and its
+    plotly style (keyword arguments of ``go.Scatter``, axes of a subplot included)."""
 
     name: str
     x: Any
     y: Any
     style: dict[str, Any]
-    cell: tuple[int, int] | None = None
+
+    def scatter(self) -> go.Scatter:
+        """The plotly trace."""
+        return _line(self.x, self.y, self.name, **self.style)
 
 
 def _pick(n: int, max_points: int | None) -> Sequence[int] | None:
@@ -312,6 +317,9 @@ class _Steps:
             bisect.insort(self.steps, step)
 
 
+_EMPTY: dict[type, dict[str, Any]] = {}  # Series.empty() by class
+
+
 class Series:
     """Base of the incremental figure data: ``add`` rows, then ``traces`` or ``figure``."""
 
@@ -343,6 +351,15 @@ class Series:
         """The titled figure without traces."""
         return _titled(go.Figure(), self.title, self.x_title, self.y_title)
 
+    def empty(self) -> dict[str, Any]:
+        """The figure without data ("no data yet") as a plotly dict, built once per kind of
+        series: the live dashboard starts every cell's figures from it, without validating
+        plotly's layout template twice."""
+        key = type(self)
+        if key not in _EMPTY:
+            _EMPTY[key] = self.assemble([]).to_dict()
+        return copy.deepcopy(_EMPTY[key])
+
     def figure(self, max_points: int | None = None) -> go.Figure:
         """The whole figure; "no data yet" when there is nothing to draw."""
         return self.assemble(self.traces(max_points))
@@ -350,12 +367,7 @@ class Series:
     def assemble(self, traces: Sequence[Trace]) -> go.Figure:
         """The figure with these traces (styled, on their subplots); "no data yet" without any."""
         fig = self.empty_figure()
-        for t in traces:
-            scatter = _line(t.x, t.y, t.name, **t.style)
-            if t.cell is None:
-                fig.add_trace(scatter)
-            else:
-                fig.add_trace(scatter, *t.cell)
+        fig.add_traces([t.scatter() for t in traces])
         return fig if traces else _no_data(fig)
 
 
@@ -425,6 +437,7 @@ class GnsSeries(Series):
 
 
 _GREY_DASH = {"line": {"dash": "dash", "color": "#888"}}
+_RIGHT = {"xaxis": "x2", "yaxis": "y2"}  # the right-hand plot of a 1 x 2 subplot grid
 
 
 class ThroughputSeries(Series):
@@ -600,16 +613,16 @@ class GpuSeries(Series):
         out = []
         for i, (rank, series) in enumerate(sorted(self._util.items())):
             x, y = series.trace(max_points, array)
-            out.append(Trace(f"rank {rank} utilization", x, y, {"line": {"color": _colour(i)}}, (1, 1)))
+            out.append(Trace(f"rank {rank} utilization", x, y, {"line": {"color": _colour(i)}}))
         for i, (rank, series) in enumerate(sorted(self._memory.items())):
             x, y = series.trace(max_points, array)
             out.append(
-                Trace(f"rank {rank} memory", x, y, {"line": {"color": _colour(i), "dash": "dot"}}, (1, 2))
+                Trace(f"rank {rank} memory", x, y, {"line": {"color": _colour(i), "dash": "dot"}, **_RIGHT})
             )
         if self._total is not None and self._memory_steps is not None:
             x, y = list(self._memory_steps), [self._total] * 2
             out.append(
-                Trace("memory total", _take(x, None, array), _take(y, None, array), _GREY_DASH, (1, 2))
+                Trace("memory total", _take(x, None, array), _take(y, None, array), {**_GREY_DASH, **_RIGHT})
             )
         return out
 
@@ -636,18 +649,23 @@ def _titled(fig: go.Figure, title: str, x: str, y: str, *, log_x: bool = False) 
     return fig
 
 
+def no_data_note(text: str = NO_DATA) -> dict[str, Any]:
+    """The centred "no data yet" annotation (named NO_DATA_NAME)."""
+    return {
+        "name": NO_DATA_NAME,
+        "text": text,
+        "x": 0.5,
+        "y": 0.5,
+        "xref": "paper",
+        "yref": "paper",
+        "showarrow": False,
+        "font": {"size": 16, "color": "#888"},
+    }
+
+
 def _no_data(fig: go.Figure, text: str = NO_DATA) -> go.Figure:
-    """Add the centred "no data yet" annotation (named NO_DATA_NAME)."""
-    fig.add_annotation(
-        name=NO_DATA_NAME,
-        text=text,
-        x=0.5,
-        y=0.5,
-        xref="paper",
-        yref="paper",
-        showarrow=False,
-        font={"size": 16, "color": "#888"},
-    )
+    """Add the "no data yet" annotation."""
+    fig.add_annotation(**no_data_note(text))
     return fig
 
 

@@ -257,3 +257,49 @@ def test_figures_are_figure_widgets_or_rendered_outputs(dash: Dashboard) -> None
 
 def test_format_duration() -> None:
     assert [format_duration(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
+
+
+def test_a_trace_that_belongs_earlier_redraws_the_figure_in_report_order(dash: Dashboard) -> None:
+    dash.feed([perf(0, 1, 50.0)])  # rank 1 reports first
+    dash.flush()
+    assert [t.name for t in dash.figures["throughput"].data] == ["global", "rank 1"]
+    dash.feed([perf(0, 0, 40.0), perf(1, 1, 60.0), perf(1, 0, 45.0)])
+    dash.flush()
+    fig = dash.figures["throughput"]
+    assert (
+        [t.name for t in fig.data]
+        == [
+            t.name
+            for t in plots.throughput_figure(
+                plots.rows_from_records(
+                    [perf(0, 1, 50.0), perf(0, 0, 40.0), perf(1, 1, 60.0), perf(1, 0, 45.0)]
+                )
+            ).data
+        ]
+        == ["global", "rank 0", "rank 1"]
+    )
+    assert list(trace(fig, "global").y) == [90.0, 105.0]
+    assert not no_data(fig)
+
+
+def test_gpu_memory_traces_sit_on_the_right_hand_plot(dash: Dashboard) -> None:
+    gpu = {"utilization": 80.0, "memory_used_mb": 1000.0, "memory_total_mb": 16000.0}
+    dash.feed([{"kind": "gpu", "step": s, "rank": 0, "time": 0.0, "values": gpu} for s in range(3)])
+    dash.flush()
+    fig = dash.figures["gpu"]
+    assert trace(fig, "rank 0 utilization").xaxis in (None, "x")
+    assert (trace(fig, "rank 0 memory").xaxis, trace(fig, "rank 0 memory").yaxis) == ("x2", "y2")
+    assert list(trace(fig, "memory total").x) == [0, 2]
+    assert [a.text for a in fig.layout.annotations] == ["utilization", "memory"]
+
+
+def test_a_long_cell_draws_at_most_max_points_per_trace() -> None:
+    from dtwork.widgets.dashboard import MAX_POINTS
+
+    dash = Dashboard(1, [0], min_interval=0.0, trailing=False)
+    dash.feed([log(s, loss=float(s)) for s in range(5 * MAX_POINTS)])
+    dash.flush()
+    loss = trace(dash.figures["metrics"], "loss")
+    assert len(loss.x) <= MAX_POINTS + 1
+    assert (loss.x[0], loss.x[-1], loss.y[-1]) == (0, 5 * MAX_POINTS - 1, 5 * MAX_POINTS - 1.0)
+    dash.close()

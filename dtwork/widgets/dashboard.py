@@ -64,8 +64,8 @@ def _mime_bundle(fig: go.Figure) -> dict[str, Any]:
 class FigurePanel:
     """One figure on screen: a ``FigureWidget``, or a re-rendered ``Output`` without anywidget."""
 
-    def __init__(self, fig: go.Figure) -> None:
-        """Show ``fig`` (a figure from :mod:`dtwork.plots`)."""
+    def __init__(self, fig: go.Figure | dict[str, Any]) -> None:
+        """Show ``fig`` (a figure from :mod:`dtwork.plots`, or its dict)."""
         try:
             self.figure: go.Figure = go.FigureWidget(fig)
             self.view: widgets.Widget = self.figure
@@ -78,34 +78,35 @@ class FigurePanel:
         self.names = [trace.name for trace in self.figure.data]
         self.version = 0  # of the series last drawn
 
-    def show(self, traces: Sequence[plots.Trace], series: plots.Series) -> None:
-        """Draw ``traces`` (``series.traces(...)``): in place when the figure has those traces
-        already, added at the end when they are new, the figure rebuilt when their order changed.
+    def show(self, traces: Sequence[plots.Trace]) -> None:
+        """Draw ``traces`` (a series' ``traces(...)``): in place when the figure has those traces
+        already, the new ones added at the end, all of them again when their order changed.
         """
         if not self.live:  # the Output fallback renders plotly's JSON: plain lists there
             traces = [t._replace(x=list(map(_plain, t.x)), y=list(map(_plain, t.y))) for t in traces]
         names = [t.name for t in traces]
         have = len(self.names)
-        if names[:have] != self.names:  # order changed: start again from the series' figure
+        if names[:have] != self.names:  # order changed: draw them all again
             self.figure.data = ()
             have = 0
-        fig = series.assemble(traces[have:]) if len(names) > have or not names else None
         with self.figure.batch_update():
             for old, new in zip(self.figure.data, traces, strict=False):
                 old.x, old.y = new.x, new.y
-            if fig is not None:
-                self.figure.add_traces(list(fig.data))
-                self._sync_layout(series.assemble(traces))
+            if len(names) > have:
+                self.figure.add_traces([t.scatter() for t in traces[have:]])
+            self._no_data(not names)
         self.names = names
         if not self.live:
             self._render()
 
-    def _sync_layout(self, new: go.Figure) -> None:
-        notes = [a.to_plotly_json() for a in new.layout.annotations]
-        if notes != [a.to_plotly_json() for a in self.figure.layout.annotations]:
-            self.figure.layout.annotations = notes
-        if new.layout.title.text != self.figure.layout.title.text:
-            self.figure.layout.title.text = new.layout.title.text
+    def _no_data(self, show: bool) -> None:
+        """Show or drop the "no data yet" note."""
+        notes = self.figure.layout.annotations
+        has = any(a.name == plots.NO_DATA_NAME for a in notes)
+        if has and not show:
+            self.figure.layout.annotations = [a for a in notes if a.name != plots.NO_DATA_NAME]
+        elif show and not has:
+            self.figure.layout.annotations = [*notes, plots.no_data_note()]
 
     def _render(self) -> None:
         bundle = _mime_bundle(self.figure)
@@ -179,7 +180,7 @@ class Dashboard(widgets.VBox):
         self._timer: threading.Timer | None = None
         self._header = widgets.HTML(self._header_html({}, {}, None))
         self._bars = {r: self._new_bar(r) for r in self.ranks}
-        self.panels = {key: FigurePanel(self._series[key].figure()) for key in BASE_FIGURES}
+        self.panels = {key: FigurePanel(self._series[key].empty()) for key in BASE_FIGURES}
         self._arrange()
 
     # -- construction ------------------------------------------------------------------------
@@ -339,9 +340,9 @@ class Dashboard(widgets.VBox):
             if panel is None:
                 if not traces:
                     continue
-                panel = self.panels[key] = FigurePanel(self._series[key].assemble([]))
+                panel = self.panels[key] = FigurePanel(self._series[key].empty())
                 added = True
-            panel.show(traces, self._series[key])
+            panel.show(traces)
             panel.version = version
         if added:
             self._arrange()
