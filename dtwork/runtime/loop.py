@@ -63,6 +63,8 @@ class StepLoop:
         self._samples = 0
         self._gns_micro: list[float] = []
         self._gns_big: float | None = None
+        self._gns_record: tuple[int, dict[str, float]] | None = None  # the estimate not yet sent
+        self._gns_published = 0.0
         self._grad_snapshot: torch.Tensor | None = None
         self._micro_len = 0
         self._perf = {"t": 0.0, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
@@ -87,6 +89,7 @@ class StepLoop:
             yield from self._epochs(resume_state)
         finally:
             self._drain_pending()
+            self._publish_gns(force=True)
             control.exit_loop()
             ctx.loop = None
             self._progress("done")
@@ -317,12 +320,22 @@ class StepLoop:
         ctx.gns_state.update(small, big, b_small, b_big)
         ctx.gns = ctx.gns_state.b_simple
         if ctx.rank == 0 and ctx.gns is not None:
-            ctx.publisher.record(
-                "gns",
-                step,
-                {"b_simple": ctx.gns, "g2": ctx.gns_state.g2, "trace_sigma": ctx.gns_state.trace_sigma,
-                 "b_small": float(b_small), "b_big": float(b_big)},
-            )
+            self._gns_record = (step, {"b_simple": ctx.gns, "g2": ctx.gns_state.g2,
+                                       "trace_sigma": ctx.gns_state.trace_sigma,
+                                       "b_small": float(b_small), "b_big": float(b_big)})
+            self._publish_gns()
+
+    def _publish_gns(self, force: bool = False) -> None:
+        """Send the latest estimate at most every PERF_SECONDS (and the last one of a loop):
+        it is a moving average, and a record per step costs the kernel more than it tells."""
+        if self._gns_record is None:
+            return
+        now = time.perf_counter()
+        if force or now - self._gns_published >= PERF_SECONDS:
+            step, values = self._gns_record
+            self.ctx.publisher.record("gns", step, values)
+            self._gns_record = None
+            self._gns_published = now
 
     # -- checkpoints, progress -------------------------------------------------------------------
 
