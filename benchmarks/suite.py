@@ -65,7 +65,8 @@ class Plan:
     throughput_reps: int = 5  # at least; more while the time budget allows, up to throughput_max_reps
     throughput_max_reps: int = 9
     warmup: dict[str, int] = field(default_factory=lambda: {"mlp": 10, "convnet": 3})
-    steps: dict[str, int] = field(default_factory=lambda: {"mlp": 80, "convnet": 12})
+    # timed windows of 2-3 s: shorter ones measure scheduling noise more than training
+    steps: dict[str, int] = field(default_factory=lambda: {"mlp": 250, "convnet": 50})
     latency_reps_inprocess: int = 5
     latency_reps_relaunch: int = 3
     latency_kind: str = "mlp"
@@ -73,10 +74,10 @@ class Plan:
     thread_check_steps: int = 15
     feature_reps: int = 4  # on/off pairs at least; more while the time budget allows
     feature_max_reps: int = 12
-    budget_s: float = 720.0  # the run adds repetitions only while it can still finish within this
+    budget_s: float = 820.0  # the run adds repetitions only while it can still finish within this
     throughput_share: float = 0.45  # steps/s repetitions stop being added past this share of the budget
     reserve_s: float = 45.0  # kept for stopping the clusters and writing the results
-    feature_steps: dict[str, int] = field(default_factory=lambda: {"mlp": 60, "convnet": 10})
+    feature_steps: dict[str, int] = field(default_factory=lambda: {"mlp": 250, "convnet": 50})
     feature_warmup: dict[str, int] = field(default_factory=lambda: {"mlp": 3, "convnet": 2})
     long_cell_steps: int = 2400  # one long MLP cell with the live dashboard: does its kernel CPU grow?
 
