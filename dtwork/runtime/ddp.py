@@ -26,7 +26,9 @@ def wrap_model(ctx: Any, model: torch.nn.Module, *, gns: bool | None = None, **d
     comp = opt.gradient_compression
     hook, hook_state = inner_hook(comp.type, comp.rank, comp.start_iter)
     use_gns = ctx.config.gns.enabled if gns is None else bool(gns)
-    state = MeasureState(inner=hook, inner_state=hook_state, gns=use_gns)
+    state = MeasureState(
+        inner=hook, inner_state=hook_state, gns=use_gns, rank=ctx.rank, world_size=ctx.world_size
+    )
     wrapped.register_comm_hook(state, measure_hook)
     wrapped._dtwork_measure = state  # type: ignore[assignment]
     return wrapped

@@ -2,10 +2,12 @@
 
 Each hook is a plain function ``(state, bucket) -> Future`` as torch.distributed expects.
 ``measure_hook`` wraps any inner hook (the default all-reduce or a compression hook): it
-records the squared norm of this rank's local gradient before the exchange and of the
-reduced gradient after it, and when the exchange finished. It changes no gradient, so
-training with it is identical to training without it (McCandlish et al. 2018 only need
-the two norms; no extra backward pass).
+records the squared norm of this rank's local gradient before the exchange and, after it,
+the squared norm of this rank's 1/world_size share of the reduced gradient (the reduced
+gradient is the same on every rank, so the steps loop sums the shares in the all-reduce it
+runs anyway instead of every rank reading the whole of it), and when the exchange finished.
+It changes no gradient, so training with it is identical to training without it
+(McCandlish et al. 2018 only need the two norms; no extra backward pass).
 """
 
 # No ``from __future__ import annotations`` here: DDP checks the hooks' annotations at runtime.
@@ -59,6 +61,8 @@ class MeasureState:
     inner: Hook
     inner_state: Any
     gns: bool = False
+    rank: int = 0
+    world_size: int = 1
     local_sq: list[torch.Tensor] = field(default_factory=list)
     reduced_sq: list[torch.Tensor] = field(default_factory=list)
     last_launch: float = 0.0
@@ -76,15 +80,20 @@ class MeasureState:
         return max(0.0, self.last_done - self.last_launch) if self.buckets else 0.0
 
     def norms(self) -> tuple[float, float] | None:
-        """(local |g|^2, reduced |g|^2) of the last exchange, or None when not measured."""
+        """(local |g|^2, this rank's share of the reduced |g|^2) of the last exchange, or None
+        when not measured; the shares of all ranks add up to the reduced |g|^2."""
         if not self.gns or not self.local_sq or len(self.reduced_sq) != len(self.local_sq):
             return None
         return float(torch.stack(self.local_sq).sum()), float(torch.stack(self.reduced_sq).sum())
 
 
-def _sq_norm(t: torch.Tensor) -> torch.Tensor:
-    """|t|^2 in float32 or wider, without a full-size temporary for float32 buffers."""
+def _sq_norm(t: torch.Tensor, part: int = 0, parts: int = 1) -> torch.Tensor:
+    """|t|^2 (of its ``part``-th of ``parts`` contiguous slices) in float32 or wider, without a
+    full-size temporary for float32 buffers."""
     flat = t.detach().reshape(-1)
+    if parts > 1:
+        n = flat.numel()
+        flat = flat[n * part // parts : n * (part + 1) // parts]
     if flat.dtype not in (torch.float32, torch.float64):
         flat = flat.float()
     return torch.dot(flat, flat)
@@ -102,7 +111,7 @@ def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.
         out = f.value()
         out = out[0] if isinstance(out, list) else out
         if state.gns:
-            state.reduced_sq.append(_sq_norm(out))
+            state.reduced_sq.append(_sq_norm(out, state.rank, state.world_size))
         state.last_done = time.perf_counter()
         return out
 

@@ -26,6 +26,7 @@ from dtwork.runtime.ddp import measure_state
 
 MAX_LOGGED = 32
 PERF_SECONDS = 0.1
+HEAD = 4  # values before the logged metrics in the per-step all-reduce (see _launch_sync)
 GPU_SECONDS = 1.0
 
 
@@ -200,7 +201,9 @@ class StepLoop:
             self._gns_big = float(g.pow(2).sum()) * (factor / self.k) ** 2 / scale**2
 
     def _local_norms(self, scale: float) -> tuple[float, float] | None:
-        """(local |G_small|^2, |G_big|^2) of this step, unscaled; None when not measured."""
+        """(local |G_small|^2, this rank's share of |G_big|^2) of this step, unscaled; None when not
+        measured. The shares add up to |G_big|^2 in the per-step all-reduce (at world size 1
+        with accumulation the share is all of it)."""
         if self.ctx.gns_state is None:
             return None
         if self.micro_gns():
@@ -283,21 +286,22 @@ class StepLoop:
         names = sorted(self._logs)[:MAX_LOGGED]
         local = {n: torch.stack(self._logs[n]).mean() for n in names}
         self._logs = {}
+        # [stop requested, local |G_small|^2, ranks that measured, share of |G_big|^2, logs...]
+        small, big_share = norms if norms else (0.0, 0.0)
         head = torch.tensor(
-            [1.0 if control.requested() else 0.0, norms[0] if norms else 0.0, 1.0 if norms else 0.0],
+            [1.0 if control.requested() else 0.0, small, 1.0 if norms else 0.0, big_share],
             dtype=torch.float64,
             device=ctx.device,
         )
         vec = torch.cat([head, torch.stack(list(local.values()))]) if local else head
         work = dist.all_reduce(vec, async_op=True) if ctx.world_size > 1 else None
         self._drain_pending()
-        big = norms[1] if norms else None
-        self._pending = (work, vec, names, local, big, self.step - 1)
+        self._pending = (work, vec, names, local, self.step - 1)
 
     def _drain_pending(self) -> None:
         if self._pending is None:
             return
-        work, vec, names, local, big, step = self._pending
+        work, vec, names, local, step = self._pending
         self._pending = None
         if work is not None:
             work.wait()
@@ -309,10 +313,10 @@ class StepLoop:
             self.ctx.publisher.record("event", self.step, {}, event="stopped", message=f"stopped at step {self.step}")
         if names and self.ctx.rank == 0:
             avg = self.ctx.config.optimizations.average_training_metrics
-            logged = {n: values[3 + i] / ws if avg else float(local[n]) for i, n in enumerate(names)}
+            logged = {n: values[HEAD + i] / ws if avg else float(local[n]) for i, n in enumerate(names)}
             self.ctx.publisher.record("log", step, logged)
-        if big is not None and values[2] == ws:
-            self._gns_update(values[1] / ws, big, step)
+        if values[2] == ws and self.ctx.gns_state is not None:  # every rank measured this step
+            self._gns_update(values[1] / ws, values[3], step)
 
     def _gns_update(self, small: float, big: float, step: int) -> None:
         ctx = self.ctx
