@@ -18,6 +18,7 @@ No widgets and no torch here.
 
 from __future__ import annotations
 
+import abc
 import bisect
 import copy
 import math
@@ -321,7 +322,7 @@ class _Steps:
 _EMPTY: dict[type, dict[str, Any]] = {}  # Series.empty() by class
 
 
-class Series:
+class Series(abc.ABC):
     """Base of the incremental figure data: ``add`` rows, then ``traces`` or ``figure``."""
 
     title = ""
@@ -340,13 +341,14 @@ class Series:
             self.version += 1
         return self
 
+    @abc.abstractmethod
     def _add(self, row: Mapping[str, Any]) -> bool:
-        raise NotImplementedError
+        """Take one row if it concerns this figure; return whether it did."""
 
+    @abc.abstractmethod
     def traces(self, max_points: int | None = None) -> list[Trace]:
         """The figure's traces in order; with ``max_points``, at most about that many points per
         trace (evenly spaced, the latest kept) as numpy arrays, else every point as lists."""
-        raise NotImplementedError
 
     def empty_figure(self) -> go.Figure:
         """The titled figure without traces."""
