@@ -465,47 +465,37 @@ def findings(r: dict[str, Any]) -> list[str]:
         )
     feats = r.get("features", {})
     lc = r.get("long_cell") or {}
-    live = feats.get("live_dashboard_store", {})
-    for k in KINDS:
-        fk = live.get(k, {})
-        c = fk.get("cpu_ms_per_step") or {}
-        if fk.get("ratio") is not None and fk["ratio"] < 0.99 and c.get("on_kernel") is not None:
-            q = lc.get("kernel_cpu_share_by_quarter") or []
-            flat = (f"; over one long cell its share of a core stays {' -> '.join(f'{x:.2f}' for x in q)} by quarter "
-                    "(a redraw costs what the points on screen cost, not the rows seen)") if q else ""
-            out.append(
-                f"Live dashboard ({k}): with it on, the kernel spends {c['on_kernel']:.2f} ms of CPU per training step "
-                f"against {c.get('off_kernel', 0):.2f} ms off, the ranks {c.get('on_ranks', 0):.1f} against "
-                f"{c.get('off_ranks', 0):.1f} ms{flat}. On this 2-core machine the two CPU ranks fill the cores, so "
-                "the kernel's share (each cell's new figure widgets, then two redraws a second) is taken from "
-                "training; on a GPU machine the kernel runs on a core of its own."
-            )
-            break
-    gns = feats.get("gns", {})
-    for k in KINDS:
-        fk = gns.get(k, {})
-        c = fk.get("cpu_ms_per_step") or {}
-        if fk.get("ratio") is not None and fk["ratio"] < 0.97 and c.get("on_ranks") is not None:
-            out.append(
-                f"GNS ({k}): with gns=True the ranks spend {c['on_ranks'] - c.get('off_ranks', 0):+.2f} ms of CPU per "
-                f"step (both ranks together) and the kernel {c.get('on_kernel', 0) - c.get('off_kernel', 0):+.2f} ms. "
-                "On the ranks `measure_hook` (dtwork/runtime/hooks.py) reads every bucket once more before the exchange "
-                "(this rank's |g|^2, a torch.dot) and 1/world_size of it after (its share of the reduced |g|^2): "
-                "a memory-bound pass over the gradients that a model this small, at about 100 steps/s, notices."
-            )
-            break
-    steps = feats.get("steps_loop", {})
-    for k in KINDS:
-        fk = steps.get(k, {})
-        c = fk.get("cpu_ms_per_step") or {}
-        if fk.get("ratio") is not None and fk["ratio"] < 0.97 and c.get("on_ranks") is not None:
-            out.append(
-                f"ctx.steps against a hand loop ({k}): {c['on_ranks'] - c.get('off_ranks', 0):+.2f} ms of CPU per step on "
-                f"the ranks (both together) and {c.get('on_kernel', 0) - c.get('off_kernel', 0):+.2f} ms in the kernel: "
-                "the per-step asynchronous all-reduce (consistent stop, metrics, GNS), progress and throughput records, "
-                "drawn by the live dashboard (on in both arms)."
-            )
-            break
+    missed = _first_missed(feats, "live_dashboard_store", 0.99)
+    if missed:
+        k, c = missed
+        q = lc.get("kernel_cpu_share_by_quarter") or []
+        flat = (f"; over one long cell its share of a core stays {' -> '.join(f'{x:.2f}' for x in q)} by quarter "
+                "(a redraw costs what the points on screen cost, not the rows seen)") if q else ""
+        out.append(
+            f"Live dashboard ({k}): with it on, the kernel spends {c.get('on_kernel', 0):.2f} ms of CPU per training "
+            f"step against {c.get('off_kernel', 0):.2f} ms off, the ranks {c.get('on_ranks', 0):.1f} against "
+            f"{c.get('off_ranks', 0):.1f} ms{flat}. On this 2-core machine the two CPU ranks fill the cores, so "
+            "the kernel's share (each cell's new figure widgets, then two redraws a second) is taken from "
+            "training; on a GPU machine the kernel runs on a core of its own."
+        )
+    missed = _first_missed(feats, "gns", 0.97)
+    if missed:
+        k, c = missed
+        out.append(
+            f"GNS ({k}): with gns=True the ranks spend {_delta(c, 'ranks')} ms of CPU per step (both ranks together) "
+            f"and the kernel {_delta(c, 'kernel')} ms. On the ranks `measure_hook` (dtwork/runtime/hooks.py) reads "
+            "every bucket once more before the exchange (this rank's |g|^2, a torch.dot) and 1/world_size of it "
+            "after (its share of the reduced |g|^2): a memory-bound pass over the gradients on the critical path, "
+            "which a model this small, at about 100 steps/s, notices."
+        )
+    missed = _first_missed(feats, "steps_loop", 0.97)
+    if missed:
+        k, c = missed
+        out.append(
+            f"ctx.steps against a hand loop ({k}): {_delta(c, 'ranks')} ms of CPU per step on the ranks (both "
+            f"together) and {_delta(c, 'kernel')} ms in the kernel: the per-step asynchronous all-reduce (consistent "
+            "stop, metrics, GNS), progress and throughput records, drawn by the live dashboard (on in both arms)."
+        )
     cold = r.get("cold_start", {})
     if cold.get("ratio_vs_raw_ipyparallel") and cold["ratio_vs_raw_ipyparallel"] >= 1.0:
         out.append(
@@ -514,6 +504,21 @@ def findings(r: dict[str, Any]) -> list[str]:
             f"setup: ratio {fmt(cold.get('ratio_vs_raw_ipyparallel_ddp'), 3)}."
         )
     return out
+
+
+def _first_missed(feats: dict[str, Any], name: str, target: float) -> tuple[str, dict[str, float]] | None:
+    """(workload, CPU ms per step) of the first workload where feature ``name`` missed ``target``."""
+    for k in KINDS:
+        fk = feats.get(name, {}).get(k, {})
+        c = fk.get("cpu_ms_per_step") or {}
+        if fk.get("ratio") is not None and fk["ratio"] < target and c.get("on_ranks") is not None:
+            return k, c
+    return None
+
+
+def _delta(c: dict[str, float], who: str) -> str:
+    """On minus off CPU ms per step of ``who`` ("ranks" or "kernel"), signed."""
+    return f"{c.get(f'on_{who}', 0) - c.get(f'off_{who}', 0):+.2f}"
 
 
 def write_all(r: dict[str, Any], out_dir: Path, doc: Path | None, results_path: str | None = None) -> list[Path]:
