@@ -195,6 +195,7 @@ class CheckpointConfig(_Section):
 class GNSConfig(_Section):
     enabled: bool = _leaf(False, _BOOL)
     ema_decay: float = _leaf(0.95, _Rule("float", lo=0, hi=1, lo_open=True, hi_open=True))
+    every: int = _leaf(4, _INT1)
 
 
 @dataclass(frozen=True)
@@ -614,7 +615,8 @@ max_restarts: 1                      # restarts after a failure; >= 0 (default: 
 seed: 42                             # in [0, 4294967295] (default: 0)
 gns:                                 # or true/false: the shorthand for gns.enabled
   enabled: true                      # track the gradient noise scale (default: false)
-  ema_decay: 0.95                    # smoothing, in (0, 1) (default: 0.95)
+  ema_decay: 0.95                    # smoothing per step, in (0, 1) (default: 0.95)
+  every: 4                           # measure every Nth step; 1 = all (default: 4)
 hyperparameters:                     # free-form values for your training code (default: {})
   depth: 50
   dropout: 0.1

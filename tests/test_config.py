@@ -54,7 +54,7 @@ def test_defaults() -> None:
     assert cfg.lr == LRConfig(base=0.1, scaling="none", base_batch_size=None, warmup=0)
     assert cfg.lr_schedule.type == "constant"
     assert cfg.checkpoint == CheckpointConfig(every=None, keep=3, directory=".dtwork/checkpoints")
-    assert cfg.gns == GNSConfig(enabled=False, ema_decay=0.95)
+    assert cfg.gns == GNSConfig(enabled=False, ema_decay=0.95, every=4)
     assert cfg.mixed_precision == "none" and cfg.max_restarts == 0 and cfg.seed == 0
     assert cfg.hyperparameters == {}
 
@@ -129,12 +129,12 @@ def test_mapping_forms() -> None:
         "optimizer: {type: lars, trust_coefficient: 0.02}\n"
         "lr: {base: 0.4, scaling: sqrt, base_batch_size: 256, warmup: 10}\n"
         "global_batch_size: 1024\n"
-        "gns: {enabled: true, ema_decay: 0.9}\n"
+        "gns: {enabled: true, ema_decay: 0.9, every: 1}\n"
     )
     assert cfg.optimizations.gradient_compression == Compression("powersgd", 2, 5)
     assert cfg.optimizer.trust_coefficient == 0.02
     assert cfg.effective_lr() == pytest.approx(0.8)
-    assert cfg.gns.ema_decay == 0.9
+    assert (cfg.gns.ema_decay, cfg.gns.every) == (0.9, 1)
 
 
 def test_enum_is_case_insensitive() -> None:
@@ -172,6 +172,10 @@ def test_integers_must_be_integers(value: Any, shown: str) -> None:
 
 def test_optional_integer_message() -> None:
     assert message({"max_steps": 0}) == "config: max_steps: expected an integer >= 1 or null, got 0"
+
+
+def test_gns_every_message() -> None:
+    assert message({"gns": {"every": 0}}) == "config: gns.every: expected an integer >= 1, got 0"
 
 
 def test_bools_must_be_bools() -> None:

@@ -61,6 +61,7 @@ class MeasureState:
     inner: Hook
     inner_state: Any
     gns: bool = False
+    measuring: bool = True  # with gns: measure this step (the steps loop samples every Nth)
     rank: int = 0
     world_size: int = 1
     local_sq: list[torch.Tensor] = field(default_factory=list)
@@ -100,8 +101,9 @@ def _sq_norm(t: torch.Tensor, part: int = 0, parts: int = 1) -> torch.Tensor:
 
 
 def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Time the exchange and (with ``gns``) record local and reduced squared norms."""
-    if state.gns:
+    """Time the exchange and (with ``gns``, on a measured step) record the squared norms."""
+    gns = state.gns and state.measuring
+    if gns:
         state.local_sq.append(_sq_norm(bucket.buffer()))
     state.buckets += 1
     state.last_launch = time.perf_counter()
@@ -110,7 +112,7 @@ def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.
     def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
         out = f.value()
         out = out[0] if isinstance(out, list) else out
-        if state.gns:
+        if gns:
             state.reduced_sq.append(_sq_norm(out, state.rank, state.world_size))
         state.last_done = time.perf_counter()
         return out

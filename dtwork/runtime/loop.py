@@ -100,6 +100,7 @@ class StepLoop:
         skip = 0
         if resume_state is not None:
             self.step, self.epoch, skip = resume_state["step"], resume_state["epoch"], resume_state["micro"]
+            self._arm_gns()
         if self._done():
             return
         while True:
@@ -176,15 +177,37 @@ class StepLoop:
             if self.ctx.rank == 0:
                 print(f"dtwork: {reason}")
             return
-        self.ctx.gns_state = GNSEstimator(self.ctx.config.gns.ema_decay)
+        gns = self.ctx.config.gns
+        # one sample every `every` steps: decay^every per sample keeps the average's span in steps
+        self.ctx.gns_state = GNSEstimator(gns.ema_decay**gns.every)
+        self._arm_gns()
+
+    def _gns_step(self) -> bool:
+        """Whether the noise scale is measured at the step being taken (every Nth step)."""
+        return self.ctx.gns_state is not None and self.step % self.ctx.config.gns.every == 0
+
+    def _arm_gns(self) -> None:
+        """Tell the models' hooks whether the coming step is measured (the others skip the norms)."""
+        if self.ctx.gns_state is None:
+            return
+        measuring = self._gns_step()
+        for m in self._gns_models():
+            state = measure_state(m)
+            if state is not None:
+                state.measuring = measuring
 
     def _grad_vector(self) -> torch.Tensor:
-        grads = [p.grad.detach().float().flatten() for m in self._gns_models() for p in m.parameters() if p.grad is not None]
+        grads = [
+            p.grad.detach().float().flatten()
+            for m in self._gns_models()
+            for p in m.parameters()
+            if p.grad is not None
+        ]
         return torch.cat(grads) if grads else torch.zeros(1, device=self.ctx.device)
 
     def micro_gns(self) -> bool:
-        """World size 1 with accumulation: the micro-batches are the small batches."""
-        return self.ctx.gns_state is not None and self.ctx.world_size == 1
+        """World size 1 with accumulation, on a measured step: the micro-batches are the small batches."""
+        return self.ctx.world_size == 1 and self._gns_step()
 
     def before_backward(self) -> None:
         if self.micro_gns():
@@ -238,6 +261,7 @@ class StepLoop:
                 s.reset()
         self._perf_tick(comm)
         self._launch_sync(norms)
+        self._arm_gns()
         if self.every and (self.step % self.every == 0 or self.stopped_early):
             self.save_checkpoint()
         self._progress("train")
@@ -310,7 +334,9 @@ class StepLoop:
         if values[0] > 0 and not self.stopped_early:
             # Every rank reads the same reduced flag at the same step: all leave together.
             self.stopped_early = True
-            self.ctx.publisher.record("event", self.step, {}, event="stopped", message=f"stopped at step {self.step}")
+            self.ctx.publisher.record(
+                "event", self.step, {}, event="stopped", message=f"stopped at step {self.step}"
+            )
         if names and self.ctx.rank == 0:
             avg = self.ctx.config.optimizations.average_training_metrics
             logged = {n: values[HEAD + i] / ws if avg else float(local[n]) for i, n in enumerate(names)}
@@ -324,9 +350,16 @@ class StepLoop:
         ctx.gns_state.update(small, big, b_small, b_big)
         ctx.gns = ctx.gns_state.b_simple
         if ctx.rank == 0 and ctx.gns is not None:
-            self._gns_record = (step, {"b_simple": ctx.gns, "g2": ctx.gns_state.g2,
-                                       "trace_sigma": ctx.gns_state.trace_sigma,
-                                       "b_small": float(b_small), "b_big": float(b_big)})
+            self._gns_record = (
+                step,
+                {
+                    "b_simple": ctx.gns,
+                    "g2": ctx.gns_state.g2,
+                    "trace_sigma": ctx.gns_state.trace_sigma,
+                    "b_small": float(b_small),
+                    "b_big": float(b_big),
+                },
+            )
             self._publish_gns()
 
     def _publish_gns(self, force: bool = False) -> None:
@@ -350,7 +383,9 @@ class StepLoop:
         self.ctx.forget_dropped()  # a checkpoint holds the live models only
         path = checkpoint.save(self.ctx, self.state())
         if path is not None:
-            self.ctx.publisher.record("event", self.step, {}, event="checkpoint", message=f"checkpoint {path}")
+            self.ctx.publisher.record(
+                "event", self.step, {}, event="checkpoint", message=f"checkpoint {path}"
+            )
 
     def _load_resume(self) -> dict[str, Any] | None:
         self.ctx.forget_dropped()
@@ -418,7 +453,9 @@ def log_scalars(ctx: Any, scalars: dict[str, Any]) -> None:
         ctx.loop.add_log(scalars)
         return
     names = sorted(scalars)
-    vec = torch.stack([torch.as_tensor(scalars[n]).detach().to(ctx.device, torch.float64).reshape(()) for n in names])
+    vec = torch.stack(
+        [torch.as_tensor(scalars[n]).detach().to(ctx.device, torch.float64).reshape(()) for n in names]
+    )
     if ctx.config.optimizations.average_training_metrics and ctx.world_size > 1:
         dist.all_reduce(vec)
         vec /= ctx.world_size
