@@ -52,8 +52,6 @@ __all__ = [
     "global_throughput",
     "gns_figure",
     "gpu_figure",
-    "latest_by_rank",
-    "metric_names",
     "metrics_figure",
     "no_data_note",
     "row_kind",
@@ -132,15 +130,6 @@ def row_kind(row: Mapping[str, Any]) -> str:
     return "gpu" if row.get("name") in GPU_NAMES else "perf"
 
 
-def metric_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Return the aggregated metric names in first-seen order, noise-scale names excluded."""
-    seen: dict[str, None] = {}
-    for r in rows:
-        if r["rank"] is None and r["name"] not in GNS_NAMES:
-            seen.setdefault(r["name"], None)
-    return list(seen)
-
-
 def global_throughput(rows: Iterable[Mapping[str, Any]]) -> tuple[list[int], list[float]]:
     """Return (steps, global samples/s): the sum over ranks of ``samples_per_s`` at each step.
 
@@ -150,15 +139,6 @@ def global_throughput(rows: Iterable[Mapping[str, Any]]) -> tuple[list[int], lis
     """
     trace = ThroughputSeries().add(rows).global_trace()
     return (list(trace[0]), list(trace[1])) if trace else ([], [])
-
-
-def latest_by_rank(rows: Iterable[Mapping[str, Any]], name: str) -> dict[int, float]:
-    """Return {rank: value at the rank's highest step} for the per-rank metric ``name``."""
-    ranks: dict[int, _RankSeries] = {}
-    for r in rows:
-        if r["rank"] is not None and r["name"] == name:
-            ranks.setdefault(r["rank"], _RankSeries()).set(r["step"], r["value"])
-    return {rank: series.latest() for rank, series in sorted(ranks.items())}
 
 
 # -- incremental series --------------------------------------------------------------------------

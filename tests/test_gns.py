@@ -33,10 +33,12 @@ def _truth() -> float:
     return float(trace_sigma / G.pow(2).sum())
 
 
-def test_b_simple_of_a_real_ddp_run_is_within_5_percent_of_the_truth(cluster) -> None:
+def _fixed_parameter_run(cluster, every: int) -> tuple[list[float], float, list[dict]]:
+    """Train 1500 steps with the parameters held fixed and gns.every = ``every``; return the
+    ranks' estimates, rank 0's per-sample EMA decay and the stored B_simple rows."""
     cluster.configure(
         {"global_batch_size": 32, "lr": 1e-12, "optimizer": {"type": "sgd", "momentum": 0.0},
-         "gns": {"enabled": True, "ema_decay": 0.998, "every": 1}}
+         "gns": {"enabled": True, "ema_decay": 0.998, "every": every}}
     )
     cluster.run(
         DATA
@@ -45,15 +47,19 @@ model = ctx.wrap(net)
 opt = torch.optim.SGD(model.parameters(), lr=0.0)  # parameters held fixed
 for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=1500):
     ctx.backward(F.mse_loss(model(x), y)); ctx.step(opt)
-estimate = ctx.gns
+estimate, decay = ctx.gns, ctx.gns_state.ema_decay
 """,
         quiet=True,
     )
-    estimates = cluster.pull("estimate")
+    rows = cluster.session.store.metrics(cluster.session.run_id, "b_simple")
+    return cluster.pull("estimate"), cluster.pull("decay")[0], rows
+
+
+def test_b_simple_of_a_real_ddp_run_is_within_5_percent_of_the_truth(cluster) -> None:
+    estimates, _, rows = _fixed_parameter_run(cluster, every=1)
     truth = _truth()
     assert estimates[0] == estimates[1]
     assert estimates[0] == pytest.approx(truth, rel=0.05), (estimates[0], truth)
-    rows = cluster.session.store.metrics(cluster.session.run_id, "b_simple")
     # the estimate goes to the store at most every 0.1 s, and the loop's last one always
     assert len(rows) >= 2 and rows[-1]["value"] == pytest.approx(estimates[0])
     assert rows[-1]["step"] == 1499 and [r["step"] for r in rows] == sorted({r["step"] for r in rows})
@@ -76,25 +82,9 @@ params = [p.detach().clone() for p in model.module.parameters()]
 def test_gns_every_nth_step_samples_those_steps_and_keeps_the_span(cluster) -> None:
     """gns.every: 4 measures steps 0, 4, 8, ...; with decay^4 per sample the estimate of a
     fixed-parameter run stays close to the truth (looser: a quarter of the samples)."""
-    cluster.configure(
-        {"global_batch_size": 32, "lr": 1e-12, "optimizer": {"type": "sgd", "momentum": 0.0},
-         "gns": {"enabled": True, "ema_decay": 0.998, "every": 4}}
-    )
-    cluster.run(
-        DATA
-        + """
-model = ctx.wrap(net)
-opt = torch.optim.SGD(model.parameters(), lr=0.0)
-for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=1500):
-    ctx.backward(F.mse_loss(model(x), y)); ctx.step(opt)
-estimate, decay = ctx.gns, ctx.gns_state.ema_decay
-""",
-        quiet=True,
-    )
-    estimate, decay = cluster.pull("estimate")[0], cluster.pull("decay")[0]
+    estimates, decay, rows = _fixed_parameter_run(cluster, every=4)
     assert decay == pytest.approx(0.998**4)
-    assert estimate == pytest.approx(_truth(), rel=0.10), (estimate, _truth())
-    rows = cluster.session.store.metrics(cluster.session.run_id, "b_simple")
+    assert estimates[0] == pytest.approx(_truth(), rel=0.10), (estimates[0], _truth())
     assert rows and all(r["step"] % 4 == 0 for r in rows) and rows[-1]["step"] == 1496
 
 
