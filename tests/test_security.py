@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
-import pytest_jupyter.jupyter_server as _jp_server
+from jupyter_server_fixtures import server_fixtures
 from tornado.httpclient import HTTPClientError
 
 from dtwork import registry
@@ -94,45 +94,8 @@ def test_message_signing_is_on(cluster: Any) -> None:
 
 # -- the /dtwork/ routes --------------------------------------------------------------------
 
-# pytest-jupyter's fixtures, made this module's own (its plugin is not registered for the suite).
-globals().update(
-    {
-        name: getattr(_jp_server, name)
-        for name in (
-            "echo_kernel_spec",
-            "http_server",
-            "http_server_client",
-            "http_server_port",
-            "io_loop",
-            "jp_argv",
-            "jp_auth_header",
-            "jp_base_url",
-            "jp_config_dir",
-            "jp_configurable_serverapp",
-            "jp_data_dir",
-            "jp_env_config_path",
-            "jp_env_jupyter_path",
-            "jp_environ",
-            "jp_extension_environ",
-            "jp_fetch",
-            "jp_home_dir",
-            "jp_http_port",
-            "jp_kernel_dir",
-            "jp_logging_stream",
-            "jp_nbconvert_templates",
-            "jp_root_dir",
-            "jp_runtime_dir",
-            "jp_serverapp",
-            "jp_system_config_path",
-            "jp_system_jupyter_path",
-            "jp_template_dir",
-            "jp_web_app",
-        )
-    }
-)
-# Its two autouse fixtures, made plain so that only the server test uses them (not the cluster tests).
-jp_asyncio_loop = pytest.fixture(_jp_server.jp_asyncio_loop.__wrapped__)
-jp_server_cleanup = pytest.fixture(_jp_server.jp_server_cleanup.__wrapped__)
+# pytest-jupyter's fixtures; its two autouse ones made plain, so that only the server tests use them.
+globals().update(server_fixtures(autouse=False))
 
 SECRET = "s3cr3t-7f1c2a9e-do-not-leak"
 

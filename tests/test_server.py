@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
-import pytest_jupyter.jupyter_server as _pytest_jupyter
+from jupyter_server_fixtures import server_fixtures
 from tornado.httpclient import HTTPClientError, HTTPResponse
 from tornado.routing import PathMatches, Rule
 
@@ -26,42 +26,8 @@ from dtwork import registry, telemetry
 from dtwork.errors import DtworkError
 from dtwork.store import RunStore
 
-# pytest-jupyter's fixtures, made this module's own so that they (and their autouse parts: a
-# fresh event loop and a ServerApp clean-up around every test) apply here only; registering the
-# plugin with `pytest_plugins` would impose them, and its async-test hooks, on the whole suite.
-_JP_FIXTURES = (
-    "echo_kernel_spec",
-    "http_server",
-    "http_server_client",
-    "http_server_port",
-    "io_loop",
-    "jp_argv",
-    "jp_asyncio_loop",
-    "jp_auth_header",
-    "jp_base_url",
-    "jp_config_dir",
-    "jp_configurable_serverapp",
-    "jp_data_dir",
-    "jp_env_config_path",
-    "jp_env_jupyter_path",
-    "jp_environ",
-    "jp_extension_environ",
-    "jp_fetch",
-    "jp_home_dir",
-    "jp_http_port",
-    "jp_kernel_dir",
-    "jp_logging_stream",
-    "jp_nbconvert_templates",
-    "jp_root_dir",
-    "jp_runtime_dir",
-    "jp_server_cleanup",
-    "jp_serverapp",
-    "jp_system_config_path",
-    "jp_system_jupyter_path",
-    "jp_template_dir",
-    "jp_web_app",
-)
-globals().update({name: getattr(_pytest_jupyter, name) for name in _JP_FIXTURES})
+# pytest-jupyter's fixtures, with its autouse ones (a fresh event loop, a ServerApp clean-up).
+globals().update(server_fixtures())
 
 
 def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
