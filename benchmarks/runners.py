@@ -21,6 +21,7 @@ The launchers also collect cold-start samples (seconds from the launch to a read
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import subprocess
@@ -40,10 +41,32 @@ class RunnerError(RuntimeError):
     pass
 
 
+class CellRunner(abc.ABC):
+    """What the in-process runners share: cells run on both engines, values pulled back by name."""
+
+    @abc.abstractmethod
+    def run(self, source: str) -> Any: ...
+
+    @abc.abstractmethod
+    def pull(self, name: str) -> list[Any]: ...
+
+    def setup(self, kinds: tuple[str, ...] = KINDS) -> None:
+        self.run(W.setup_cell(kinds))
+
+    def throughput(self, kind: str, warmup: int, steps: int, threads: str = "pinned") -> float:
+        self.run(W.timed_cell(kind, warmup, steps, threads))
+        return min(self.pull("_sps"))
+
+    def iterate(self, kind: str) -> float:
+        t0 = time.perf_counter()
+        self.run(W.changed_cell(kind))
+        return time.perf_counter() - t0
+
+
 # -- dtwork ------------------------------------------------------------------------------------------
 
 
-class DtworkRunner:
+class DtworkRunner(CellRunner):
     name = "dtwork"
 
     def __init__(self) -> None:
@@ -66,18 +89,6 @@ class DtworkRunner:
 
     def pull(self, name: str) -> list[Any]:
         return self.cluster.pull(name)
-
-    def setup(self, kinds: tuple[str, ...] = KINDS) -> None:
-        self.run(W.setup_cell(kinds))
-
-    def throughput(self, kind: str, warmup: int, steps: int, threads: str = "pinned") -> float:
-        self.run(W.timed_cell(kind, warmup, steps, threads))
-        return min(self.pull("_sps"))
-
-    def iterate(self, kind: str) -> float:
-        t0 = time.perf_counter()
-        self.run(W.changed_cell(kind))
-        return time.perf_counter() - t0
 
     def iterate_steps(self) -> float:
         """The changed cell in dtwork's idiom (ctx.steps, ctx.log): needs ``LATENCY_STEPS_SETUP`` first."""
@@ -108,7 +119,7 @@ dist.barrier()
 """
 
 
-class RawIpyparallelRunner:
+class RawIpyparallelRunner(CellRunner):
     """``ipyparallel.Cluster(n=2).start_and_connect_sync()``; cells via ``view.execute(block=True)``."""
 
     name = "raw_ipyparallel"
@@ -147,18 +158,6 @@ class RawIpyparallelRunner:
 
     def pull(self, name: str) -> list[Any]:
         return list(self.view.pull(name, block=True))
-
-    def setup(self, kinds: tuple[str, ...] = KINDS) -> None:
-        self.run(W.setup_cell(kinds))
-
-    def throughput(self, kind: str, warmup: int, steps: int, threads: str = "pinned") -> float:
-        self.run(W.timed_cell(kind, warmup, steps, threads))
-        return min(self.pull("_sps"))
-
-    def iterate(self, kind: str) -> float:
-        t0 = time.perf_counter()
-        self.run(W.changed_cell(kind))
-        return time.perf_counter() - t0
 
     def round_trip(self) -> float:
         t0 = time.perf_counter()
