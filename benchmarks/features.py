@@ -15,8 +15,10 @@ from one repetition to the next); the ratio is taken within each pair, then the 
   all-reduce) against a plain hand-written loop over the same wrapped model, without ``ctx.log``.
 
 Steps/s are timed inside one loop (from the step after the warmup to the end, between barriers):
-the steady state. What ``ctx.steps`` costs once per loop, before its first batch, is recorded
-apart (``loop_start_s``). Beside wall-clock steps/s, each arm records the CPU seconds it spends per
+the steady state. The warmup (about 0.3 s) also covers what the kernel does once per cell while
+the ranks train (with the live dashboard: building its widgets, about 20 ms of CPU, and the
+first draw); what ``ctx.steps`` costs once per loop, before its first batch, is recorded apart
+(``loop_start_s``). Beside wall-clock steps/s, each arm records the CPU seconds it spends per
 step (every rank's engine process and the kernel process, over the timed steps): on a
 machine whose cores the ranks fill, ``cpu_ratio`` = CPU per step off ÷ on estimates the same
 throughput ratio while being far less sensitive to other work on the machine.
@@ -38,13 +40,14 @@ SETUP = """
 _fb = {_k: make_batches(_k, ctx.rank) for _k in KINDS}
 
 
-def feature_loop(kind, gns, warmup, steps, log=True, hand=False):
+def feature_loop(kind, gns, warmup, steps, log=True, hand=False, stamps=False):
     \"\"\"Steps/s of ``steps`` steps after ``warmup`` steps, timed inside one training loop.
 
     The model is built and wrapped afresh (same initial weights every time) and dropped at the
     end, so that the loop's bookkeeping sees only the model being trained. Also returns the
     seconds from calling ``ctx.steps`` to its first batch, how many models ctx holds, this
-    engine process's CPU seconds per timed step, and the timed window's wall-clock bounds.
+    engine process's CPU seconds per timed step, the timed window's wall-clock bounds and
+    (``stamps``) the perf_counter time at the end of every timed step.
     \"\"\"
     model = ctx.wrap(make_model(kind), gns=gns)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -60,6 +63,7 @@ def feature_loop(kind, gns, warmup, steps, log=True, hand=False):
     t0 = c0 = None
     t_call = time.perf_counter()
     t_first = None
+    ts = [] if stamps else None
     for step, (x, y) in ctx.steps(batches, max_steps=warmup + steps):
         if t_first is None:
             t_first = time.perf_counter() - t_call
@@ -71,9 +75,11 @@ def feature_loop(kind, gns, warmup, steps, log=True, hand=False):
         ctx.step(opt)
         if log:
             ctx.log(loss=loss)
+        if ts is not None and t0 is not None:
+            ts.append(time.perf_counter())
     dist.barrier()
     return (steps / (time.perf_counter() - t0), t_first, len(ctx.models), (time.process_time() - c0) / steps,
-            time.time() - (time.perf_counter() - t0), time.time())
+            time.time() - (time.perf_counter() - t0), time.time(), ts and [t - t0 for t in ts])
 """
 
 # name -> (description, on arm, off arm); an arm: (cell keyword arguments, run options)

@@ -8,8 +8,10 @@ the machine hits them all alike; ratios are taken between neighbours and medians
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,8 +80,10 @@ class Plan:
     throughput_share: float = 0.45  # steps/s repetitions stop being added past this share of the budget
     reserve_s: float = 45.0  # kept for stopping the clusters and writing the results
     feature_steps: dict[str, int] = field(default_factory=lambda: {"mlp": 250, "convnet": 50})
-    feature_warmup: dict[str, int] = field(default_factory=lambda: {"mlp": 3, "convnet": 2})
-    long_cell_steps: int = 2400  # one long MLP cell with the live dashboard: does its kernel CPU grow?
+    # about 0.3 s: covers what a cell costs once in the kernel (the live dashboard's widgets, its first draw)
+    feature_warmup: dict[str, int] = field(default_factory=lambda: {"mlp": 30, "convnet": 8})
+    # one long MLP cell with the live dashboard: does its kernel CPU grow? How much do its windows scatter?
+    long_cell_steps: int = 4000
 
     @classmethod
     def smoke_plan(cls) -> Plan:
@@ -250,6 +254,28 @@ def coldstart_summary(samples: dict[str, list[dict[str, Any]]], errors: list[str
         "ctx.steps + ctx.log with the live dashboard and run store; raw: the hand loop)."
     )
     return {"cold_start": cold, "memory": memory}
+
+
+def same_arm_scatter(stamps: list[float], window: int) -> dict[str, Any]:
+    """How much two windows of the *same* arm differ: the machine's resolution for on/off pairs.
+
+    ``stamps``: seconds since the first timed step's start at the end of every step of one long
+    cell (all ranks step together). Cut into windows of ``window`` steps, as long as one arm of the
+    feature pairs; the ratios of adjacent windows are what a pair measures when on and off cost
+    the same.
+    """
+    ends = [0.0] + list(stamps)
+    rates = [window / (ends[(i + 1) * window] - ends[i * window]) for i in range(len(stamps) // window)]
+    ratios = [a / b for a, b in zip(rates, rates[1:], strict=False)]
+    sd = statistics.stdev(ratios) if len(ratios) > 1 else None
+    return {
+        "window_steps": window,
+        "window_steps_per_s": rates,
+        "adjacent_ratios": ratios,
+        "ratio_sd": sd,
+        # pairs whose mean ratio has a 95% interval of +-1%, at this scatter
+        "pairs_for_1pct": None if sd is None else math.ceil((1.96 * sd / 0.01) ** 2),
+    }
 
 
 def _mean(xs: list[float | None]) -> float | None:
@@ -517,7 +543,9 @@ class Suite:
         n = self.plan.long_cell_steps
         _log(f"one long cell with the live dashboard ({n} MLP steps)")
         with KernelCpu(0.05) as k:
-            self.dt.run(f"_res = feature_loop('mlp', warmup=3, steps={n}, log=True, gns=False)\n", quiet=False, live=True)
+            self.dt.run(f"_res = feature_loop('mlp', warmup={self.plan.feature_warmup['mlp']}, steps={n}, log=True, "
+                        "gns=False, stamps=True)\n",
+                        quiet=False, live=True)
         res = self.dt.pull("_res")
         t0, t1 = min(x[4] for x in res), max(x[5] for x in res)
         quarters = [k.between(t0 + (t1 - t0) * i / 4, t0 + (t1 - t0) * (i + 1) / 4) / ((t1 - t0) / 4) for i in range(4)]
@@ -528,6 +556,7 @@ class Suite:
             "kernel_cpu_share_by_quarter": quarters,
             "note": "CPU seconds the kernel process spends per wall second (1.0 = one core) in each quarter of the "
             "timed steps of one long %%dtrain cell (ctx.steps + ctx.log, live dashboard on)",
+            "same_arm": same_arm_scatter(res[0][6], self.plan.feature_steps["mlp"]),
         }
 
     def feature_overheads(self) -> dict[str, Any]:

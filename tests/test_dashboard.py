@@ -91,7 +91,7 @@ def test_throughput_trace_is_the_sum_over_ranks(dash: Dashboard) -> None:
 
 
 def test_progress_sets_bars_value_max_and_label() -> None:
-    dash = Dashboard(3, [0, 1], min_interval=0.0, trailing=False)
+    dash = Dashboard(3, [0, 1], min_interval=0.0, draw_share=None, trailing=False)
     dash.feed([perf(4, 0, 250.0, step_time=0.5), perf(4, 1, 240.0, step_time=0.5)])
     dash.progress({0: {"rank": 0, "time": 100.0, "step": 10, "total": 100, "phase": "train", "epoch": 0}})
     dash.progress({0: {"rank": 0, "time": 110.0, "step": 20, "total": 100, "phase": "train", "epoch": 0}})
@@ -106,7 +106,7 @@ def test_progress_sets_bars_value_max_and_label() -> None:
 
 
 def test_progress_eta_falls_back_to_step_times() -> None:
-    dash = Dashboard(3, [0], min_interval=0.0, trailing=False)
+    dash = Dashboard(3, [0], min_interval=0.0, draw_share=None, trailing=False)
     dash.feed([perf(s, 0, 100.0, step_time=2.0) for s in range(3)])
     dash.progress({0: {"rank": 0, "time": 5.0, "step": 3, "total": 10}})
     assert dash._bars[0].description.endswith("ETA 14 s")
@@ -124,10 +124,32 @@ def test_feeding_twice_within_the_interval_redraws_once_unless_flushed() -> None
     dash.flush()
     assert dash.redraws == 2
     assert list(trace(dash.figures["metrics"], "loss").x) == [0, 1]
-    clock.now += 0.5
+    clock.now += 1.0
     dash.feed([log(2, loss=0.25)])
     assert dash.redraws == 3
     dash.close()
+
+
+def test_costly_redraws_come_less_often() -> None:
+    """The interval stretches to a redraw's CPU time over ``draw_share`` of a core, and not below
+    ``min_interval``."""
+    clock = FakeClock()
+    cheap = Dashboard(1, [0], clock=clock, trailing=False, min_interval=0.1, draw_share=None)
+    costly = Dashboard(1, [0], clock=clock, trailing=False, min_interval=0.1, draw_share=1e-9)
+    for dash in (cheap, costly):
+        dash.feed([log(0, loss=1.0)])
+    assert cheap.interval == 0.1 and costly.interval > 1000  # any redraw costs more than 1 us
+    clock.now += 0.2
+    for dash in (cheap, costly):
+        dash.feed([log(1, loss=0.5)])
+    assert (cheap.redraws, costly.redraws) == (2, 1)
+    costly.flush()  # a flush still draws now
+    assert list(trace(costly.figures["metrics"], "loss").x) == [0, 1]
+    generous = Dashboard(1, [0], clock=clock, trailing=False, min_interval=0.1, draw_share=1.0)
+    generous.feed([log(0, loss=1.0)])
+    assert generous.interval == 0.1  # a redraw's CPU time is well under 0.1 s
+    for dash in (cheap, costly, generous):
+        dash.close()
 
 
 def test_records_fed_inside_the_interval_are_drawn_by_the_trailing_redraw() -> None:
@@ -296,7 +318,7 @@ def test_gpu_memory_traces_sit_on_the_right_hand_plot(dash: Dashboard) -> None:
 def test_a_long_cell_draws_at_most_max_points_per_trace() -> None:
     from dtwork.widgets.dashboard import MAX_POINTS
 
-    dash = Dashboard(1, [0], min_interval=0.0, trailing=False)
+    dash = Dashboard(1, [0], min_interval=0.0, draw_share=None, trailing=False)
     dash.feed([log(s, loss=float(s)) for s in range(5 * MAX_POINTS)])
     dash.flush()
     loss = trace(dash.figures["metrics"], "loss")

@@ -3,11 +3,13 @@
 The collector hands it the records it has just persisted (``feed``, possibly from its polling
 thread) and the ranks' progress (``progress``). Each figure is drawn from a
 :class:`dtwork.plots.Series` (the same code the reports draw with) that takes the records as
-they come. The view is redrawn at most every ``min_interval`` seconds (0.5 s: twice a second
-while records flow) and once more shortly after a burst ends, so nothing stays undrawn. A
-redraw sends only the figures that changed, as numpy arrays of at most ``MAX_POINTS`` points
-per trace: its cost is bounded by the points on screen, not by the length of the run, and the
-kernel's CPU stays with the ranks.
+they come. The view is redrawn at most once a second while records flow (``min_interval``), and
+once more shortly after a burst ends, so nothing stays undrawn. A redraw sends only the figures
+that changed, as numpy arrays of at most ``MAX_POINTS`` points per trace: its cost is bounded by
+the points on screen, not by the length of the run. Drawing is budgeted: when a redraw costs
+more than ``draw_share`` of a core over the interval (many ranks, many metrics), the next one
+waits longer, so that the kernel's CPU stays with the ranks (which share its cores on a CPU
+machine, and wait for each other at every step).
 
 The figures are plotly ``FigureWidget``s. Plotly >= 6 needs the ``anywidget`` package for
 those; without it each figure is a plain ``go.Figure`` re-rendered into an ``Output`` widget,
@@ -33,7 +35,8 @@ from dtwork import plots
 __all__ = ["Dashboard", "FigurePanel", "format_duration"]
 
 Row = dict[str, Any]
-MIN_INTERVAL = 0.5  # seconds between redraws while records flow
+MIN_INTERVAL = 1.0  # seconds between redraws while records flow
+DRAW_SHARE = 0.01  # of a core, at most, spent redrawing (the interval grows with a redraw's cost)
 MAX_POINTS = 1000  # per trace on screen (a plot is ~800 px wide): redraws stay cheap however long the run
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
 BASE_FIGURES = ("metrics", "throughput", "step_time")
@@ -143,13 +146,16 @@ class Dashboard(widgets.VBox):
         title: str = "dtwork",
         global_batch: int | None = None,
         min_interval: float = MIN_INTERVAL,
+        draw_share: float | None = DRAW_SHARE,
         trailing: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Build an empty dashboard for ``ranks`` of run ``run_id``.
 
-        ``min_interval`` is the least time between two throttled redraws; with ``trailing``
-        records fed inside that interval are drawn when it ends. ``clock`` is for tests.
+        ``min_interval`` is the least time between two throttled redraws; ``draw_share`` (None:
+        no budget) stretches it to the last redraw's CPU time divided by that share of a core.
+        With ``trailing`` records fed inside the interval are drawn when it ends. ``clock`` is
+        for tests.
         """
         super().__init__()
         self.run_id = run_id
@@ -157,6 +163,8 @@ class Dashboard(widgets.VBox):
         self.title = title
         self.global_batch = global_batch
         self.min_interval = min_interval
+        self.draw_share = draw_share
+        self.interval = min_interval  # the current one: min_interval, or longer when redraws cost more
         self.trailing = trailing
         self.redraws = 0
         self.status = "running"
@@ -276,7 +284,7 @@ class Dashboard(widgets.VBox):
     # -- throttling --------------------------------------------------------------------------
 
     def _due(self) -> bool:
-        return self._clock() - self._last_draw >= self.min_interval
+        return self._clock() - self._last_draw >= self.interval
 
     def _maybe_redraw(self) -> None:
         """Redraw when due and no other thread is drawing; otherwise leave it to the timer."""
@@ -296,8 +304,8 @@ class Dashboard(widgets.VBox):
         with self._lock:
             if self._timer is not None or self.status != "running":
                 return
-            wait = self.min_interval - (self._clock() - self._last_draw)
-            self._timer = threading.Timer(min(max(wait, 0.01), self.min_interval), self._on_timer)
+            wait = self.interval - (self._clock() - self._last_draw)
+            self._timer = threading.Timer(min(max(wait, 0.01), self.interval), self._on_timer)
             self._timer.daemon = True
             self._timer.start()
 
@@ -333,6 +341,7 @@ class Dashboard(widgets.VBox):
 
     def _draw(self) -> None:
         """Redraw the changed figures, the bars and the header (caller holds the draw lock)."""
+        cpu = time.thread_time()
         snap = self._snapshot()
         added = False
         for key, (version, traces) in snap["figures"].items():
@@ -350,6 +359,8 @@ class Dashboard(widgets.VBox):
         self._header.value = self._header_html(snap["progress"], snap["etas"], snap["total"])
         self.redraws += 1
         self._last_draw = self._clock()
+        if self.draw_share:
+            self.interval = max(self.min_interval, (time.thread_time() - cpu) / self.draw_share)
 
     def _seconds_per_step(self, rank: int, info: Mapping[str, Any]) -> float | None:
         """Return the rank's seconds per step: from its progress so far, else its recent step times."""
