@@ -170,6 +170,35 @@ for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=12):
     assert cells[-1]["status"] == "ok" and "ctx.steps" in cells[-1]["source"]
 
 
+def test_fast_steps_share_a_sync_and_still_stop_together_with_every_row(cluster) -> None:
+    """Steps far faster than SYNC_SECONDS: one all-reduce carries many steps; a stop asked on
+    rank 1 alone, between two syncs, still ends both ranks at the same step, and every step
+    keeps its own averaged row."""
+    cluster.configure({"global_batch_size": 16})
+    cluster.run(
+        LINEAR
+        + """
+from dtwork.runtime import control
+model = ctx.wrap(net); opt = ctx.optimizer(model.parameters())
+last, most = -1, 1
+for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=100000, max_epochs=1000):
+    loss = F.mse_loss(model(x), y); ctx.backward(loss); ctx.step(opt)
+    ctx.log(sync_value=ctx.rank + step)
+    if ctx.rank == 1 and step == 150:
+        control.request()
+    last, most = step, max(most, ctx.loop.sync_every)
+""",
+        quiet=True,
+    )
+    last, most = cluster.pull("last"), cluster.pull("most")
+    assert last[0] == last[1], f"ranks stopped at different steps: {last}"
+    assert 150 < last[0] < 150 + 2 * 64 + 2  # within two syncs of the request
+    assert most[0] == most[1] > 1  # batched, and the same on both ranks
+    rows = cluster.session.store.metrics(cluster.session.run_id, "sync_value")
+    assert [r["step"] for r in rows] == list(range(last[0] + 1))
+    assert [r["value"] for r in rows] == [s + 0.5 for s in range(last[0] + 1)]  # (s + s + 1) / 2
+
+
 def test_background_cell_and_wait(cluster) -> None:
     cluster.configure(None)
     result = cluster.run("import time\nfor i in range(5):\n    time.sleep(0.2)\ndone = ctx.rank", bg=True, quiet=True)

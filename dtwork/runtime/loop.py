@@ -3,10 +3,14 @@
 Per micro-batch it moves the batch to the device, toggles DDP's gradient sync for
 ``aggregation_frequency`` (only the last micro-batch of a step exchanges gradients, as
 ``no_sync`` does), enters autocast for mixed precision, and times data loading. Per step
-it publishes throughput, checkpoints when due, and runs ONE small asynchronous all-reduce
-carrying [stop flag, local |g|^2 for the GNS, logged scalars]: its result is read one step
-later, so it overlaps compute, and every rank takes the same decision at the same step
-(a consistent stop).
+it publishes throughput and checkpoints when due. The ranks agree on what each step leaves
+behind ([stop flag, local |g|^2 for the GNS, logged scalars]) through ONE small asynchronous
+all-reduce that carries the steps since the last one: launched every ``sync_every`` steps,
+read one step later (so it overlaps compute), and every rank takes the same decision at the
+same step (a consistent stop). ``sync_every`` follows the step time, the same on every rank
+(it comes from the reduced values): every step when steps are slower than ``SYNC_SECONDS``,
+fewer all-reduces for fast steps, whose latency (~0.7 ms with gloo on a small machine) would
+otherwise cost a large share of each step.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from dtwork.runtime.ddp import measure_state
 
 MAX_LOGGED = 32
 PERF_SECONDS = 0.1
-HEAD = 4  # values before the logged metrics in the per-step all-reduce (see _launch_sync)
+HEAD = 4  # values of each step before its logged metrics in the sync all-reduce (see _end_step)
+SYNC_SECONDS = 0.1  # the ranks agree about this often (stop, metrics, GNS), or every step when slower
+MAX_SYNC_EVERY = 64
 GPU_SECONDS = 1.0
 
 
@@ -60,7 +66,11 @@ class StepLoop:
         self.stepped = False
         self.stopped_early = False
         self._logs: dict[str, list[torch.Tensor]] = {}
-        self._pending: tuple[Any, torch.Tensor, list[str], dict[str, Any], float | None, int] | None = None
+        # steps not yet sent: (step, head values, {logged name: local mean}); the sync in flight
+        self._unsynced: list[tuple[int, list[float], dict[str, torch.Tensor]]] = []
+        self._pending: tuple[Any, torch.Tensor, list[tuple[int, list[float], dict[str, torch.Tensor]]]] | None = None
+        self.sync_every = 1  # steps per sync all-reduce; the same on every rank
+        self._last_sync = 0.0
         self._samples = 0
         self._gns_micro: list[float] = []
         self._gns_big: float | None = None
@@ -90,6 +100,7 @@ class StepLoop:
             yield from self._epochs(resume_state)
         finally:
             self._drain_pending()
+            self._publish_unsynced()
             self._publish_gns(force=True)
             control.exit_loop()
             ctx.loop = None
@@ -126,6 +137,8 @@ class StepLoop:
                 t_wait = time.perf_counter()
             self.epoch += 1
             if self.max_epochs is not None and self.epoch >= self.max_epochs:
+                if self._unsynced:  # every rank ends its last epoch at the same step
+                    self._launch_sync()
                 return
 
     def _one(self, batch: Any, data_time: float) -> Iterator[tuple[int, Any]]:
@@ -225,7 +238,7 @@ class StepLoop:
 
     def _local_norms(self, scale: float) -> tuple[float, float] | None:
         """(local |G_small|^2, this rank's share of |G_big|^2) of this step, unscaled; None when not
-        measured. The shares add up to |G_big|^2 in the per-step all-reduce (at world size 1
+        measured. The shares add up to |G_big|^2 in the sync all-reduce (at world size 1
         with accumulation the share is all of it)."""
         if self.ctx.gns_state is None:
             return None
@@ -260,7 +273,10 @@ class StepLoop:
                 comm += s.exposed_comm()
                 s.reset()
         self._perf_tick(comm)
-        self._launch_sync(norms)
+        self._drain_pending()  # launched a step ago or more; may stop the loop at this step
+        self._record_step(norms)
+        if len(self._unsynced) >= self.sync_every or self._done():
+            self._launch_sync()
         self._arm_gns()
         if self.every and (self.step % self.every == 0 or self.stopped_early):
             self.save_checkpoint()
@@ -305,44 +321,75 @@ class StepLoop:
             t = torch.as_tensor(value).detach().to(self.ctx.device, torch.float64).reshape(())
             self._logs.setdefault(name, []).append(t)
 
-    def _launch_sync(self, norms: tuple[float, float] | None) -> None:
-        ctx = self.ctx
+    def _record_step(self, norms: tuple[float, float] | None) -> None:
+        """Keep what this step leaves for the next sync: stop flag, GNS norms, logged means."""
         names = sorted(self._logs)[:MAX_LOGGED]
         local = {n: torch.stack(self._logs[n]).mean() for n in names}
         self._logs = {}
-        # [stop requested, local |G_small|^2, ranks that measured, share of |G_big|^2, logs...]
         small, big_share = norms if norms else (0.0, 0.0)
-        head = torch.tensor(
-            [1.0 if control.requested() else 0.0, small, 1.0 if norms else 0.0, big_share],
-            dtype=torch.float64,
-            device=ctx.device,
-        )
-        vec = torch.cat([head, torch.stack(list(local.values()))]) if local else head
+        # [stop requested, local |G_small|^2, ranks that measured, share of |G_big|^2]; logs follow
+        head = [1.0 if control.requested() else 0.0, small, 1.0 if norms else 0.0, big_share]
+        self._unsynced.append((self.step - 1, head, local))
+
+    def _launch_sync(self) -> None:
+        """All-reduce the unsent steps (one vector: this rank's seconds per step, then each step's
+        head and logs); read at the next step's end. Every rank calls it at the same steps."""
+        ctx = self.ctx
+        now = time.perf_counter()
+        entries, self._unsynced = self._unsynced, []
+        per_step = (now - self._last_sync) / len(entries) if self._last_sync else 0.0
+        self._last_sync = now
+        parts = [torch.tensor([per_step], dtype=torch.float64, device=ctx.device)]
+        for _, head, local in entries:
+            parts.append(torch.tensor(head, dtype=torch.float64, device=ctx.device))
+            if local:
+                parts.append(torch.stack(list(local.values())).to(torch.float64))
+        vec = torch.cat(parts)
         work = dist.all_reduce(vec, async_op=True) if ctx.world_size > 1 else None
-        self._drain_pending()
-        self._pending = (work, vec, names, local, self.step - 1)
+        self._pending = (work, vec, entries)
 
     def _drain_pending(self) -> None:
         if self._pending is None:
             return
-        work, vec, names, local, step = self._pending
+        work, vec, entries = self._pending
         self._pending = None
         if work is not None:
             work.wait()
         values = vec.tolist()
         ws = self.ctx.world_size
-        if values[0] > 0 and not self.stopped_early:
+        if values[0] > 0:  # the ranks' mean seconds per step: how many steps the next sync waits for
+            self.sync_every = max(1, min(MAX_SYNC_EVERY, int(SYNC_SECONDS / (values[0] / ws))))
+        at = 1
+        for step, _, local in entries:
+            head, logs = values[at : at + HEAD], values[at + HEAD : at + HEAD + len(local)]
+            at += HEAD + len(local)
+            self._step_synced(step, head, logs, local)
+
+    def _step_synced(self, step: int, head: list[float], logs: list[float], local: dict[str, torch.Tensor]) -> None:
+        """Act on one step's reduced values (the same on every rank)."""
+        ws = self.ctx.world_size
+        if head[0] > 0 and not self.stopped_early:
             # Every rank reads the same reduced flag at the same step: all leave together.
             self.stopped_early = True
             self.ctx.publisher.record(
                 "event", self.step, {}, event="stopped", message=f"stopped at step {self.step}"
             )
-        if names and self.ctx.rank == 0:
+        if local and self.ctx.rank == 0:
             avg = self.ctx.config.optimizations.average_training_metrics
-            logged = {n: values[HEAD + i] / ws if avg else float(local[n]) for i, n in enumerate(names)}
+            logged = {n: logs[i] / ws if avg else float(local[n]) for i, n in enumerate(local)}
             self.ctx.publisher.record("log", step, logged)
-        if values[2] == ws and self.ctx.gns_state is not None:  # every rank measured this step
-            self._gns_update(values[1] / ws, values[3], step)
+        if head[2] == ws and self.ctx.gns_state is not None:  # every rank measured this step
+            self._gns_update(head[1] / ws, head[3], step)
+
+    def _publish_unsynced(self) -> None:
+        """A loop left early on this rank (an error, a ``break``): its unsent steps cannot be
+        reduced any more (the other ranks may not call the all-reduce); rank 0 records its own
+        logged values for them, so that no row is lost."""
+        entries, self._unsynced = self._unsynced, []
+        if self.ctx.rank == 0:
+            for step, _, local in entries:
+                if local:
+                    self.ctx.publisher.record("log", step, {n: float(v) for n, v in local.items()})
 
     def _gns_update(self, small: float, big: float, step: int) -> None:
         ctx = self.ctx
