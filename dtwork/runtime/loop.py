@@ -30,7 +30,7 @@ from dtwork.runtime.ddp import measure_state
 
 MAX_LOGGED = 32
 PERF_SECONDS = 0.1
-HEAD = 4  # values of each step before its logged metrics in the sync all-reduce (see _end_step)
+HEAD = 4  # values per step before the logged metrics in the sync all-reduce (see _launch_sync)
 SYNC_SECONDS = 0.1  # the ranks agree about this often (stop, metrics, GNS), or every step when slower
 MAX_SYNC_EVERY = 64
 GPU_SECONDS = 1.0
@@ -332,19 +332,19 @@ class StepLoop:
         self._unsynced.append((self.step - 1, head, local))
 
     def _launch_sync(self) -> None:
-        """All-reduce the unsent steps (one vector: this rank's seconds per step, then each step's
-        head and logs); read at the next step's end. Every rank calls it at the same steps."""
+        """All-reduce the unsent steps in one vector: this rank's seconds per step, every step's
+        head, then every step's logs; read at the next step's end. Every rank calls it at the
+        same steps. Two tensors are built whatever the number of steps carried."""
         ctx = self.ctx
         now = time.perf_counter()
         entries, self._unsynced = self._unsynced, []
         per_step = (now - self._last_sync) / len(entries) if self._last_sync else 0.0
         self._last_sync = now
-        parts = [torch.tensor([per_step], dtype=torch.float64, device=ctx.device)]
-        for _, head, local in entries:
-            parts.append(torch.tensor(head, dtype=torch.float64, device=ctx.device))
-            if local:
-                parts.append(torch.stack(list(local.values())).to(torch.float64))
-        vec = torch.cat(parts)
+        heads = [v for _, head, _ in entries for v in head]
+        logs = [t for _, _, local in entries for t in local.values()]
+        vec = torch.tensor([per_step, *heads], dtype=torch.float64, device=ctx.device)
+        if logs:
+            vec = torch.cat([vec, torch.stack(logs).to(torch.float64)])
         work = dist.all_reduce(vec, async_op=True) if ctx.world_size > 1 else None
         self._pending = (work, vec, entries)
 
@@ -359,10 +359,10 @@ class StepLoop:
         ws = self.ctx.world_size
         if values[0] > 0:  # the ranks' mean seconds per step: how many steps the next sync waits for
             self.sync_every = max(1, min(MAX_SYNC_EVERY, int(SYNC_SECONDS / (values[0] / ws))))
-        at = 1
-        for step, _, local in entries:
-            head, logs = values[at : at + HEAD], values[at + HEAD : at + HEAD + len(local)]
-            at += HEAD + len(local)
+        at = 1 + HEAD * len(entries)  # where the logs start
+        for i, (step, _, local) in enumerate(entries):
+            head, logs = values[1 + HEAD * i : 1 + HEAD * (i + 1)], values[at : at + len(local)]
+            at += len(local)
             self._step_synced(step, head, logs, local)
 
     def _step_synced(self, step: int, head: list[float], logs: list[float], local: dict[str, torch.Tensor]) -> None:
