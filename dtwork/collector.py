@@ -663,24 +663,44 @@ def _set_auto_resume(on: bool) -> None:
     current().auto_resume = on
 
 
+def _boxed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+    """Call ``fn`` on an engine and return its value in a one-item list.
+
+    ipyparallel sorts the keys of a dict it sends back at the top level, so a dict whose keys
+    do not compare (``{0: ..., "total": ...}``) would fail to come back; inside a list it is
+    pickled as it is.
+    """
+    return [fn(*args, **kwargs)]
+
+
+def _first_error(exc: Exception) -> tuple[str, str]:
+    """(exception name, message) of the first rank's failure in an ipyparallel error."""
+    if isinstance(exc, ipp.error.CompositeError) and exc.elist:
+        return str(exc.elist[0][0]), str(exc.elist[0][1])
+    return str(getattr(exc, "ename", type(exc).__name__)), str(getattr(exc, "evalue", exc))
+
+
 def call_on_ranks(
     cluster: Any, fn: Callable[..., Any], args: Any, kwargs: Any, ranks: list[int] | None
 ) -> list[Any]:
     """Call ``fn(*args, **kwargs)`` on every rank; return the results by rank (raise on failure)."""
-    ar = cluster.view(ranks).apply_async(fn, *args, **kwargs)
+    ar = cluster.view(ranks).apply_async(_boxed, fn, *args, **kwargs)
     try:
-        return list(ar.get())
-    except ipp.error.CompositeError as exc:
-        raise RankFailure(f"{fn.__name__} failed: {exc.elist[0][0]}: {exc.elist[0][1]}") from None
-    except ipp.error.RemoteError as exc:
-        raise RankFailure(f"{fn.__name__} failed: {exc.ename}: {exc.evalue}") from None
+        return [box[0] for box in ar.get()]
+    except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
+        ename, evalue = _first_error(exc)
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise RankFailure(f"{name} failed: {ename}: {evalue}") from None
 
 
 def pull_by_rank(cluster: Any, name: str, ranks: list[int] | None) -> list[Any]:
     """Fetch ``name`` from every rank's namespace; a list by rank."""
     if not isinstance(name, str) or not name.isidentifier():
         raise DtworkError(f"pull takes a variable name, got {name!r}")
-    try:
-        return list(cluster.view(ranks).pull(name, block=True))
+    try:  # a one-name list comes back as a list per rank: see _boxed
+        return [box[0] for box in cluster.view(ranks).pull([name], block=True)]
     except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
-        raise DtworkError(f"no variable {name!r} on every rank: define it in a %%dtrain cell first") from exc
+        ename, evalue = _first_error(exc)
+        if ename == "NameError":
+            raise DtworkError(f"no variable {name!r} on every rank: define it in a %%dtrain cell first") from None
+        raise DtworkError(f"could not fetch {name!r} from the ranks: {ename}: {evalue}") from None

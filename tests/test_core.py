@@ -77,6 +77,14 @@ def test_run_push_pull_and_functions(cluster) -> None:
     assert cluster.pull("value", ranks=[1]) == [101]
     with pytest.raises(DtworkError, match="no variable 'nope' on every rank"):
         cluster.pull("nope")
+    # dicts whose keys do not sort (ipyparallel sorts a top-level dict's keys) come back whole
+    cluster.run("per_class = {0: ctx.rank, 'total': 1.5}", quiet=True)
+    assert cluster.pull("per_class") == [{0: 0, "total": 1.5}, {0: 1, "total": 1.5}]
+    assert cluster.run(lambda: {1: "a", "b": 2}) == [{1: "a", "b": 2}] * 2
+    # a variable that exists but cannot be sent says so, not "no variable"
+    cluster.run("class _NoPickle:\n    def __reduce__(self):\n        raise TypeError('not picklable')\nheld = _NoPickle()", quiet=True)
+    with pytest.raises(DtworkError, match="could not fetch 'held' from the ranks: TypeError: not picklable"):
+        cluster.pull("held")
     with pytest.raises(DtworkError, match="no rank 5: this cluster has ranks 0-1"):
         cluster.run("x = 1", ranks=[5])
 
