@@ -27,6 +27,7 @@ throughput ratio while being far less sensitive to other work on the machine.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import threading
 import time
 from typing import Any
@@ -37,6 +38,9 @@ from benchmarks import workload as W
 from benchmarks.util import bootstrap_ci, median, paired_ratios, summarize
 
 SETUP = """
+import random
+from dtwork.runtime.ddp import measure_state
+
 _fb = {_k: make_batches(_k, ctx.rank) for _k in KINDS}
 
 
@@ -80,6 +84,44 @@ def feature_loop(kind, gns, warmup, steps, log=True, hand=False, stamps=False):
     dist.barrier()
     return (steps / (time.perf_counter() - t0), t_first, len(ctx.models), (time.process_time() - c0) / steps,
             time.time() - (time.perf_counter() - t0), time.time(), ts and [t - t0 for t in ts])
+
+
+def gns_interleaved(kind, warmup, cycles, seed=0):
+    \"\"\"GNS measurement on and off in windows of 2 * gns.every steps inside ONE training loop.
+
+    The model is wrapped with ``gns=True``; at the start of every window its measuring state is
+    switched on or off (``gns`` off: the hook computes no norm and the loop sends none, as with
+    ``gns=False``). Each cycle is one on window and one off window, in an order drawn from
+    ``seed`` (the same on every rank). Windows start at multiples of ``gns.every``, so every on
+    window holds the same number of measured steps. The time of a window runs from the start of
+    its first step's body to the start of the next window's: it includes the loop's end-of-step
+    work (norms, sync) of all its steps. Returns (window seconds, window arms, steps per window).
+    \"\"\"
+    every = ctx.config.gns.every
+    window = 2 * every
+    warmup = -(-warmup // every) * every
+    model = ctx.wrap(make_model(kind), gns=True)
+    state = measure_state(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    rng = random.Random(seed)
+    on_first = [rng.random() < 0.5 for _ in range(cycles)]
+    end = warmup + 2 * cycles * window
+    tops, arms = [], []
+    for step, (x, y) in ctx.steps(_fb[kind], max_steps=end + 1):
+        if step >= warmup and (step - warmup) % window == 0:
+            w = (step - warmup) // window
+            if w == 0:
+                dist.barrier()
+            tops.append(time.perf_counter())
+            if step == end:
+                break
+            state.gns = on_first[w // 2] != bool(w % 2)
+            arms.append(state.gns)
+        loss = F.cross_entropy(model(x), y)
+        ctx.backward(loss)
+        ctx.step(opt)
+        ctx.log(loss=loss)
+    return [b - a for a, b in zip(tops, tops[1:])], arms, window
 """
 
 # name -> (description, on arm, off arm); an arm: (cell keyword arguments, run options)
@@ -159,6 +201,37 @@ class KernelCpu:
         return max(0.0, self.at(t1) - self.at(t0))
 
 
+def interleaved_summary(windows_by_rank: list[list[float]], arms: list[bool]) -> dict[str, Any]:
+    """On/off ratios from alternating windows of one loop (``gns_interleaved``).
+
+    A window's time is the mean over ranks (they step together); each cycle (one on window, one off
+    window, back to back) gives the ratio off time / on time = on throughput / off throughput.
+    """
+    if not windows_by_rank or len(arms) % 2 or any(len(w) != len(arms) for w in windows_by_rank):
+        raise ValueError("every rank must time every window, in whole on/off cycles")
+    times = [sum(ws) / len(ws) for ws in zip(*windows_by_rank, strict=True)]
+    pairs = []
+    for i in range(0, len(times), 2):
+        (a, ta), (b, tb) = (arms[i], times[i]), (arms[i + 1], times[i + 1])
+        if a == b:
+            raise ValueError(f"cycle {i // 2} has two {'on' if a else 'off'} windows")
+        on, off = (ta, tb) if a else (tb, ta)
+        pairs.append(off / on)
+    on_total = sum(t for t, a in zip(times, arms, strict=True) if a)
+    off_total = sum(t for t, a in zip(times, arms, strict=True) if not a)
+    sd = statistics.stdev(pairs) if len(pairs) > 1 else None
+    return {
+        "cycles": len(pairs),
+        "ratio": median(pairs),
+        "ci95": bootstrap_ci(pairs),
+        "ratio_of_totals": off_total / on_total if on_total > 0 else None,
+        "pair_sd": sd,
+        "window_s": median(times),
+        "seconds": sum(times),
+        "pair_ratios": pairs,
+    }
+
+
 class FeatureBench:
     def __init__(self, runner: Any, kinds: tuple[str, ...]) -> None:
         self.r = runner
@@ -195,6 +268,16 @@ class FeatureBench:
         self.cpu_kernel = kernel.between(t0, t1) / steps
         self.cpu = self.cpu_ranks + self.cpu_kernel
         return float(min(r[0] for r in res))
+
+    def gns_interleaved(self, kind: str, warmup: int, cycles: int, seed: int = 0) -> dict[str, Any]:
+        """GNS on/off windows alternating inside one loop (live dashboard on, as in the loop pairs)."""
+        self._set_average(True)
+        self.r.run(f"_res = gns_interleaved({kind!r}, warmup={warmup}, cycles={cycles}, seed={seed})\n",
+                   quiet=False, live=True)
+        res = self.r.pull("_res")
+        out = interleaved_summary([r[0] for r in res], res[0][1])
+        out["steps_per_window"] = res[0][2]
+        return out
 
     def measure(self, more: Any, warmup: dict[str, int], steps: dict[str, int], clock: Any = None) -> dict[str, Any]:
         """Every feature, every workload: interleaved on/off pairs while ``more(rep)`` says so."""

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("mlp", "convnet")
 TIMEOUT = 300  # the smoke run takes about a minute on the 2-core machine; this is a hang guard
@@ -105,6 +107,12 @@ def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
             f = r["features"][feature][kind]
             _positive(f["ratio"], f"features.{feature}.{kind}")
             assert len(f["on_steps_per_s"]) == len(f["off_steps_per_s"]) >= 1
+    for kind in KINDS:
+        g = r["gns_interleaved"][kind]
+        assert g["cycles"] == r["meta"]["plan"]["gns_cycles"][kind]
+        assert g["steps_per_window"] == 8  # 2 * gns.every (4 by default)
+        _positive(g["ratio"], f"gns_interleaved.{kind}")
+        _positive(g["window_s"], f"gns_interleaved.{kind} window")
     for q in r["long_cell"]["kernel_cpu_share_by_quarter"]:
         assert math.isfinite(q) and q >= 0
     _positive(r["long_cell"]["steps_per_s"], "long cell steps/s")
@@ -119,7 +127,7 @@ def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
 
     # every target has a measured value and a verdict
     ids = {t["id"] for t in r["targets"]}
-    assert {"2a", "2b", "2c-mlp", "2c-convnet", "2d", "3-mlp", "4-mlp"} <= ids
+    assert {"2a", "2b", "2c-mlp", "2c-convnet", "2d", "3-mlp", "4-mlp", "4-mlp-loops", "4-convnet-loops"} <= ids
     for t in r["targets"]:
         _positive(t["measured"], f"target {t['id']}")
         assert isinstance(t["met"], bool)
@@ -129,3 +137,22 @@ def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
     summary = (out / "summary.md").read_text()
     assert "## Targets" in summary and "dtwork against each alternative" in summary
     assert "smoke run" in summary
+
+
+def test_interleaved_summary_pairs_each_on_window_with_its_off_window() -> None:
+    from benchmarks.features import interleaved_summary
+
+    # two ranks; cycles (on, off), (off, on), (on, off): on windows take 1.0 s, off 0.9 s,
+    # except the last cycle's off window (1.8 s); the ranks' times are averaged
+    arms = [True, False, False, True, True, False]
+    rank0 = [1.0, 0.9, 0.9, 1.0, 1.0, 1.7]
+    rank1 = [1.0, 0.9, 0.9, 1.0, 1.0, 1.9]
+    g = interleaved_summary([rank0, rank1], arms)
+    assert g["cycles"] == 3
+    assert g["pair_ratios"] == pytest.approx([0.9, 0.9, 1.8])
+    assert g["ratio"] == pytest.approx(0.9)  # the median is robust to the one slow window
+    assert abs(g["ratio_of_totals"] - 3.6 / 3.0) < 1e-12
+    with pytest.raises(ValueError, match="cycle 1 has two on windows"):
+        interleaved_summary([[1.0, 1.0, 1.0, 1.0]], [True, False, True, True])
+    with pytest.raises(ValueError, match="whole on/off cycles"):
+        interleaved_summary([[1.0, 1.0, 1.0]], [True, False, True])
