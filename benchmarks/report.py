@@ -494,10 +494,10 @@ def findings(r: dict[str, Any]) -> list[str]:
     if rt.get("ratio_quiet") and rt["ratio_quiet"] > 1.2 and dq and raw:
         out.append(
             f"Round trip: a trivial cell takes {dq * 1000:.1f} ms under dtwork against {raw * 1000:.1f} ms raw "
-            f"(+{(dq - raw) * 1000:.1f} ms): dtwork writes the cell's source to the run store and checks the ranks' "
-            "processes once per cell (dtwork/collector.py), and waits on the AsyncResult itself, so the difference "
-            "is that bookkeeping, not polling. Repeated runs of this benchmark have put the ratio on both sides of "
-            "1.2."
+            f"(+{(dq - raw) * 1000:.1f} ms): dtwork writes the cell to the run store (its source before, its outcome "
+            "after: two SQLite transactions) and waits for the cell's last output and records, not only its reply "
+            "(dtwork/collector.py); rank health checks start half a second into a cell, so a short one pays none. "
+            "Repeated runs of this benchmark have put the ratio on both sides of 1.2."
         )
     feats = r.get("features", {})
     lc = r.get("long_cell") or {}

@@ -81,6 +81,7 @@ class Cluster:
         self.start_seconds: float | None = None
         self._ipp: ipp.Cluster | None = None
         self.client: ipp.Client | None = None
+        self._views: dict[tuple[int, ...], ipp.DirectView] = {}  # of this client, by engine ids
         self._reaper: subprocess.Popen[bytes] | None = None
         self._session: Any = None  # the trial session (runs, store, dashboard), made lazily
         self._listeners: list[Callable[[Cluster], None]] = []
@@ -297,6 +298,7 @@ class Cluster:
                 self._reaper.kill()
             self._reaper = None
         self.client = None
+        self._views.clear()
         self._ipp = None
 
     def restart(self, force: bool = False) -> Cluster:
@@ -372,7 +374,13 @@ class Cluster:
         return [self.ranks[r].engine_id for r in ranks]
 
     def view(self, ranks: list[int] | None = None) -> ipp.DirectView:
-        return self._require_running()[self.engine_ids(ranks)]
+        """A DirectView on these ranks' engines (made once per client and set of ranks)."""
+        client = self._require_running()
+        ids = tuple(self.engine_ids(ranks))
+        view = self._views.get(ids)
+        if view is None or view.client is not client:
+            view = self._views[ids] = client[list(ids)]
+        return view
 
     def run(
         self,

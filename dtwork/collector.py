@@ -107,7 +107,9 @@ class CellWatcher:
         self._t0 = time.monotonic()
         self.restarted = False
         self._progress_changed = False
-        self._last_health = 0.0
+        # the first health check comes half a second in: a short cell pays none (a rank that died
+        # between cells is found then, or at once when the cell fails)
+        self._last_health = time.monotonic()
         self.done = threading.Event()
 
     # -- the loop ------------------------------------------------------------------------
@@ -187,10 +189,7 @@ class CellWatcher:
             return
         multi = len(self.ranks) > 1 and not self.rank0
         for stream, positions in (("stdout", self._out_pos), ("stderr", self._err_pos)):
-            try:
-                texts = getattr(self.ar, stream)
-            except Exception:
-                continue
+            texts = self._meta_values(stream)
             for i, text in enumerate(texts):
                 if not self._show_rank(i) or not text:
                     continue
@@ -206,11 +205,20 @@ class CellWatcher:
                 if out:
                     print(out, file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
 
-    def _drain_records(self) -> None:
+    def _meta_values(self, key: str) -> list[Any]:
+        """Each rank's ``key`` of the result's metadata, as ipyparallel's IO thread has it now.
+
+        Read from the metadata dicts themselves: ``ar.stdout`` / ``ar.data`` would also parse the
+        metadata's date strings with dateutil at each first access (~1 ms a cell), which nothing
+        here needs.
+        """
         try:
-            data = self.ar.data
+            return [md.get(key) for md in self.ar._metadata]
         except Exception:
-            return
+            return []
+
+    def _drain_records(self) -> None:
+        data = self._meta_values("data")
         batch: list[dict[str, Any]] = []
         for i, d in enumerate(data):
             if not isinstance(d, dict):
@@ -366,6 +374,7 @@ class Session:
         self.dashboard: Any = None
         self.last: CellResult | None = None
         self.restarts_used = 0
+        self._procs: dict[int, psutil.Process] = {}  # engine PID -> its process, identity checked once
 
     # -- store -----------------------------------------------------------------------------
 
@@ -449,14 +458,21 @@ class Session:
                         f"engine {info['engine_id']} on {info.get('hostname')} lost (no heartbeat: host or network down)"
                     )
                 continue
-            probe = self.cluster._probes.get(info["engine_id"], {})
             try:
-                proc = psutil.Process(info["pid"])
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    raise psutil.NoSuchProcess(info["pid"])
-                if probe and abs(proc.create_time() - probe["create_time"]) > 0.01:
+                known = self._procs.get(info["pid"])
+                if known is None:  # once per engine: is this PID still the engine that was probed?
+                    probe = self.cluster._probes.get(info["engine_id"], {})
+                    proc = psutil.Process(info["pid"])
+                    if probe and abs(proc.create_time() - probe["create_time"]) > 0.01:
+                        raise psutil.NoSuchProcess(info["pid"])
+                    known = self._procs[info["pid"]] = proc
+                # Later checks only read its state instead of building a new Process: a dead engine
+                # is a zombie until its launcher reaps it, and a reaped PID is not handed out again
+                # before the system's PIDs wrap around.
+                if known.status() == psutil.STATUS_ZOMBIE:
                     raise psutil.NoSuchProcess(info["pid"])
             except psutil.NoSuchProcess:
+                self._procs.pop(info["pid"], None)
                 out[rank] = (
                     f"engine process {info['pid']} on {info.get('hostname')} died{self._exit_reason(info)}"
                 )
@@ -484,6 +500,7 @@ class Session:
 
     def on_restart(self) -> None:
         """Called by the cluster after a restart (fresh engines)."""
+        self._procs.clear()
 
     # -- running cells ---------------------------------------------------------------------
 
