@@ -76,7 +76,7 @@ class Plan:
     thread_check_steps: int = 15
     feature_reps: int = 4  # on/off pairs at least; more while the time budget allows
     feature_max_reps: int = 12
-    budget_s: float = 820.0  # the run adds repetitions only while it can still finish within this
+    budget_s: float = 860.0  # the run adds repetitions only while it can still finish within this
     throughput_share: float = 0.45  # steps/s repetitions stop being added past this share of the budget
     reserve_s: float = 45.0  # kept for stopping the clusters and writing the results
     feature_steps: dict[str, int] = field(default_factory=lambda: {"mlp": 250, "convnet": 50})
