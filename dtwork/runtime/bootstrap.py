@@ -30,11 +30,17 @@ def _watch_kernel(kernel: dict[str, Any], poll: float = 1.0) -> None:
     """Exit this engine if the kernel that owns it dies (same host only)."""
 
     def loop() -> None:
+        proc: psutil.Process | None = None
         while True:
             time.sleep(poll)
             try:
-                proc = psutil.Process(kernel["pid"])
-                if abs(proc.create_time() - kernel["create_time"]) > 0.01:
+                if proc is None:  # once: is this PID the kernel that started us?
+                    proc = psutil.Process(kernel["pid"])
+                    if abs(proc.create_time() - kernel["create_time"]) > 0.01:
+                        os._exit(3)
+                # then one /proc read a second instead of a new Process (boot time, create
+                # time) taking this rank's GIL: a dead kernel is a zombie until reaped, then gone
+                if proc.status() == psutil.STATUS_ZOMBIE:
                     os._exit(3)
             except psutil.NoSuchProcess:
                 os._exit(3)
