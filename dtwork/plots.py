@@ -24,13 +24,16 @@ import copy
 import math
 from array import array as Column
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; annotations are not evaluated at run time
+    from typing_extensions import Self
 
 from dtwork.analysis.gns import tradeoff, tradeoff_curve
 from dtwork.analysis.scaling import ScalingResult, best_bucket
@@ -312,7 +315,7 @@ class Series(abc.ABC):
     def __init__(self) -> None:
         self.version = 0  # bumped by every add that changed something
 
-    def add(self, rows: Iterable[Mapping[str, Any]]) -> Series:
+    def add(self, rows: Iterable[Mapping[str, Any]]) -> Self:
         """Take rows ``{step, rank, name, value}`` (others are ignored); return self."""
         changed = False
         for r in rows:
@@ -525,7 +528,7 @@ class StepTimeSeries(Series):
     def recent_step_times(self, rank: int, n: int) -> list[float]:
         """The last ``n`` step times rank ``rank`` reported, in arrival order."""
         series = self._measured.by_rank.get(rank)
-        return series.values[-n:] if series else []
+        return list(series.values[-n:]) if series else []
 
     def traces(self, max_points: int | None = None) -> list[Trace]:
         array = max_points is not None

@@ -99,7 +99,9 @@ def assign_ranks(probes: dict[int, dict[str, Any]], use_gpus: bool, first_host: 
     their first engine id; engines by id within a host. Registration order between hosts is a
     race, so it never decides which host holds rank 0.
     """
-    host_order: list[str] = [first_host] if any(p["hostname"] == first_host for p in probes.values()) else []
+    host_order: list[str] = (
+        [first_host] if first_host is not None and any(p["hostname"] == first_host for p in probes.values()) else []
+    )
     for eid in sorted(probes):
         host = probes[eid]["hostname"]
         if host not in host_order:

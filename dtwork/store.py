@@ -614,7 +614,7 @@ def format_runs_table(runs: list[dict[str, Any]], path: str | os.PathLike[str] |
         where = f" in {path}" if path is not None else ""
         return f"no runs yet{where}: run a %%dtrain cell to start one"
     header = ("id", "name", "status", "ranks", "backend", "steps", "started")
-    lines = [header]
+    lines: list[tuple[str, ...]] = [header]
     for run in runs:
         created = run.get("created_at")
         started = datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M") if created else None

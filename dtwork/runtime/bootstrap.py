@@ -161,13 +161,14 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         device = torch.device("cpu")
     timeout = timedelta(seconds=spec["timeout"])
+    nccl: dict[str, Any] = {"device_id": device} if spec["backend"] == "nccl" else {}
     dist.init_process_group(
         backend=spec["backend"],
         store=_rendezvous_store(spec, timeout),
         rank=spec["rank"],
         world_size=spec["world_size"],
         timeout=timeout,
-        **({"device_id": device} if spec["backend"] == "nccl" else {}),
+        **nccl,
     )
     ctx = Context.from_spec(spec, device)
     runtime.set_current(ctx)

@@ -58,7 +58,7 @@ def make_loader(
             "ctx.loader needs a batch size: set a global batch (%dtrain start --global-batch-size G, "
             "or global_batch_size in the config) or pass batch_size="
         )
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[Any] = DistributedSampler(
         dataset,
         num_replicas=ctx.world_size,
         rank=ctx.rank,

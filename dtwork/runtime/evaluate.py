@@ -7,8 +7,8 @@ padding, computes sums (metrics) or outputs (inference), and the results are gat
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sized
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -24,8 +24,8 @@ def _shard(ctx: Any, loader_or_dataset: Any, batch_size: int | None) -> DataLoad
         collate = loader_or_dataset.collate_fn
     else:
         dataset, collate = loader_or_dataset, None
-    indices = list(range(ctx.rank, len(dataset), ctx.world_size))
-    kwargs = {"collate_fn": collate} if collate is not None else {}
+    indices = list(range(ctx.rank, len(cast(Sized, dataset)), ctx.world_size))
+    kwargs: dict[str, Any] = {"collate_fn": collate} if collate is not None else {}
     return DataLoader(Subset(dataset, indices), batch_size=batch_size or ctx.batch_size(), shuffle=False, **kwargs)
 
 

@@ -115,9 +115,9 @@ class StepLoop:
         if self._done():
             return
         while True:
-            sampler = getattr(self.loader, "sampler", None)
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(self.epoch)
+            set_epoch = getattr(getattr(self.loader, "sampler", None), "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(self.epoch)
             it = iter(self.loader)
             self.micro = 0
             for _ in range(skip):
@@ -250,9 +250,10 @@ class StepLoop:
             return sum(micro) / len(micro), big
         states = [measure_state(m) for m in self._gns_models()]
         norms = [s.norms() for s in states if s is not None]
-        if not norms or any(n is None for n in norms):
+        measured = [n for n in norms if n is not None]
+        if not measured or len(measured) != len(norms):
             return None
-        return sum(n[0] for n in norms) / scale**2, sum(n[1] for n in norms) / scale**2  # type: ignore[index]
+        return sum(n[0] for n in measured) / scale**2, sum(n[1] for n in measured) / scale**2
 
     def _gns_sizes(self) -> tuple[int, int]:
         from dtwork.analysis.gns import batch_sizes_for
