@@ -229,6 +229,14 @@ class TorchrunRunner:
         self.default_threads = out.get("default_threads")
         return out, wall
 
+    def serve(self, port: int, kinds: tuple[str, ...], job: str = "torchrun") -> subprocess.Popen[str]:
+        """Launch workers that train in turns (``benchmarks.turns``) until the coordinator says stop."""
+        env = {**os.environ, "BENCH_T0": repr(time.time())}
+        env.pop("OMP_NUM_THREADS", None)
+        spec = {"mode": "serve", "port": port, "kinds": list(kinds), "job": job}
+        return subprocess.Popen(self.command(spec), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=self.dir)
+
     def throughput_many(self, kinds: tuple[str, ...], warmup: dict[str, int], steps: dict[str, int]) -> dict[str, float]:
         out, _ = self.launch({"mode": "throughput", "kinds": list(kinds), "warmup": warmup, "steps": steps})
         return {k: float(v) for k, v in out["results"].items()}

@@ -59,6 +59,26 @@ def bootstrap_ci(
     return [stats[int(0.025 * (n - 1))], stats[int(0.975 * (n - 1))]]
 
 
+# two-sided 95% quantiles of Student's t, by degrees of freedom (1-30)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def geometric_mean_ci(ratios: Sequence[float]) -> tuple[float | None, list[float] | None]:
+    """Geometric mean of independent ratios and its 95% t-interval (computed on their logarithms)."""
+    import math
+
+    logs = [math.log(float(x)) for x in ratios if x and x > 0]
+    if not logs:
+        return None, None
+    m = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(m), None
+    half = _T975[min(len(logs) - 1, len(_T975)) - 1] * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(m), [math.exp(m - half), math.exp(m + half)]
+
+
 def summarize(runs: Sequence[float]) -> dict[str, Any]:
     vals = [float(v) for v in runs]
     return {

@@ -66,6 +66,30 @@ def train(model, opt, batches, steps):
     return loss.item() if loss is not None else float("nan")
 
 
+def serve_turns(port, job, states):
+    """Train in turns with other jobs (benchmarks.turns): "RUN kind steps" -> train -> "DONE seconds".
+
+    Between turns the rank blocks in a socket read (no CPU), so the job whose turn it is has the
+    machine as it would alone. Ends at "STOP" or when the coordinator goes away.
+    """
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.settimeout(None)
+        f = sock.makefile("rw")
+        f.write(f"HELLO {job} {dist.get_rank()}\\n")
+        f.flush()
+        for line in f:
+            cmd = line.split()
+            if len(cmd) != 3 or cmd[0] != "RUN":
+                break
+            model, opt, batches = states[cmd[1]]
+            t0 = time.perf_counter()
+            train(model, opt, batches, int(cmd[2]))
+            f.write(f"DONE {time.perf_counter() - t0!r}\\n")
+            f.flush()
+
+
 def timed(model, opt, batches, warmup, steps):
     """Steps per second of ``steps`` steps after ``warmup`` steps (start-up excluded)."""
     train(model, opt, batches, warmup)
@@ -127,6 +151,12 @@ def timed_cell(kind: str, warmup: int, steps: int, threads: str = "pinned") -> s
     return pin + f"_sps = timed(*{state_name(kind)}, {warmup}, {steps})\n" + PIN_THREADS
 
 
+def turns_cell(port: int, job: str, kinds: tuple[str, ...] = KINDS) -> str:
+    """The cell a persistent engine runs to train in turns (the states built by ``setup_cell``)."""
+    states = "{" + ", ".join(f"{k!r}: {state_name(k)}" for k in kinds) + "}"
+    return PIN_THREADS + f"serve_turns({port}, {job!r}, {states})\n"
+
+
 def changed_cell(kind: str) -> str:
     return CHANGED_CELL.format(state=state_name(kind))
 
@@ -148,6 +178,12 @@ def _main():
     dist.barrier()
     ready = time.time() - _T_LAUNCH
     out = {{"ready_s": ready, "default_threads": torch.get_num_threads(), "results": {{}}}}
+    if spec["mode"] == "serve":  # train in turns with the other launchers (benchmarks.turns)
+        serve_turns(spec["port"], spec.get("job", "torchrun"), {{kind: setup(kind) for kind in spec["kinds"]}})
+        if dist.get_rank() == 0:
+            print("BENCH " + json.dumps(out), flush=True)
+        dist.destroy_process_group()
+        return
     for kind in spec["kinds"]:
         state = setup(kind)
         if spec["mode"] == "latency":

@@ -102,7 +102,7 @@ def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
     _positive(lat["speedup_vs"]["torchrun"], "iteration speedup vs torchrun")
 
     # feature overheads, memory, GPU placeholder
-    for feature in ("live_dashboard_store", "log_store", "gns", "metric_averaging", "steps_loop"):
+    for feature in ("live_dashboard_store", "log_store", "metric_averaging", "steps_loop"):
         for kind in KINDS:
             f = r["features"][feature][kind]
             _positive(f["ratio"], f"features.{feature}.{kind}")
@@ -113,6 +113,15 @@ def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
         assert g["steps_per_window"] == 8  # 2 * gns.every (4 by default)
         _positive(g["ratio"], f"gns_interleaved.{kind}")
         _positive(g["window_s"], f"gns_interleaved.{kind} window")
+    turns = r["turns"]
+    assert turns["errors"] == [], turns["errors"]
+    for kind in KINDS:
+        t = turns[kind]
+        assert t["blocks"] == 1 and t["cycles"] == r["meta"]["plan"]["turn_cycles"][kind]
+        assert t["steps_per_window"] == r["meta"]["plan"]["turn_steps"][kind]
+        _positive(t["ratio"], f"turns.{kind}")
+        for job in ("dtwork", "torchrun"):
+            _positive(t["steps_per_s"][job], f"turns.{kind}.{job} steps/s")
     for q in r["long_cell"]["kernel_cpu_share_by_quarter"]:
         assert math.isfinite(q) and q >= 0
     _positive(r["long_cell"]["steps_per_s"], "long cell steps/s")
@@ -127,7 +136,8 @@ def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
 
     # every target has a measured value and a verdict
     ids = {t["id"] for t in r["targets"]}
-    assert {"2a", "2b", "2c-mlp", "2c-convnet", "2d", "3-mlp", "4-mlp", "4-mlp-loops", "4-convnet-loops"} <= ids
+    assert {"2a", "2b", "2c-mlp", "2c-convnet", "2c-mlp-runs", "2d", "3-mlp", "3-convnet", "4-mlp", "4-convnet"} <= ids
+    assert next(t for t in r["targets"] if t["id"] == "2c-mlp")["measured"] == turns["mlp"]["ratio"]
     for t in r["targets"]:
         _positive(t["measured"], f"target {t['id']}")
         assert isinstance(t["met"], bool)
@@ -156,3 +166,65 @@ def test_interleaved_summary_pairs_each_on_window_with_its_off_window() -> None:
         interleaved_summary([[1.0, 1.0, 1.0, 1.0]], [True, False, True, True])
     with pytest.raises(ValueError, match="whole on/off cycles"):
         interleaved_summary([[1.0, 1.0, 1.0]], [True, False, True])
+
+
+def test_turn_blocks_take_the_interval_over_launches_not_over_cycles() -> None:
+    from benchmarks.turns import blocks_summary, turns_summary
+
+    # block 1: dtwork's windows 1.0 s, torchrun's 0.9 s (ratio 0.9); block 2: 1.0 s and 1.1 s (1.1)
+    b1 = {"dtwork": [1.0, 1.0, 1.0], "torchrun": [0.9, 0.9, 0.9]}
+    b2 = {"dtwork": [1.0, 1.0, 1.0], "torchrun": [1.1, 1.1, 1.1]}
+    one = turns_summary(b1, "dtwork", "torchrun", steps=30)
+    assert one["ratio"] == pytest.approx(0.9) and one["ratio_of_totals"] == pytest.approx(0.9)
+    assert one["steps_per_s"]["dtwork"] == pytest.approx(30.0)
+    both = blocks_summary([b1, b2], "dtwork", "torchrun", steps=30)
+    assert both["blocks"] == 2 and both["cycles"] == 6
+    assert both["block_ratios"] == pytest.approx([0.9, 1.1])
+    assert both["ratio"] == pytest.approx((0.9 * 1.1) ** 0.5)  # geometric mean of the blocks
+    lo, hi = both["ci95"]
+    # two launches that disagree by 20% leave a wide interval, though every cycle inside each agrees
+    assert lo < 0.5 and hi > 1.9
+    with pytest.raises(ValueError, match="positive window"):
+        turns_summary({"dtwork": [1.0], "torchrun": []}, "dtwork", "torchrun", steps=30)
+
+
+def test_turns_coordinator_drives_jobs_in_turns_over_real_sockets() -> None:
+    """Two fake "jobs" of one rank each, in threads, answering as serve_turns does."""
+    import socket
+    import threading
+    import time
+
+    from benchmarks.turns import Turns, run_in_turns
+
+    turns = Turns({"a": 1, "b": 1}, timeout=30)
+    busy: list[str] = []
+
+    def job(name: str, seconds: float) -> None:
+        with socket.create_connection(("127.0.0.1", turns.port)) as sock:
+            f = sock.makefile("rw")
+            f.write(f"HELLO {name} 0\n")
+            f.flush()
+            for line in f:
+                cmd = line.split()
+                if cmd[0] != "RUN":
+                    break
+                busy.append(name)
+                time.sleep(seconds * int(cmd[2]))
+                busy.append(name)
+                f.write(f"DONE {seconds * int(cmd[2])!r}\n")
+                f.flush()
+
+    threads = [threading.Thread(target=job, args=(n, s)) for n, s in (("a", 0.001), ("b", 0.002))]
+    for t in threads:
+        t.start()
+    driver, out = run_in_turns(turns, {"mlp": (3, 4)}, seed=1)
+    driver.join(30)
+    for t in threads:
+        t.join(30)
+    assert "error" not in out, out
+    res = out["mlp"]
+    assert len(res["seconds"]["a"]) == len(res["seconds"]["b"]) == 4
+    assert res["seconds"]["a"] == pytest.approx([0.003] * 4) and res["seconds"]["b"] == pytest.approx([0.006] * 4)
+    # never two jobs at once: every window's start is followed by its own end
+    assert all(busy[i] == busy[i + 1] for i in range(0, len(busy), 2)) and len(busy) == 2 * 2 * (4 + 2)
+    assert all(sorted(o) == ["a", "b"] for o in res["orders"])
