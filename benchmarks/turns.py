@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     blocks: list[dict[str, Any]] = []
     for b in range(args.blocks):
         turns = Turns({j: 2 for j in jobs})
-        procs, pending, runners = [], [], []
+        procs: list[Any] = []
+        pending: list[Any] = []
+        runners: list[Any] = []
         try:
             for j in jobs:
                 if j.startswith("torchrun"):
