@@ -13,7 +13,7 @@ ranks wait in ``recv``), so the job whose turn it is has the machine as it would
 A window's time is the slower rank's, measured inside the ranks around ``train(...)``: the same
 clock and the same code for every job. What a launcher adds while its ranks train (dtwork: the
 kernel polling the cell, the engines' threads) lands in its windows; what runs in neither (the
-coordinator's socket writes, ~50 µs a window) is outside them.
+coordinator's socket writes and reads between windows) is outside them.
 """
 
 from __future__ import annotations
