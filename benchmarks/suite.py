@@ -408,11 +408,6 @@ class Suite:
         self.features = FeatureBench(self.dt, KINDS)
         self.features.setup()
 
-    def features_setup(self) -> None:
-        """Define the feature loops again (after a restart: fresh engines)."""
-        assert self.features is not None
-        self.features.setup()
-
     def throughput(self) -> dict[str, Any]:
         p = self.plan
         runs: dict[str, dict[str, list[float]]] = {a: {k: [] for k in KINDS} for a in ALTERNATIVES}
@@ -517,7 +512,8 @@ class Suite:
                 break
             blocks.append({k: out[k]["seconds"] for k in KINDS})
             b += 1
-        self.features_setup()
+        assert self.features is not None
+        self.features.setup()  # a restart left fresh engines: define the feature loops again
         res: dict[str, Any] = {"errors": errors, "block_s": block_s,
                                "plan": {"steps_per_window": p.turn_steps, "cycles_per_block": p.turn_cycles}}
         if blocks:

@@ -18,7 +18,6 @@ coordinator's socket writes and reads between windows) is outside them.
 
 from __future__ import annotations
 
-import math
 import random
 import socket
 import statistics
@@ -124,20 +123,18 @@ class Turns:
 def turns_summary(seconds: dict[str, list[float]], job: str, reference: str, steps: int) -> dict[str, Any]:
     """``job``'s throughput over ``reference``'s, cycle by cycle (reference seconds / job seconds).
 
-    The headline is the median over cycles with a bootstrap interval; the ratio of the totals and
-    the geometric mean are kept beside it, with the scatter of one cycle's ratio.
+    The headline is the median over cycles with a bootstrap interval; the ratio of the totals is
+    kept beside it, with the scatter of one cycle's ratio.
     """
     a, b = seconds[job], seconds[reference]
     if not a or len(a) != len(b) or min(a + b) <= 0:
         raise ValueError("every cycle needs a positive window of both jobs")
     pairs = [y / x for x, y in zip(a, b, strict=True)]
-    logs = [math.log(p) for p in pairs]
     return {
         "cycles": len(pairs),
         "ratio": median(pairs),
         "ci95": bootstrap_ci(pairs),
         "ratio_of_totals": sum(b) / sum(a),
-        "geometric_mean": math.exp(statistics.fmean(logs)),
         "pair_sd": statistics.stdev(pairs) if len(pairs) > 1 else None,
         "window_s": {job: median(a), reference: median(b)},
         "steps_per_s": {job: steps / sum(a) * len(a), reference: steps / sum(b) * len(b)},
