@@ -28,6 +28,7 @@ throughput ratio while being far less sensitive to other work on the machine.
 from __future__ import annotations
 
 import contextlib
+import socket
 import statistics
 import threading
 import time
@@ -123,6 +124,54 @@ def gns_interleaved(kind, warmup, cycles, seed=0):
         ctx.step(opt)
         ctx.log(loss=loss)
     return [b - a for a, b in zip(tops, tops[1:])], arms, window
+
+
+def live_interleaved(kind, warmup, cycles, window, port, seed=0, aa=False):
+    \"\"\"The live dashboard + run store on and off in windows of ``window`` steps inside ONE loop.
+
+    On windows call ``ctx.log(loss=...)`` every step and the kernel feeds the live dashboard;
+    off windows log nothing and the kernel's dashboard is paused (``session.live = False``: the
+    records that still come, throughput and progress, go to the store only). At the start of
+    every window rank 0 tells the kernel the window's arm over a socket (``port``), so the
+    kernel switches within a millisecond of the ranks. Each cycle is one on and one off window
+    in an order drawn from ``seed`` (the same on every rank). ``aa``: both windows of a cycle
+    run the on arm (the A/A control: how far apart two identical windows land). Returns
+    (window seconds, window arms, steps per window, this process's CPU seconds per window).
+    \"\"\"
+    import socket
+
+    model = ctx.wrap(make_model(kind), gns=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    rng = random.Random(seed)
+    on_first = [rng.random() < 0.5 for _ in range(cycles)]
+    end = warmup + 2 * cycles * window
+    sock = socket.create_connection(("127.0.0.1", port)) if ctx.rank == 0 else None
+    tops, cpus, arms = [], [], []
+    on = True  # the warmup: the dashboard builds its widgets and draws a first time
+    try:
+        for step, (x, y) in ctx.steps(_fb[kind], max_steps=end + 1):
+            if step >= warmup and (step - warmup) % window == 0:
+                w = (step - warmup) // window
+                if w == 0:
+                    dist.barrier()
+                tops.append(time.perf_counter())
+                cpus.append(time.process_time())
+                if step == end:
+                    break
+                on = on_first[w // 2] != bool(w % 2)
+                arms.append(on)
+                if sock is not None:
+                    sock.sendall(b"1\\n" if on or aa else b"0\\n")
+            loss = F.cross_entropy(model(x), y)
+            ctx.backward(loss)
+            ctx.step(opt)
+            if on or aa:
+                ctx.log(loss=loss)
+    finally:
+        if sock is not None:
+            sock.close()
+    return ([b - a for a, b in zip(tops, tops[1:])], arms, window,
+            [b - a for a, b in zip(cpus, cpus[1:])])
 """
 
 # name -> (description, on arm, off arm); an arm: (cell keyword arguments, run options)
@@ -195,6 +244,54 @@ class KernelCpu:
 
     def between(self, t0: float, t1: float) -> float:
         return max(0.0, self.at(t1) - self.at(t0))
+
+
+class LiveSwitch:
+    """The kernel's end of ``live_interleaved``: sets ``session.live`` as rank 0 says, at once.
+
+    A thread accepts rank 0's connection and blocks reading it (no CPU while it waits); every
+    line ("1" on, "0" off) switches the session's live dashboard. At every switch, and when rank
+    0 hangs up (the end of the last window), it reads the CPU seconds spent so far by this
+    (kernel) process and by ``others`` (the controller): ``cpu`` holds one tuple per read.
+    """
+
+    def __init__(self, session: Any, others: tuple[int, ...] = ()) -> None:
+        self.session = session
+        self.switches = 0
+        self.cpu: list[tuple[float, ...]] = []
+        self._others = []
+        for pid in others:
+            with contextlib.suppress(psutil.Error):
+                self._others.append(psutil.Process(pid))
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self._server.accept()
+            with conn, conn.makefile("r") as lines:
+                for line in lines:
+                    self.session.live = line.strip() == "1"
+                    self.switches += 1
+                    self._read_cpu()
+                self._read_cpu()
+
+    def _read_cpu(self) -> None:
+        times = [time.process_time()]
+        for proc in self._others:
+            t = proc.cpu_times()
+            times.append(t.user + t.system)
+        self.cpu.append(tuple(times))
+
+    def __enter__(self) -> LiveSwitch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._server.close()
+        self._thread.join(5.0)
+        self.session.live = True
 
 
 def interleaved_summary(windows_by_rank: list[list[float]], arms: list[bool]) -> dict[str, Any]:
@@ -274,6 +371,40 @@ class FeatureBench:
         res = self.r.pull("_res")
         out = interleaved_summary([r[0] for r in res], res[0][1])
         out["steps_per_window"] = res[0][2]
+        return out
+
+    def live_interleaved(self, kind: str, warmup: int, cycles: int, window: int, aa: bool = False,
+                         seed: int = 0) -> dict[str, Any]:
+        """Live dashboard + run store on/off windows alternating inside one loop (``%%dtrain``'s
+        defaults: output shown); ``aa``: both windows of every cycle on (the A/A control)."""
+        self._set_average(True)
+        ctrl = getattr(getattr(self.r.cluster._ipp, "controller", None), "pid", None)
+        with LiveSwitch(self.r.cluster.session, (ctrl,) if ctrl else ()) as switch:
+            self.r.run(f"_res = live_interleaved({kind!r}, warmup={warmup}, cycles={cycles}, window={window}, "
+                       f"port={switch.port}, seed={seed}, aa={aa})\n", quiet=False, live=True)
+        res = self.r.pull("_res")
+        arms = res[0][1]
+        out = interleaved_summary([r[0] for r in res], arms)
+        out["steps_per_window"] = res[0][2]
+        out["switches"] = switch.switches
+        # The same cycles read in CPU seconds: every rank's engine process, the kernel and the
+        # controller, window by window (off / on: a throughput-like ratio, blind to preemption)
+        others = [[b - a for a, b in zip(col, col[1:], strict=False)] for col in zip(*switch.cpu, strict=True)]
+        if all(len(w) == len(arms) for w in others):
+            parts = {"ranks": [sum(ws) for ws in zip(*(r[3] for r in res), strict=True)], "kernel": others[0],
+                     "controller": others[1] if len(others) > 1 else [0.0] * len(arms)}
+            total = [sum(ws) for ws in zip(*parts.values(), strict=True)]
+            cpu = interleaved_summary([total], arms)
+            steps = out["steps_per_window"]
+            out["cpu"] = {
+                "ratio": cpu["ratio"], "ci95": cpu["ci95"], "ratio_of_totals": cpu["ratio_of_totals"],
+                "pair_sd": cpu["pair_sd"],
+                # milliseconds of CPU per step, by process and arm (means over windows)
+                "ms_per_step": {
+                    f"{arm}_{name}": 1000.0 * statistics.fmean(v for v, a in zip(vals, arms, strict=True) if a == on) / steps
+                    for name, vals in parts.items() for arm, on in (("on", True), ("off", False))
+                },
+            }
         return out
 
     def measure(self, more: Any, warmup: dict[str, int], steps: dict[str, int], clock: Any = None) -> dict[str, Any]:

@@ -547,7 +547,7 @@ def findings(r: dict[str, Any]) -> list[str]:
             f"Live dashboard ({k}): with it on, the kernel spends {c.get('on_kernel', 0):.2f} ms of CPU per training "
             f"step against {c.get('off_kernel', 0):.2f} ms off, the ranks {c.get('on_ranks', 0):.1f} against "
             f"{c.get('off_ranks', 0):.1f} ms{flat}. On this 2-core machine the two CPU ranks fill the cores, so "
-            "the kernel's share (each cell's new figure widgets, then at most one redraw a second) is taken from "
+            "the kernel's share (each cell's new figure widgets, then two redraws a second) is taken from "
             "training; on a GPU machine the kernel runs on a core of its own."
         )
     sd = (lc.get("same_arm") or {}).get("ratio_sd")

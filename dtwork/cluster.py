@@ -95,6 +95,10 @@ class Cluster:
         registry.clean_stale()
         t0 = time.perf_counter()
         self._set_state("starting")
+        if self.session.live:
+            from dtwork.widgets import warm_dashboard
+
+            warm_dashboard()  # while the engines start: the first cell's live view comes at once
         try:
             self._start_engines()
             self._register()
@@ -103,6 +107,10 @@ class Cluster:
             self._teardown(force=True)
             self._set_state("failed")
             raise
+        finally:
+            from dtwork.widgets import dashboard_ready
+
+            dashboard_ready(30.0)  # no import left running under the notebook's next cell
         self.start_seconds = time.perf_counter() - t0
         self.started_at = time.time()
         self._set_state("running")

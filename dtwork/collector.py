@@ -234,10 +234,10 @@ class CellWatcher:
         if batch:
             self.result.records += len(batch)
             self.session.persist(batch, self.seq)
-            if self.on_records is not None:
+            if self.on_records is not None and self.session.live:
                 self.on_records(batch)
         dash = self.session.dashboard
-        if self._progress_changed and dash is not None and self.on_records is not None:
+        if self._progress_changed and dash is not None and self.on_records is not None and self.session.live:
             self._progress_changed = False
             dash.progress(dict(self.progress))
 
@@ -366,6 +366,9 @@ class Session:
         self.cluster = cluster
         self.run_id: int | None = None
         self.stall_seconds: float = STALL_SECONDS
+        # Feed the live dashboard of cells that show output. Read at every poll: switched off
+        # while a cell trains, the view pauses (records still go to the store); back on, it
+        # resumes with the records that arrive from then on.
         self.live: bool = True
         self._store: Any = None
         self._lock = threading.Lock()
@@ -621,13 +624,16 @@ class Session:
     def _dashboard_feed(
         self, run_id: int, ranks: list[int], quiet: bool
     ) -> Callable[[list[dict[str, Any]]], None] | None:
-        if quiet or not self.live:
+        self.dashboard = None  # the last cell's, finished already
+        if quiet:
             return None
+        from dtwork.widgets import dashboard_ready
+
+        dashboard_ready()  # a warm-up import still running finishes first: one importer at a time
         try:
             from dtwork.widgets.dashboard import Dashboard
         except ImportError:
             return None
-        self.dashboard = None
 
         def feed(records: list[dict[str, Any]]) -> None:
             # Made at the first records: a cell that logs nothing shows no empty dashboard.

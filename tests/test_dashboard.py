@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -127,6 +130,18 @@ def test_feeding_twice_within_the_interval_redraws_once_unless_flushed() -> None
     clock.now += 1.0
     dash.feed([log(2, loss=0.25)])
     assert dash.redraws == 3
+    dash.close()
+
+
+def test_the_default_dashboard_redraws_twice_a_second_while_records_flow() -> None:
+    """Records every 1/8 s for 5 s: a redraw at 0, 0.5, ..., 4.5 s (the issue asks for at least two
+    a second). ``draw_share=None``: what a redraw costs on this machine does not enter the count."""
+    clock = FakeClock()
+    dash = Dashboard(1, [0], clock=clock, trailing=False, draw_share=None)
+    for step in range(40):
+        dash.feed([log(step, loss=1.0 / (step + 1))])
+        clock.now += 0.125
+    assert dash.redraws == 10
     dash.close()
 
 
@@ -325,3 +340,63 @@ def test_a_long_cell_draws_at_most_max_points_per_trace() -> None:
     assert len(loss.x) <= MAX_POINTS + 1
     assert (loss.x[0], loss.x[-1], loss.y[-1]) == (0, 5 * MAX_POINTS - 1, 5 * MAX_POINTS - 1.0)
     dash.close()
+
+
+def test_a_cells_logged_steps_reach_its_live_dashboard(cluster: Any) -> None:
+    """Through the real collector: what 2 ranks log in a %%dtrain cell is in the FigureWidget."""
+    cluster.configure(None)
+    cluster.session.live = True
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # display() outside IPython prints a repr
+            cluster.run("for step, _ in ctx.steps(range(12), max_steps=12):\n    ctx.log(loss=float(step + ctx.rank))\n")
+        loss = trace(cluster.session.dashboard.figures["metrics"], "loss")
+        assert list(loss.x) == list(range(12))
+        assert list(loss.y) == [s + 0.5 for s in range(12)]  # averaged over the ranks
+        assert cluster.session.dashboard.status == "finished"
+    finally:
+        cluster.session.live = False
+
+
+def test_switching_live_off_mid_cell_pauses_the_dashboard_but_not_the_store(cluster: Any) -> None:
+    cluster.configure(None)
+    session = cluster.session
+    session.live = True
+    source = (
+        "import time\n"
+        "for step, _ in ctx.steps(range(60), max_steps=60):\n"
+        "    ctx.log(loss=float(step))\n"
+        "    time.sleep(0.05)\n"
+    )
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            cluster.run(source, bg=True)
+            deadline = time.monotonic() + 30
+            while (session.dashboard is None or session.dashboard.rows_fed == 0) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            session.live = False
+            time.sleep(0.3)  # a batch being fed at the switch lands first
+            paused_at = session.dashboard.rows_fed
+            time.sleep(0.8)
+            assert session.dashboard.rows_fed == paused_at  # nothing fed while paused
+            session.live = True
+            session.wait_background()
+        assert session.dashboard.rows_fed > paused_at  # fed again after the pause
+        rows = session.store.metrics(session.run_id, "loss")
+        assert [r["step"] for r in rows][-60:] == list(range(60))  # the store has every step
+        drawn = list(trace(session.dashboard.figures["metrics"], "loss").x)
+        assert 0 < len(drawn) < 60 and drawn[-1] == 59  # a gap where it was paused, then the end
+    finally:
+        session.live = False
+
+
+def test_the_dashboard_modules_are_loaded_while_a_cluster_starts() -> None:
+    """``dtwork.start`` warms the dashboard's imports in a thread (once per process) and waits for it."""
+    from dtwork import widgets
+
+    widgets.warm_dashboard()
+    assert widgets.dashboard_ready(60.0)
+    assert "plotly.basewidget" in sys.modules and "dtwork.widgets.dashboard" in sys.modules
+    first = widgets._warming
+    widgets.warm_dashboard()
+    assert widgets._warming is first  # started once
+
