@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             if store_dir:
                 shutil.rmtree(store_dir, ignore_errors=True)
         (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+        if not results["meta"].get("smoke"):
+            results = report.with_long_live(results, out)
     doc = None
     if not args.no_doc:
         doc = args.doc if args.doc is not None else (None if results["meta"].get("smoke") else DEFAULT_DOC)

@@ -3,12 +3,12 @@
 Each comparison is a pair of arms run back to back on the same cluster (their order alternates
 from one repetition to the next); the ratio is taken within each pair, then the median over pairs.
 
-- ``live_dashboard_store``: on = ``%%dtrain`` defaults (output shown, live dashboard fed, records
-  written to the run store) with ``ctx.log(loss=...)`` every step; off = ``session.live = False``,
-  ``quiet=True`` and no ``ctx.log``. The run store cannot be switched off in dtwork: the off arm
-  still persists the per-rank throughput records that ``ctx.steps`` publishes itself.
-- ``log_store``: the same without the dashboard: ``ctx.log`` every step against none, both quiet
-  with ``session.live = False`` (splits the first ratio into logging + store and dashboard).
+- The live dashboard + run store (``%%dtrain``'s defaults with ``ctx.log`` every step, against
+  the dashboard paused and no ``ctx.log``) is measured apart, in windows alternating inside one
+  loop (``live_interleaved``), as GNS is. The run store cannot be switched off in dtwork: the off
+  windows still persist the per-rank throughput records that ``ctx.steps`` publishes itself.
+- ``log_store``: the logging + store part of it alone: ``ctx.log`` every step against none, both
+  quiet with ``session.live = False``.
 - GNS (``gns=True`` against ``gns=False``) is measured apart, in windows alternating inside one loop
   (``gns_interleaved``): whole loops in turn could not resolve its few percent on this machine.
 - ``metric_averaging``: ``optimizations.average_training_metrics`` true against false.
@@ -136,7 +136,8 @@ def live_interleaved(kind, warmup, cycles, window, port, seed=0, aa=False):
     kernel switches within a millisecond of the ranks. Each cycle is one on and one off window
     in an order drawn from ``seed`` (the same on every rank). ``aa``: both windows of a cycle
     run the on arm (the A/A control: how far apart two identical windows land). Returns
-    (window seconds, window arms, steps per window, this process's CPU seconds per window).
+    (window seconds, window arms, steps per window, this process's CPU seconds per window, seconds
+    spent inside ``ctx.log``).
     \"\"\"
     import socket
 
@@ -147,6 +148,7 @@ def live_interleaved(kind, warmup, cycles, window, port, seed=0, aa=False):
     end = warmup + 2 * cycles * window
     sock = socket.create_connection(("127.0.0.1", port)) if ctx.rank == 0 else None
     tops, cpus, arms = [], [], []
+    log_s = 0.0  # spent inside ctx.log (timed windows and warmup)
     on = True  # the warmup: the dashboard builds its widgets and draws a first time
     try:
         for step, (x, y) in ctx.steps(_fb[kind], max_steps=end + 1):
@@ -166,24 +168,21 @@ def live_interleaved(kind, warmup, cycles, window, port, seed=0, aa=False):
             ctx.backward(loss)
             ctx.step(opt)
             if on or aa:
+                t_log = time.perf_counter()
                 ctx.log(loss=loss)
+                log_s += time.perf_counter() - t_log
     finally:
         if sock is not None:
             sock.close()
     return ([b - a for a, b in zip(tops, tops[1:])], arms, window,
-            [b - a for a, b in zip(cpus, cpus[1:])])
+            [b - a for a, b in zip(cpus, cpus[1:])], log_s)
 """
 
 # name -> (description, on arm, off arm); an arm: (cell keyword arguments, run options)
 ARMS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    "live_dashboard_store": (
-        "live dashboard + run store on (ctx.log every step) vs off (session.live=False, quiet, no ctx.log)",
-        {"cell": {"gns": False, "log": True}, "live": True, "quiet": False},
-        {"cell": {"gns": False, "log": False}, "live": False, "quiet": True},
-    ),
     "log_store": (
-        "part of the above without the dashboard: ctx.log every step (its values averaged, sent and written "
-        "to the run store) vs no ctx.log, with session.live=False and quiet in both arms",
+        "the live dashboard + run store comparison without the dashboard: ctx.log every step (its values "
+        "averaged, sent and written to the run store) vs no ctx.log, with session.live=False and quiet in both arms",
         {"cell": {"gns": False, "log": True}, "live": False, "quiet": True},
         {"cell": {"gns": False, "log": False}, "live": False, "quiet": True},
     ),
@@ -318,6 +317,8 @@ def interleaved_summary(windows_by_rank: list[list[float]], arms: list[bool]) ->
         "ratio": median(pairs),
         "ci95": bootstrap_ci(pairs),
         "ratio_of_totals": off_total / on_total if on_total > 0 else None,
+        "on_total": on_total,
+        "off_total": off_total,
         "pair_sd": sd,
         "window_s": median(times),
         "seconds": sum(times),
@@ -387,6 +388,10 @@ class FeatureBench:
         out = interleaved_summary([r[0] for r in res], arms)
         out["steps_per_window"] = res[0][2]
         out["switches"] = switch.switches
+        logged_steps = (warmup + sum(arms) * res[0][2]) if not aa else (warmup + len(arms) * res[0][2])
+        # inside ctx.log, per logged step, the mean over ranks (its CPU is the ranks' share of the cost)
+        out["ctx_log_ms"] = 1000.0 * statistics.fmean(r[4] for r in res) / logged_steps
+        out["aa"] = aa
         # The same cycles read in CPU seconds: every rank's engine process, the kernel and the
         # controller, window by window (off / on: a throughput-like ratio, blind to preemption)
         others = [[b - a for a, b in zip(col, col[1:], strict=False)] for col in zip(*switch.cpu, strict=True)]
@@ -398,7 +403,8 @@ class FeatureBench:
             steps = out["steps_per_window"]
             out["cpu"] = {
                 "ratio": cpu["ratio"], "ci95": cpu["ci95"], "ratio_of_totals": cpu["ratio_of_totals"],
-                "pair_sd": cpu["pair_sd"],
+                "pair_sd": cpu["pair_sd"], "pair_ratios": cpu["pair_ratios"],
+                "on_total": cpu["on_total"], "off_total": cpu["off_total"],
                 # milliseconds of CPU per step, by process and arm (means over windows)
                 "ms_per_step": {
                     f"{arm}_{name}": 1000.0 * statistics.fmean(v for v, a in zip(vals, arms, strict=True) if a == on) / steps

@@ -102,7 +102,7 @@ def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
     _positive(lat["speedup_vs"]["torchrun"], "iteration speedup vs torchrun")
 
     # feature overheads, memory, GPU placeholder
-    for feature in ("live_dashboard_store", "log_store", "metric_averaging", "steps_loop"):
+    for feature in ("log_store", "metric_averaging", "steps_loop"):
         for kind in KINDS:
             f = r["features"][feature][kind]
             _positive(f["ratio"], f"features.{feature}.{kind}")
@@ -113,6 +113,15 @@ def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
         assert g["steps_per_window"] == 8  # 2 * gns.every (4 by default)
         _positive(g["ratio"], f"gns_interleaved.{kind}")
         _positive(g["window_s"], f"gns_interleaved.{kind} window")
+    for kind in KINDS:
+        lv = r["live_interleaved"][kind]
+        cycles = r["meta"]["plan"]["live_cycles"][kind]
+        assert lv["cycles"] == cycles and lv["steps_per_window"] == r["meta"]["plan"]["live_window"][kind]
+        assert lv["switches"] == 2 * cycles  # the kernel heard every window's start from rank 0
+        _positive(lv["ratio"], f"live_interleaved.{kind}")
+        _positive(lv["cpu"]["ratio"], f"live_interleaved.{kind} CPU")
+        _positive(lv["cpu"]["ms_per_step"]["on_ranks"], f"live_interleaved.{kind} rank CPU")
+        _positive(lv["ctx_log_ms"], f"live_interleaved.{kind} ctx.log")
     turns = r["turns"]
     assert turns["errors"] == [], turns["errors"]
     for kind in KINDS:
@@ -138,6 +147,7 @@ def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
     ids = {t["id"] for t in r["targets"]}
     assert {"2a", "2b", "2c-mlp", "2c-convnet", "2c-mlp-runs", "2d", "3-mlp", "3-convnet", "4-mlp", "4-convnet"} <= ids
     assert next(t for t in r["targets"] if t["id"] == "2c-mlp")["measured"] == turns["mlp"]["ratio"]
+    assert next(t for t in r["targets"] if t["id"] == "3-mlp")["measured"] == r["live_interleaved"]["mlp"]["ratio"]
     for t in r["targets"]:
         _positive(t["measured"], f"target {t['id']}")
         assert isinstance(t["met"], bool)
@@ -228,3 +238,27 @@ def test_turns_coordinator_drives_jobs_in_turns_over_real_sockets() -> None:
     # never two jobs at once: every window's start is followed by its own end
     assert all(busy[i] == busy[i + 1] for i in range(0, len(busy), 2)) and len(busy) == 2 * 2 * (4 + 2)
     assert all(sorted(o) == ["a", "b"] for o in res["orders"])
+
+
+def test_long_live_runs_pool_their_cycles_and_reach_the_document(tmp_path: Path) -> None:
+    """``python -m benchmarks.live`` pools the cycles of its runs; the report shows the pooled rows."""
+    from benchmarks import report
+    from benchmarks.live import pool
+
+    def run(pairs: list[float], on: float, off: float) -> dict[str, Any]:
+        cpu = {"pair_ratios": pairs, "on_total": on, "off_total": off, "ms_per_step": {"on_kernel": 0.3, "off_kernel": 0.2}}
+        return {"pair_ratios": pairs, "on_total": on, "off_total": off, "ratio": pairs[0], "ctx_log_ms": 0.02, "cpu": cpu}
+
+    p = pool([run([0.98, 1.0], 4.0, 3.9), run([1.02, 0.99, 1.01], 6.0, 6.1)])
+    assert p["runs"] == 2 and p["cycles"] == 5
+    assert p["ratio"] == pytest.approx(1.0)  # the median of all five cycles
+    assert p["ratio_of_totals"] == pytest.approx(10.0 / 10.0)
+    assert p["cpu"]["ms_per_step"]["on_kernel"] == pytest.approx(0.3)
+    long = {"command": "python -m benchmarks.live", "started": "now", "duration_s": 60.0,
+            "runs": [{}], "pooled": {"mlp": {"ab": p, "aa": {**p, "ratio": 1.003}}}}
+    text = report.long_live_section(long)
+    assert "| mlp | 2 | 5 | 1.000 |" in text and "| mlp A/A | 2 | 5 | 1.003 |" in text
+    (tmp_path / "results.json").write_text(json.dumps({"meta": {}}))
+    (tmp_path / "live.json").write_text(json.dumps(long))
+    assert report.load(tmp_path)["live_long"]["pooled"]["mlp"]["ab"]["cycles"] == 5
+
