@@ -879,7 +879,6 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         f"{_r(lat.get('torchrun', {}).get('wall_s', {}).get('median'))} s; against torchrun's launch-to-first-step "
         f"alone: {_r(lat.get('speedup_vs_torchrun_first_step'), 1)}x",
     ))
-    feats = r.get("features", {})
     inter = r.get("gns_interleaved", {})
     live = r.get("live_interleaved", {})
     for k in KINDS:
