@@ -126,7 +126,7 @@ def gns_interleaved(kind, warmup, cycles, seed=0):
     return [b - a for a, b in zip(tops, tops[1:])], arms, window
 
 
-def live_interleaved(kind, warmup, cycles, window, port, seed=0, aa=False):
+def live_interleaved(kind, warmup, cycles, window, port, seed=0, on_arm=(True, True), off_arm=(False, False)):
     \"\"\"The live dashboard + run store on and off in windows of ``window`` steps inside ONE loop.
 
     On windows call ``ctx.log(loss=...)`` every step and the kernel feeds the live dashboard;
@@ -134,10 +134,11 @@ def live_interleaved(kind, warmup, cycles, window, port, seed=0, aa=False):
     records that still come, throughput and progress, go to the store only). At the start of
     every window rank 0 tells the kernel the window's arm over a socket (``port``), so the
     kernel switches within a millisecond of the ranks. Each cycle is one on and one off window
-    in an order drawn from ``seed`` (the same on every rank). ``aa``: both windows of a cycle
-    run the on arm (the A/A control: how far apart two identical windows land). Returns
-    (window seconds, window arms, steps per window, this process's CPU seconds per window, seconds
-    spent inside ``ctx.log``).
+    in an order drawn from ``seed`` (the same on every rank). An arm is (ctx.log every step,
+    dashboard fed): ``off_arm=on_arm`` is the A/A control (how far apart two identical windows
+    land); (True, True) against (True, False) isolates the kernel's part. Returns
+    (window seconds, window arms, steps per window, this process's CPU seconds per window, CPU
+    seconds spent inside ``ctx.log``).
     \"\"\"
     import socket
 
@@ -148,8 +149,8 @@ def live_interleaved(kind, warmup, cycles, window, port, seed=0, aa=False):
     end = warmup + 2 * cycles * window
     sock = socket.create_connection(("127.0.0.1", port)) if ctx.rank == 0 else None
     tops, cpus, arms = [], [], []
-    log_s = 0.0  # spent inside ctx.log (timed windows and warmup)
-    on = True  # the warmup: the dashboard builds its widgets and draws a first time
+    log_s = 0.0  # CPU seconds inside ctx.log (timed windows and warmup)
+    log = True  # the warmup: the dashboard builds its widgets and draws a first time
     try:
         for step, (x, y) in ctx.steps(_fb[kind], max_steps=end + 1):
             if step >= warmup and (step - warmup) % window == 0:
@@ -162,15 +163,16 @@ def live_interleaved(kind, warmup, cycles, window, port, seed=0, aa=False):
                     break
                 on = on_first[w // 2] != bool(w % 2)
                 arms.append(on)
+                log, live = on_arm if on else off_arm
                 if sock is not None:
-                    sock.sendall(b"1\\n" if on or aa else b"0\\n")
+                    sock.sendall(b"1\\n" if live else b"0\\n")
             loss = F.cross_entropy(model(x), y)
             ctx.backward(loss)
             ctx.step(opt)
-            if on or aa:
-                t_log = time.perf_counter()
+            if log:
+                t_log = time.thread_time()
                 ctx.log(loss=loss)
-                log_s += time.perf_counter() - t_log
+                log_s += time.thread_time() - t_log
     finally:
         if sock is not None:
             sock.close()
@@ -375,23 +377,29 @@ class FeatureBench:
         return out
 
     def live_interleaved(self, kind: str, warmup: int, cycles: int, window: int, aa: bool = False,
-                         seed: int = 0) -> dict[str, Any]:
+                         seed: int = 0, on_arm: tuple[bool, bool] = (True, True),
+                         off_arm: tuple[bool, bool] = (False, False)) -> dict[str, Any]:
         """Live dashboard + run store on/off windows alternating inside one loop (``%%dtrain``'s
-        defaults: output shown); ``aa``: both windows of every cycle on (the A/A control)."""
+        defaults: output shown). An arm: (ctx.log every step, dashboard fed); ``aa``: both windows
+        of every cycle run ``on_arm`` (the A/A control)."""
+        if aa:
+            off_arm = on_arm
         self._set_average(True)
         ctrl = getattr(getattr(self.r.cluster._ipp, "controller", None), "pid", None)
         with LiveSwitch(self.r.cluster.session, (ctrl,) if ctrl else ()) as switch:
             self.r.run(f"_res = live_interleaved({kind!r}, warmup={warmup}, cycles={cycles}, window={window}, "
-                       f"port={switch.port}, seed={seed}, aa={aa})\n", quiet=False, live=True)
+                       f"port={switch.port}, seed={seed}, on_arm={on_arm}, off_arm={off_arm})\n",
+                       quiet=False, live=True)
         res = self.r.pull("_res")
         arms = res[0][1]
         out = interleaved_summary([r[0] for r in res], arms)
         out["steps_per_window"] = res[0][2]
         out["switches"] = switch.switches
-        logged_steps = (warmup + sum(arms) * res[0][2]) if not aa else (warmup + len(arms) * res[0][2])
-        # inside ctx.log, per logged step, the mean over ranks (its CPU is the ranks' share of the cost)
-        out["ctx_log_ms"] = 1000.0 * statistics.fmean(r[4] for r in res) / logged_steps
+        logged = warmup + res[0][2] * sum(on_arm[0] if a else off_arm[0] for a in arms)
+        # CPU inside ctx.log per logged step, the mean over ranks (the rest of its cost is in the sync)
+        out["ctx_log_ms"] = 1000.0 * statistics.fmean(r[4] for r in res) / logged
         out["aa"] = aa
+        out["arms"] = {"on": {"log": on_arm[0], "live": on_arm[1]}, "off": {"log": off_arm[0], "live": off_arm[1]}}
         # The same cycles read in CPU seconds: every rank's engine process, the kernel and the
         # controller, window by window (off / on: a throughput-like ratio, blind to preemption)
         others = [[b - a for a, b in zip(col, col[1:], strict=False)] for col in zip(*switch.cpu, strict=True)]

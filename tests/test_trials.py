@@ -199,6 +199,25 @@ for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=100000, max_epochs=100
     assert [r["value"] for r in rows] == [s + 0.5 for s in range(last[0] + 1)]  # (s + s + 1) / 2
 
 
+def test_logged_numbers_and_tensors_mix_and_average_over_ranks_and_calls(fresh_run) -> None:
+    """ctx.log takes numbers and tensors (0-d or one element), even a number on one rank where the
+    other logs a tensor; a name logged twice in a step gives the mean of the two."""
+    c = fresh_run
+    c.run(
+        "import torch\n"
+        "for step, _ in ctx.steps(range(6), max_steps=6):\n"
+        "    v = float(step + ctx.rank)\n"
+        "    ctx.log(mix_a=torch.tensor(v) if ctx.rank == 0 else v, mix_b=2.0 * step, mix_c=torch.tensor([float(step)]))\n"
+        "    ctx.log(mix_c=float(step + 2))\n",
+        quiet=True,
+    )
+    store, run = c.session.store, c.session.run_id
+    for name, expect in (("mix_a", lambda s: s + 0.5), ("mix_b", lambda s: 2.0 * s), ("mix_c", lambda s: s + 1.0)):
+        rows = store.metrics(run, name)
+        assert [r["step"] for r in rows] == list(range(6)), name
+        assert [r["value"] for r in rows] == [expect(s) for s in range(6)], name
+
+
 def test_background_cell_and_wait(cluster) -> None:
     cluster.configure(None)
     result = cluster.run("import time\nfor i in range(5):\n    time.sleep(0.2)\ndone = ctx.rank", bg=True, quiet=True)

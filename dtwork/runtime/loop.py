@@ -65,10 +65,10 @@ class StepLoop:
         self.is_last_micro = True
         self.stepped = False
         self.stopped_early = False
-        self._logs: dict[str, list[torch.Tensor]] = {}
+        self._logs: dict[str, list[torch.Tensor | float]] = {}
         # steps not yet sent: (step, head values, {logged name: local mean}); the sync in flight
-        self._unsynced: list[tuple[int, list[float], dict[str, torch.Tensor]]] = []
-        self._pending: tuple[Any, torch.Tensor, list[tuple[int, list[float], dict[str, torch.Tensor]]]] | None = None
+        self._unsynced: list[tuple[int, list[float], dict[str, Any]]] = []
+        self._pending: tuple[Any, torch.Tensor, list[tuple[int, list[float], dict[str, Any]]]] | None = None
         self.sync_every = 1  # steps per sync all-reduce; the same on every rank
         self._last_sync = 0.0
         self._samples = 0
@@ -318,14 +318,25 @@ class StepLoop:
             self.ctx.publisher.record("gpu", self.step, vals)
 
     def add_log(self, scalars: dict[str, Any]) -> None:
+        """Keep the step's values as they come: a number as a float, a tensor detached (on the
+        rank's device, 0-d). No conversion here: in a training loop every tensor operation pays
+        the dispatcher's cold path (~15 us each on CPU); the sync converts all values at once."""
+        device = self.ctx.device
         for name, value in scalars.items():
-            t = torch.as_tensor(value).detach().to(self.ctx.device, torch.float64).reshape(())
-            self._logs.setdefault(name, []).append(t)
+            if isinstance(value, torch.Tensor):
+                t = value.detach()
+                if t.device != device:
+                    t = t.to(device)
+                if t.ndim:
+                    t = t.reshape(())
+                self._logs.setdefault(name, []).append(t)
+            else:
+                self._logs.setdefault(name, []).append(float(value))
 
     def _record_step(self, norms: tuple[float, float] | None) -> None:
         """Keep what this step leaves for the next sync: stop flag, GNS norms, logged means."""
         names = sorted(self._logs)[:MAX_LOGGED]
-        local = {n: torch.stack(self._logs[n]).mean() for n in names}
+        local = {n: _mean(self._logs[n], self.ctx.device) for n in names}
         self._logs = {}
         small, big_share = norms if norms else (0.0, 0.0)
         # [stop requested, local |G_small|^2, ranks that measured, share of |G_big|^2]; logs follow
@@ -342,10 +353,20 @@ class StepLoop:
         per_step = (now - self._last_sync) / len(entries) if self._last_sync else 0.0
         self._last_sync = now
         heads = [v for _, head, _ in entries for v in head]
-        logs = [t for _, _, local in entries for t in local.values()]
-        vec = torch.tensor([per_step, *heads], dtype=torch.float64, device=ctx.device)
-        if logs:
-            vec = torch.cat([vec, torch.stack(logs).to(torch.float64)])
+        logs = [v for _, _, local in entries for v in local.values()]
+        # The logs follow the heads in the entries' order, whatever their types (the layout must
+        # be the same on every rank): numbers and tensors are converted in one operation each.
+        tensor_at = [i for i, v in enumerate(logs) if isinstance(v, torch.Tensor)]
+        if not tensor_at:
+            vec = torch.tensor([per_step, *heads, *logs], dtype=torch.float64, device=ctx.device)
+        else:
+            stacked = torch.stack([logs[i] for i in tensor_at]).to(torch.float64)
+            if len(tensor_at) < len(logs):
+                part = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in logs],
+                                    dtype=torch.float64, device=ctx.device)
+                part[torch.tensor(tensor_at, device=ctx.device)] = stacked
+                stacked = part
+            vec = torch.cat([torch.tensor([per_step, *heads], dtype=torch.float64, device=ctx.device), stacked])
         work = dist.all_reduce(vec, async_op=True) if ctx.world_size > 1 else None
         self._pending = (work, vec, entries)
 
@@ -366,7 +387,7 @@ class StepLoop:
             at += len(local)
             self._step_synced(step, head, logs, local)
 
-    def _step_synced(self, step: int, head: list[float], logs: list[float], local: dict[str, torch.Tensor]) -> None:
+    def _step_synced(self, step: int, head: list[float], logs: list[float], local: dict[str, Any]) -> None:
         """Act on one step's reduced values (the same on every rank)."""
         ws = self.ctx.world_size
         if head[0] > 0 and not self.stopped_early:
@@ -453,6 +474,16 @@ class StepLoop:
 
 
 # -- ctx.backward / ctx.step / ctx.log --------------------------------------------------------------
+
+
+def _mean(values: list[Any], device: torch.device) -> Any:
+    """The mean of one name's values in a step: the value itself when logged once (the usual
+    case: no tensor operation), a float for numbers, else a 0-d float64 tensor."""
+    if len(values) == 1:
+        return values[0]
+    if not any(isinstance(v, torch.Tensor) for v in values):
+        return sum(values) / len(values)
+    return torch.stack([torch.as_tensor(v, device=device).to(torch.float64) for v in values]).mean()
 
 
 def backward(ctx: Any, loss: torch.Tensor) -> None:
