@@ -76,7 +76,7 @@ class Plan:
     thread_check_steps: int = 15
     feature_reps: int = 3  # on/off pairs at least; more while the time budget allows
     feature_max_reps: int = 12
-    budget_s: float = 860.0  # the run adds repetitions only while it can still finish within this
+    budget_s: float = 840.0  # the run adds repetitions only while it can still finish within this
     throughput_share: float = 0.30  # steps/s repetitions stop being added past this share of the budget
     reserve_s: float = 45.0  # kept for stopping the clusters and writing the results
     feature_steps: dict[str, int] = field(default_factory=lambda: {"mlp": 250, "convnet": 50})
@@ -91,7 +91,7 @@ class Plan:
     live_cycles: dict[str, int] = field(default_factory=lambda: {"mlp": 30, "convnet": 20})
     # (c) dtwork and torchrun training in turns: blocks (fresh launches of both), each with cycles of windows
     turn_blocks: int = 6  # at least; more while the time budget allows, up to turn_max_blocks
-    turn_max_blocks: int = 8
+    turn_max_blocks: int = 6
     turn_share: float = 0.62  # blocks stop being added past this share of the budget
     turn_steps: dict[str, int] = field(default_factory=lambda: {"mlp": 30, "convnet": 8})
     turn_cycles: dict[str, int] = field(default_factory=lambda: {"mlp": 12, "convnet": 8})

@@ -237,9 +237,12 @@ class CellWatcher:
             if self.on_records is not None and self.session.live:
                 self.on_records(batch)
         dash = self.session.dashboard
-        if self._progress_changed and dash is not None and self.on_records is not None and self.session.live:
+        if dash is None or self.on_records is None or not self.session.live:
+            return
+        if self._progress_changed:
             self._progress_changed = False
             dash.progress(dict(self.progress))
+        dash.tick()  # what an earlier poll fed inside the interval is drawn once it has passed
 
     # -- rank health ---------------------------------------------------------------------------
 
@@ -638,7 +641,7 @@ class Session:
         def feed(records: list[dict[str, Any]]) -> None:
             # Made at the first records: a cell that logs nothing shows no empty dashboard.
             if self.dashboard is None:
-                self.dashboard = Dashboard.for_cell(self, run_id, ranks)
+                self.dashboard = Dashboard.for_cell(self, run_id, ranks, trailing=False)
             self.dashboard.feed(records)
 
         return feed

@@ -145,6 +145,27 @@ def test_the_default_dashboard_redraws_twice_a_second_while_records_flow() -> No
     dash.close()
 
 
+def test_a_polling_caller_ticks_the_undrawn_records_onto_the_screen() -> None:
+    """Without the trailing timer (the collector polls): ``tick`` draws what a feed left undrawn,
+    once the interval has passed, and nothing when nothing is new."""
+    clock = FakeClock()
+    dash = Dashboard(1, [0], clock=clock, trailing=False, draw_share=None)
+    dash.feed([log(0, loss=1.0)])
+    clock.now += 0.125
+    dash.feed([log(1, loss=0.5)])
+    clock.now += 0.125
+    dash.tick()
+    assert dash.redraws == 1 and list(trace(dash.figures["metrics"], "loss").x) == [0]
+    clock.now += 0.25
+    dash.tick()
+    assert dash.redraws == 2 and list(trace(dash.figures["metrics"], "loss").x) == [0, 1]
+    clock.now += 1.0
+    dash.tick()
+    assert dash.redraws == 2  # nothing new
+    assert threading.active_count() >= 1 and dash._timer is None  # no timer thread was started
+    dash.close()
+
+
 def test_costly_redraws_come_less_often() -> None:
     """The interval stretches to a redraw's CPU time over ``draw_share`` of a core, and not below
     ``min_interval``."""

@@ -199,10 +199,16 @@ class Dashboard(widgets.VBox):
     # -- construction ------------------------------------------------------------------------
 
     @classmethod
-    def for_cell(cls, session: Any, run_id: int, ranks: list[int], display: bool = True) -> Dashboard:
-        """Create the dashboard of a new cell (title from the session) and display it."""
+    def for_cell(
+        cls, session: Any, run_id: int, ranks: list[int], display: bool = True, trailing: bool = True
+    ) -> Dashboard:
+        """Create the dashboard of a new cell (title from the session) and display it.
+
+        ``trailing=False`` when the caller calls :meth:`tick` as it polls (the collector does):
+        what a feed left undrawn is drawn by the next tick, in a wakeup the kernel makes anyway,
+        instead of by a timer thread of its own."""
         title, global_batch = _session_info(session)
-        dash = cls(run_id, ranks, title=title, global_batch=global_batch)
+        dash = cls(run_id, ranks, title=title, global_batch=global_batch, trailing=trailing)
         if display:
             from IPython.display import display as show
 
@@ -259,6 +265,11 @@ class Dashboard(widgets.VBox):
                     self._first_progress.setdefault(int(rank), (float(t), int(step)))
             self._dirty = True
         self._maybe_redraw()
+
+    def tick(self) -> None:
+        """Redraw if something is undrawn and the interval has passed (for a caller that polls)."""
+        if self._dirty and self._due():
+            self._maybe_redraw()
 
     def flush(self) -> None:
         """Redraw now, whatever the throttle says."""
@@ -408,6 +419,12 @@ class Dashboard(widgets.VBox):
     ) -> None:
         step = int(info.get("step") or 0)
         total = info.get("total")
+        with bar.hold_sync():  # one message for the four traits
+            self._set_bar(bar, rank, step, total, rate, eta)
+
+    def _set_bar(
+        self, bar: widgets.IntProgress, rank: int, step: int, total: Any, rate: float | None, eta: float | None
+    ) -> None:
         bar.max = max(int(total), 1) if total else max(step, 1)
         bar.value = min(step, bar.max)
         parts = [f"rank {rank}: step {step}" + (f"/{total}" if total else "")]
