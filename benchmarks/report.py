@@ -83,6 +83,15 @@ def long_live_section(long: dict[str, Any]) -> str:
                 f"{ci(p.get('ci95'))} | {fmt(p.get('ratio_of_totals'), 3)} | {fmt((p.get('pair_sd') or 0) * 100, 1)}% | "
                 f"{fmt(c.get('ratio'), 3)} ({ci(c.get('ci95'))}) | {fmt(p.get('ctx_log_ms'), 3)} | {tgt} |"
             )
+    against = []
+    for k in KINDS:
+        pooled = long.get("pooled", {}).get(k) or {}
+        ab, aa = (pooled.get("ab") or {}).get("ratio"), (pooled.get("aa") or {}).get("ratio")
+        if ab and aa:
+            against.append(f"{k} {ab / aa:.3f}")
+    if against:
+        lines += ["", "The A/A runs read what this method reads when nothing differs; A/B ÷ A/A: " + ", ".join(against)
+                  + ". Where the A/A interval spans the A/B reading, the windows cannot tell the difference apart."]
     return "\n".join(lines)
 
 
