@@ -96,6 +96,9 @@ class StepLoop:
         control.clear()
         control.enter_loop()
         self._progress("train")
+        # Sent at once, not at the next flush interval: a rank that stalls at the loop's first
+        # steps is then still named by the kernel's watchdog (it knows the loop started).
+        ctx.publisher.flush()
         try:
             yield from self._epochs(resume_state)
         finally:

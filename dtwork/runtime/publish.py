@@ -34,14 +34,10 @@ class Publisher:
         self._seq = 0
         self._last = 0.0
         self._progress: dict[str, Any] | None = None
-        self.history: list[dict[str, Any]] = []  # the records of this rank's current cell
-        self.keep_history = True
 
     def record(self, kind: str, step: int | None, values: dict[str, float], **extra: Any) -> None:
         rec = {"kind": kind, "step": step, "rank": self.rank, "time": time.time(), "values": values, **extra}
         self._buf.append(rec)
-        if self.keep_history:
-            self.history.append(rec)
         self.maybe_flush()
 
     def progress(self, **fields: Any) -> None:
@@ -63,7 +59,3 @@ class Publisher:
             data["progress"] = self._progress
         if data:
             _publish(data)
-
-    def new_cell(self) -> None:
-        self.flush()
-        self.history = []
