@@ -88,6 +88,33 @@ def feature_loop(kind, gns, warmup, steps, log=True, hand=False, stamps=False):
             time.time() - (time.perf_counter() - t0), time.time(), ts and [t - t0 for t in ts])
 
 
+def in_windows(kind, warmup, cycles, window, seed, tops, arms, cpus=None):
+    \"\"\"``ctx.steps`` over the workload's batches, cut after ``warmup`` steps into windows of
+    ``window`` steps, on and off in turn: yields (x, y, arm) where arm is True or False at the
+    first step of a window and None at the others. Each cycle is one on and one off window in an
+    order drawn from ``seed`` (the same on every rank). Every window's start (perf_counter, and
+    this process's CPU time when ``cpus`` is a list) goes to ``tops``, its arm to ``arms``; the
+    last start closes the last window.
+    \"\"\"
+    rng = random.Random(seed)
+    on_first = [rng.random() < 0.5 for _ in range(cycles)]
+    end = warmup + 2 * cycles * window
+    for step, (x, y) in ctx.steps(_fb[kind], max_steps=end + 1):
+        arm = None
+        if step >= warmup and (step - warmup) % window == 0:
+            w = (step - warmup) // window
+            if w == 0:
+                dist.barrier()
+            tops.append(time.perf_counter())
+            if cpus is not None:
+                cpus.append(time.process_time())
+            if step == end:
+                return
+            arm = on_first[w // 2] != bool(w % 2)
+            arms.append(arm)
+        yield x, y, arm
+
+
 def gns_interleaved(kind, warmup, cycles, seed=0):
     \"\"\"GNS measurement on and off in windows of 2 * gns.every steps inside ONE training loop.
 
@@ -105,20 +132,10 @@ def gns_interleaved(kind, warmup, cycles, seed=0):
     model = ctx.wrap(make_model(kind), gns=True)
     state = measure_state(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    rng = random.Random(seed)
-    on_first = [rng.random() < 0.5 for _ in range(cycles)]
-    end = warmup + 2 * cycles * window
     tops, arms = [], []
-    for step, (x, y) in ctx.steps(_fb[kind], max_steps=end + 1):
-        if step >= warmup and (step - warmup) % window == 0:
-            w = (step - warmup) // window
-            if w == 0:
-                dist.barrier()
-            tops.append(time.perf_counter())
-            if step == end:
-                break
-            state.gns = on_first[w // 2] != bool(w % 2)
-            arms.append(state.gns)
+    for x, y, arm in in_windows(kind, warmup, cycles, window, seed, tops, arms):
+        if arm is not None:
+            state.gns = arm
         loss = F.cross_entropy(model(x), y)
         ctx.backward(loss)
         ctx.step(opt)
@@ -144,26 +161,14 @@ def live_interleaved(kind, warmup, cycles, window, port, seed=0, on_arm=(True, T
 
     model = ctx.wrap(make_model(kind), gns=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    rng = random.Random(seed)
-    on_first = [rng.random() < 0.5 for _ in range(cycles)]
-    end = warmup + 2 * cycles * window
     sock = socket.create_connection(("127.0.0.1", port)) if ctx.rank == 0 else None
     tops, cpus, arms = [], [], []
     log_s = 0.0  # CPU seconds inside ctx.log (timed windows and warmup)
     log = True  # the warmup: the dashboard builds its widgets and draws a first time
     try:
-        for step, (x, y) in ctx.steps(_fb[kind], max_steps=end + 1):
-            if step >= warmup and (step - warmup) % window == 0:
-                w = (step - warmup) // window
-                if w == 0:
-                    dist.barrier()
-                tops.append(time.perf_counter())
-                cpus.append(time.process_time())
-                if step == end:
-                    break
-                on = on_first[w // 2] != bool(w % 2)
-                arms.append(on)
-                log, live = on_arm if on else off_arm
+        for x, y, arm in in_windows(kind, warmup, cycles, window, seed, tops, arms, cpus):
+            if arm is not None:
+                log, live = on_arm if arm else off_arm
                 if sock is not None:
                     sock.sendall(b"1\\n" if live else b"0\\n")
             loss = F.cross_entropy(model(x), y)
