@@ -72,7 +72,9 @@ test.describe('dtwork sidebar', () => {
     const palette = page.locator('#command-palette');
     const input = palette.locator('input');
     // Open the palette through its command: a keyboard shortcut is lost when focus sits in
-    // the new notebook's kernel-start dialog or editor (seen on a slow CI machine).
+    // the new notebook's kernel-start dialog or editor (seen on a slow CI machine). The palette
+    // can also close again while the new notebook takes focus (seen on CI between "visible" and
+    // the fill), so opening, filling and choosing the entry are retried together.
     await expect(async () => {
       await page.evaluate(async () => {
         const app = (window as unknown as { jupyterapp: { commands: { execute(id: string): Promise<unknown> } } })
@@ -80,9 +82,11 @@ test.describe('dtwork sidebar', () => {
         await app.commands.execute('apputils:activate-command-palette');
       });
       await expect(input).toBeVisible({ timeout: 2_000 });
-    }).toPass({ timeout: 30_000 });
-    await input.fill('dtwork start cell');
-    await palette.locator('.lm-CommandPalette-item', { hasText: 'Insert dtwork start cell' }).click();
+      await input.fill('dtwork start cell', { timeout: 2_000 });
+      await palette
+        .locator('.lm-CommandPalette-item', { hasText: 'Insert dtwork start cell' })
+        .click({ timeout: 2_000 });
+    }).toPass({ timeout: 60_000 });
     await expect.poll(() => page.notebook.getCellTextInput(0)).toBe('%load_ext dtwork\n%dtrain start');
   });
 
