@@ -419,21 +419,16 @@ class Dashboard(widgets.VBox):
     ) -> None:
         step = int(info.get("step") or 0)
         total = info.get("total")
-        with bar.hold_sync():  # one message for the four traits
-            self._set_bar(bar, rank, step, total, rate, eta)
-
-    def _set_bar(
-        self, bar: widgets.IntProgress, rank: int, step: int, total: Any, rate: float | None, eta: float | None
-    ) -> None:
-        bar.max = max(int(total), 1) if total else max(step, 1)
-        bar.value = min(step, bar.max)
         parts = [f"rank {rank}: step {step}" + (f"/{total}" if total else "")]
         if rate is not None:
             parts.append(f"{rate:,.0f} samples/s")
         if eta is not None and self.status == "running":
             parts.append(f"ETA {format_duration(eta)}")
-        bar.description = " · ".join(parts)
-        bar.bar_style = BAR_STYLES.get(self.status, "")
+        with bar.hold_sync():  # one message for the four traits
+            bar.max = max(int(total), 1) if total else max(step, 1)
+            bar.value = min(step, bar.max)
+            bar.description = " · ".join(parts)
+            bar.bar_style = BAR_STYLES.get(self.status, "")
 
     def _header_html(
         self,
