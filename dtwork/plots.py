@@ -254,14 +254,17 @@ class _RankSeries:
 class _StepMeans:
     """Means over ranks per step of one per-rank name (the last value of a rank's step wins)."""
 
-    __slots__ = ("by_rank", "sums")
+    __slots__ = ("by_rank", "low", "sums")
 
     def __init__(self) -> None:
         self.sums: dict[int, list[float]] = {}  # step -> [sum, count]
         self.by_rank: dict[int, _RankSeries] = {}
+        self.low: int | None = None  # the lowest step whose mean changed since take_low()
 
     def add(self, step: int, rank: int, value: float) -> bool:
         """Add a value; return True when ``step`` is new for this name."""
+        if self.low is None or step < self.low:
+            self.low = step
         series = self.by_rank.setdefault(rank, _RankSeries())
         i = series.at.get(step)
         total = self.sums.get(step)
@@ -277,29 +280,65 @@ class _StepMeans:
         total[1] += 1
         return False
 
-    def means(self, steps: Iterable[int]) -> list[float]:
-        """The mean at each step (0.0 where no rank reported)."""
-        sums = self.sums
-        return [(t[0] / t[1]) if (t := sums.get(s)) else 0.0 for s in steps]
+    def take_low(self) -> int | None:
+        """The lowest step whose mean changed since the last call (None: none did)."""
+        low, self.low = self.low, None
+        return low
 
 
 class _Steps:
     """A sorted list of distinct steps, appended to in O(1) when steps come in order."""
 
-    __slots__ = ("seen", "steps")
+    __slots__ = ("low", "seen", "steps")
 
     def __init__(self) -> None:
         self.steps = _steps()
         self.seen: set[int] = set()
+        self.low: int | None = None  # the lowest index changed since take_low()
 
     def add(self, step: int) -> None:
         if step in self.seen:
             return
         self.seen.add(step)
         if not self.steps or step > self.steps[-1]:
+            i = len(self.steps)
             self.steps.append(step)
         else:
-            bisect.insort(self.steps, step)
+            i = bisect.bisect_left(self.steps, step)
+            self.steps.insert(i, step)
+        if self.low is None or i < self.low:
+            self.low = i
+
+    def take_low(self) -> int:
+        """The lowest index changed since the last call (the length when none was)."""
+        low, self.low = self.low, None
+        return len(self.steps) if low is None else low
+
+
+class _MeanColumn:
+    """The means of a :class:`_StepMeans` at every step of a :class:`_Steps` (0.0 where no rank
+    reported), brought up to date from the first step that changed: a redraw computes the means of
+    the steps that came since the last one, not of every step on screen."""
+
+    __slots__ = ("means", "values")
+
+    def __init__(self, means: _StepMeans) -> None:
+        self.means = means
+        self.values = _values()
+
+    def update(self, steps: Sequence[int], changed: int) -> Column:
+        """Bring the column up to date; ``changed``: the lowest index of ``steps`` that changed
+        (inserted) since the last update. Return the column (one value per step)."""
+        start = min(changed, len(self.values))
+        low = self.means.take_low()
+        if low is not None:
+            start = min(start, bisect.bisect_left(steps, low))
+        del self.values[start:]
+        sums = self.means.sums
+        self.values.extend(
+            (t[0] / t[1]) if (t := sums.get(steps[i])) else 0.0 for i in range(start, len(steps))
+        )
+        return self.values
 
 
 _EMPTY: dict[type, dict[str, Any]] = {}  # Series.empty() by class
@@ -509,6 +548,9 @@ class StepTimeSeries(Series):
         self._union = _Steps()  # steps of the parts
         self._measured = _StepMeans()
         self._measured_steps = _Steps()
+        # the means on the steps, kept up to date between redraws
+        self._part_means = {name: _MeanColumn(means) for name, means in self._parts.items()}
+        self._measured_means = _MeanColumn(self._measured)
 
     def _add(self, row: Mapping[str, Any]) -> bool:
         rank, name, step = row["rank"], row["name"], row["step"]
@@ -534,22 +576,20 @@ class StepTimeSeries(Series):
         array = max_points is not None
         out = []
         steps = self._union.steps
+        changed = self._union.take_low()
         keep = _pick(len(steps), max_points)
-        x = steps if keep is None else [steps[i] for i in keep]
         for name, label in STEP_PARTS:
-            means = self._parts[name]
-            if means.sums:
-                y = means.means(x)
+            means = self._part_means[name].update(steps, changed)  # every part: they share `changed`
+            if self._parts[name].sums:
                 out.append(
-                    Trace(label, _take(x, None, array), _take(y, None, array), {"stackgroup": "split"})
+                    Trace(label, _take(steps, keep, array), _take(means, keep, array), {"stackgroup": "split"})
                 )
         measured = self._measured_steps.steps
         if measured:
+            means = self._measured_means.update(measured, self._measured_steps.take_low())
             keep = _pick(len(measured), max_points)
-            xm = measured if keep is None else [measured[i] for i in keep]
-            ym = self._measured.means(xm)
             out.append(
-                Trace("step time", _take(xm, None, array), _take(ym, None, array), {"line": {"dash": "dash"}})
+                Trace("step time", _take(measured, keep, array), _take(means, keep, array), {"line": {"dash": "dash"}})
             )
         return out
 
