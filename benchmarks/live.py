@@ -7,8 +7,9 @@ interval of about ±2%, wider than the 1% the target allows. This runs the same 
 ``--minutes`` on one cluster, in runs of each workload taken in turn, and alternates them with
 A/A runs (both windows of every cycle on: the control, which should read 1.0), then pools the
 cycles of each kind of run: the median of all cycle ratios with a bootstrap interval, and the
-ratio of the pooled totals. Writes ``DIR/live.json`` (default ``benchmarks/results/``);
-``python -m benchmarks --report-only`` adds it to docs/benchmarks.md.
+ratio of the pooled totals. Writes ``DIR/live.json`` (default ``benchmarks/results/``), carrying
+the pooled readings of the runs recorded there before (``earlier``); ``python -m benchmarks
+--report-only`` adds them all to docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -60,6 +61,47 @@ def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def brief(result: dict[str, Any]) -> dict[str, Any]:
+    """What a later run keeps of this one: when, how long, and its pooled readings (no cycles)."""
+    keys = ("runs", "cycles", "ratio", "ci95", "ratio_of_totals", "pair_sd")
+    return {
+        "command": result.get("command"),
+        "started": result.get("started"),
+        "duration_s": result.get("duration_s"),
+        "dtwork_commit": result.get("dtwork_commit"),
+        "pooled": {
+            kind: {mode: {k: p.get(k) for k in keys} | {"cpu_ratio": (p.get("cpu") or {}).get("ratio")}
+                   for mode, p in modes.items()}
+            for kind, modes in (result.get("pooled") or {}).items()
+        },
+    }
+
+
+def earlier_runs(path: Path) -> list[dict[str, Any]]:
+    """The runs recorded before this one: the file's own earlier runs, then the file's run itself."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(old, dict) or not old.get("pooled"):
+        return []
+    return [*old.get("earlier", []), brief(old)]
+
+
+def git_commit() -> str | None:
+    """The commit of the code measured (with "+" when the tree has changes), or None outside git."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.live", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": time.perf_counter() - t0,
         "machine": machine(),
         "versions": versions(),
+        "dtwork_commit": git_commit(),
         "plan": {"window_steps": WINDOW, "cycles_per_run": CYCLES, "warmup": WARMUP, "aa_every": AA_EVERY},
         "runs": runs,
         "pooled": {
@@ -113,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "live.json"
+    result["earlier"] = earlier_runs(path)  # every run is kept in the record, not only the latest
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     for kind in kinds:
         for mode, p in result["pooled"][kind].items():

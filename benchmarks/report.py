@@ -52,18 +52,37 @@ def load(out_dir: Path) -> dict[str, Any]:
 
 
 def with_long_live(r: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """Add ``DIR/live.json`` (``python -m benchmarks.live``, run on its own) when there is one."""
-    live = out_dir / "live.json"
-    if live.exists():
-        r["live_long"] = json.loads(live.read_text())
+    """Add ``DIR/live.json`` (``python -m benchmarks.live``) and ``DIR/widget_messages.json``
+    (``python -m benchmarks.widget_messages``), run on their own, when they are there."""
+    for key, name in (("live_long", "live.json"), ("widget_messages", "widget_messages.json")):
+        path = out_dir / name
+        if path.exists():
+            r[key] = json.loads(path.read_text())
     return r
+
+
+def widget_messages_section(m: dict[str, Any]) -> str:
+    """The markdown of ``python -m benchmarks.widget_messages``: a redraw in a plain process and in a kernel."""
+    plain, kernel = m.get("plain") or {}, m.get("kernel") or {}
+    n = kernel.get("redraws") or 1
+    extra = (kernel.get("redraw_ms") or 0.0) - (plain.get("redraw_ms") or 0.0)
+    return (
+        f"**What the windows above leave out** (`{m.get('command')}`, {m.get('started')}): they drive dtwork from a "
+        "plain Python process, where ipywidgets drops every widget message unsent. The same dashboard (2 ranks, "
+        f"3000 steps drawn) redrawn {n} times costs {fmt(plain.get('redraw_ms'), 2)} ms of CPU a redraw there and "
+        f"{fmt(kernel.get('redraw_ms'), 2)} ms inside a real ipykernel, which sends "
+        f"{fmt((kernel.get('messages') or 0) / n, 1)} widget messages a redraw: in a notebook the live view costs "
+        f"about {fmt(extra * 2, 1)} ms of kernel CPU a second more (two redraws a second) than the windows count."
+    )
 
 
 def long_live_section(long: dict[str, Any]) -> str:
     """The markdown of ``python -m benchmarks.live``'s pooled runs (issue 3's target, measured longer)."""
     lines = [
         f"**The same windows, longer** (`{long.get('command')}`, {long.get('started')}, "
-        f"{fmt(long.get('duration_s', 0) / 60, 0)} min on one cluster): runs of each workload in turn, with A/A "
+        f"{fmt(long.get('duration_s', 0) / 60, 0)} min on one cluster"
+        + (f", dtwork {long['dtwork_commit']}" if long.get("dtwork_commit") else "")
+        + "): runs of each workload in turn, with A/A "
         "runs between them (both windows of every cycle on: the control, which should read 1.0); the cycles of "
         "each kind of run pooled.",
         "",
@@ -92,6 +111,24 @@ def long_live_section(long: dict[str, Any]) -> str:
     if against:
         lines += ["", "The A/A runs read what this method reads when nothing differs; A/B ÷ A/A: " + ", ".join(against)
                   + ". Where the A/A interval spans the A/B reading, the windows cannot tell the difference apart."]
+    earlier = long.get("earlier") or []
+    if earlier:
+        lines += ["", "Every earlier run of `python -m benchmarks.live` recorded here (on ÷ off, median of cycles, "
+                  "95% interval; A/A in brackets):", ""]
+        for run in earlier:
+            parts = []
+            for k in KINDS:
+                modes = (run.get("pooled") or {}).get(k) or {}
+                ab, aa = modes.get("ab") or {}, modes.get("aa") or {}
+                if ab.get("ratio") is None:
+                    continue
+                part = f"{k} {fmt(ab['ratio'], 3)} ({ci(ab.get('ci95'))}, {ab.get('cycles')} cycles)"
+                if aa.get("ratio") is not None:
+                    part += f" [A/A {fmt(aa['ratio'], 3)}]"
+                parts.append(part)
+            commit = f", dtwork {run['dtwork_commit']}" if run.get("dtwork_commit") else ""
+            lines.append(f"- {run.get('started')} ({fmt((run.get('duration_s') or 0) / 60, 0)} min{commit}): "
+                         + "; ".join(parts))
     return "\n".join(lines)
 
 
@@ -506,6 +543,9 @@ def markdown(r: dict[str, Any], results_path: str = "benchmarks/results/results.
     long_live = r.get("live_long") or {}
     if long_live.get("runs"):
         w(long_live_section(long_live))
+        w("")
+    if r.get("widget_messages"):
+        w(widget_messages_section(r["widget_messages"]))
         w("")
 
     inter = r.get("gns_interleaved", {})

@@ -262,3 +262,47 @@ def test_long_live_runs_pool_their_cycles_and_reach_the_document(tmp_path: Path)
     (tmp_path / "live.json").write_text(json.dumps(long))
     assert report.load(tmp_path)["live_long"]["pooled"]["mlp"]["ab"]["cycles"] == 5
 
+
+def test_a_long_live_run_keeps_the_readings_of_every_run_before_it(tmp_path: Path) -> None:
+    """A new ``python -m benchmarks.live`` result carries the pooled readings of those it replaces, and the
+    document lists them: no run drops out of the record because a later one was taken."""
+    from benchmarks import report
+    from benchmarks.live import brief, earlier_runs
+
+    def result(started: str, ab: float, aa: float) -> dict[str, Any]:
+        pooled = {"ab": {"runs": 2, "cycles": 30, "ratio": ab, "ci95": [ab - 0.01, ab + 0.01], "cpu": {"ratio": ab}},
+                  "aa": {"runs": 1, "cycles": 15, "ratio": aa, "ci95": [aa - 0.02, aa + 0.02]}}
+        return {"command": "python -m benchmarks.live", "started": started, "duration_s": 600.0, "runs": [{}],
+                "dtwork_commit": "abc1234", "pooled": {"mlp": pooled}}
+
+    path = tmp_path / "live.json"
+    assert earlier_runs(path) == []  # no file yet
+    first = result("first", 0.981, 0.987)
+    path.write_text(json.dumps({**first, "earlier": earlier_runs(path)}))
+    second = {**result("second", 0.994, 1.003), "earlier": earlier_runs(path)}
+    path.write_text(json.dumps(second))
+    third = {**result("third", 0.990, 0.999), "earlier": earlier_runs(path)}
+    assert [r["started"] for r in third["earlier"]] == ["first", "second"]
+    assert third["earlier"][0] == brief(first) and third["earlier"][0]["pooled"]["mlp"]["ab"]["cpu_ratio"] == 0.981
+    text = report.long_live_section(third)
+    assert "- first (10 min, dtwork abc1234): mlp 0.981 (0.971-0.991, 30 cycles) [A/A 0.987]" in text
+    assert "- second (10 min, dtwork abc1234): mlp 0.994 (0.984-1.004, 30 cycles) [A/A 1.003]" in text
+    assert "| mlp | 2 | 30 | 0.990 |" in text  # the latest run's own table
+
+
+
+def test_widget_messages_counts_a_redraws_messages_in_a_real_kernel(tmp_path: Path) -> None:
+    """``python -m benchmarks.widget_messages`` times redraws in this process and in a real ipykernel, whose
+    client sees the widget messages each redraw sends (one per changed figure's restyle and more)."""
+    from benchmarks import report, widget_messages
+
+    assert widget_messages.main(["--redraws", "3", "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "widget_messages.json").read_text())
+    assert m["plain"]["redraws"] == m["kernel"]["redraws"] == 3
+    assert m["plain"]["redraw_ms"] > 0 and m["kernel"]["redraw_ms"] > 0
+    # three figures change at every redraw (4 messages each: plotly's restyle), two bars, the header
+    assert m["kernel"]["messages"] == 3 * (3 * 4 + 2 + 1)
+    assert m["kernel"]["widgets_opened"] == 0  # built before the timed redraws
+    (tmp_path / "results.json").write_text(json.dumps({"meta": {}}))
+    text = report.widget_messages_section(report.load(tmp_path)["widget_messages"])
+    assert "redrawn 3 times" in text and "15.0 widget messages a redraw" in text
