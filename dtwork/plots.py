@@ -60,6 +60,7 @@ __all__ = [
     "row_kind",
     "rows_from_records",
     "scaling_figure",
+    "stacked_figure",
     "step_time_figure",
     "throughput_figure",
     "tradeoff_figure",
@@ -704,6 +705,44 @@ def no_data_note(text: str = NO_DATA) -> dict[str, Any]:
         "showarrow": False,
         "font": {"size": 16, "color": "#888"},
     }
+
+
+_STACKED: dict[tuple[type, ...], dict[str, Any]] = {}  # stacked_figure() by series classes
+
+
+def row_axes(row: int) -> tuple[str, str]:
+    """The x and y axis names of a stacked figure's row (1-based): ("x", "y"), ("x2", "y2"), ..."""
+    suffix = "" if row == 1 else str(row)
+    return f"x{suffix}", f"y{suffix}"
+
+
+def stacked_figure(series: Sequence[Series]) -> dict[str, Any]:
+    """Empty figures of ``series`` as the rows of one figure, as a plotly dict: each row titled, its
+    axes titled and "no data yet" in its middle (an annotation named NO_DATA_NAME on the row's axes),
+    and one empty trace per row (no name, no legend entry) so that plotly draws its axes; one legend,
+    its traces grouped by row. The live dashboard draws several series in one figure
+    widget: a redraw then updates them all in one message instead of one per figure. Built once per
+    kind of series (plotly's layout validation is slow)."""
+    key = tuple(type(s) for s in series)
+    if key not in _STACKED:
+        n = len(series)
+        fig = make_subplots(rows=n, cols=1, subplot_titles=[s.title for s in series], vertical_spacing=0.3 / n)
+        fig.update_layout(
+            template=_template(),
+            height=HEIGHT * n,
+            margin={"l": 60, "r": 20, "t": 40, "b": 50},
+            uirevision="dtwork",
+            legend={"groupclick": "toggleitem", "tracegroupgap": 24, "traceorder": "grouped"},
+        )
+        for row, s in enumerate(series, 1):
+            fig.update_xaxes(title_text=s.x_title, row=row, col=1)
+            fig.update_yaxes(title_text=s.y_title, row=row, col=1)
+            xa, ya = row_axes(row)
+            fig.add_annotation(**{**no_data_note(), "xref": f"{xa} domain", "yref": f"{ya} domain"})
+            # plotly draws no axes for a row without a trace: an empty one keeps every row on screen
+            fig.add_trace(go.Scatter(x=[], y=[], name="", xaxis=xa, yaxis=ya, showlegend=False, hoverinfo="skip"))
+        _STACKED[key] = fig.to_dict()
+    return copy.deepcopy(_STACKED[key])
 
 
 def _no_data(fig: go.Figure, text: str = NO_DATA) -> go.Figure:

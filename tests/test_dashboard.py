@@ -310,7 +310,7 @@ def test_figures_are_figure_widgets_or_rendered_outputs(dash: Dashboard) -> None
         assert isinstance(panel.view, widgets.Output)
         (output,) = panel.view.outputs
         spec = output["data"]["application/vnd.plotly.v1+json"]
-        assert spec["data"][0]["y"] == [1.0]
+        assert [t["y"] for t in spec["data"] if t.get("name") == "loss"] == [[1.0]]
 
 
 def test_format_duration() -> None:
@@ -421,3 +421,36 @@ def test_the_dashboard_modules_are_loaded_while_a_cluster_starts() -> None:
     widgets.warm_dashboard()
     assert widgets._warming is first  # started once
 
+
+
+def test_the_three_base_figures_are_rows_of_one_widget_updated_in_one_restyle(dash: Dashboard) -> None:
+    """Metrics, throughput and step time are the rows of one figure: a redraw that changes all three sends
+    one restyle (plotly's trace edit id moves by one), and each row keeps its own traces and note."""
+    panel = dash.panels["metrics"]
+    assert dash.panels["throughput"] is panel and dash.panels["step_time"] is panel
+    assert [v for v in dash.children if v is panel.view] == [panel.view]  # on screen once
+    for step in range(2):  # the first draws add the traces (and plotly settles the axes once)
+        dash.feed([log(step, loss=1.0 / (step + 1)), *(perf(step, r, 100.0 + step) for r in (0, 1))])
+        dash.flush()
+    if not panel.live:
+        return
+    edits = panel.figure._last_trace_edit_id
+    for step in range(2, 5):
+        dash.feed([log(step, loss=1.0 / (step + 1)), *(perf(step, r, 100.0 + step) for r in (0, 1))])
+        dash.flush()
+        assert panel.figure._last_trace_edit_id == edits + step - 1  # one restyle for the three rows
+    assert list(trace(dash.figures["metrics"], "loss").y) == [1.0, 0.5, 1 / 3, 0.25, 0.2]
+    assert list(trace(dash.figures["throughput"], "global").y) == [200.0, 202.0, 204.0, 206.0, 208.0]
+    assert [t.name for t in dash.figures["metrics"].data] == ["loss"]
+    assert not any(no_data(dash.figures[k]) for k in ("metrics", "throughput", "step_time"))
+    # every row is drawn on its own axes, the legend grouped by row
+    axes = {(t.legendgroup, t.xaxis, t.yaxis) for t in panel.figure.data if t.legendgroup}
+    assert axes == {("metrics", "x", "y"), ("throughput", "x2", "y2"), ("step_time", "x3", "y3")}
+
+
+def test_a_row_without_data_keeps_its_note_while_the_others_draw(dash: Dashboard) -> None:
+    dash.feed([log(0, loss=1.0)])
+    dash.flush()
+    assert not no_data(dash.figures["metrics"])
+    assert no_data(dash.figures["throughput"]) and no_data(dash.figures["step_time"])
+    assert not dash.figures["throughput"].data

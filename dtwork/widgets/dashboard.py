@@ -11,9 +11,13 @@ more than ``draw_share`` of a core over the interval (many ranks, many metrics),
 waits longer, so that the kernel's CPU stays with the ranks (which share its cores on a CPU
 machine, and wait for each other at every step).
 
-The figures are plotly ``FigureWidget``s. Plotly >= 6 needs the ``anywidget`` package for
-those; without it each figure is a plain ``go.Figure`` re-rendered into an ``Output`` widget,
-with the same data and the same API for tests (``dashboard.figures[key].data``).
+The metrics, throughput and step-time figures are the rows of one plotly ``FigureWidget``
+(:class:`RowsPanel`): a redraw updates all three in one restyle, which plotly sends as four widget
+messages, where three figures took twelve (in a kernel every message costs CPU, whatever its
+size). The GPU and noise-scale figures, shown once they have data, are widgets of their own.
+Plotly >= 6 needs the ``anywidget`` package for ``FigureWidget``; without it each figure is a
+plain ``go.Figure`` re-rendered into an ``Output`` widget, with the same data and the same API for
+tests (``dashboard.figures[key].data``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import math
 import threading
 import time
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -79,14 +84,13 @@ class FigurePanel:
             self.live = False
             self._render()
         self.names = [trace.name for trace in self.figure.data]
-        self.version = 0  # of the series last drawn
 
     def show(self, traces: Sequence[plots.Trace]) -> None:
         """Draw ``traces`` (a series' ``traces(...)``): in place when the figure has those traces
         already, the new ones added at the end, all of them again when their order changed.
         """
         if not self.live:  # the Output fallback renders plotly's JSON: plain lists there
-            traces = [t._replace(x=list(map(_plain, t.x)), y=list(map(_plain, t.y))) for t in traces]
+            traces = [_plain_trace(t) for t in traces]
         names = [t.name for t in traces]
         have = len(self.names)
         if names[:have] != self.names:  # order changed: draw them all again
@@ -119,6 +123,99 @@ class FigurePanel:
     def _render(self) -> None:
         bundle = _mime_bundle(self.figure)
         self.view.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)  # type: ignore[attr-defined]
+
+
+class RowView:
+    """One row of a :class:`RowsPanel` read as a figure: its traces (``data``) and its annotations
+    (``layout.annotations``: the row's "no data yet" note)."""
+
+    def __init__(self, panel: RowsPanel, key: str) -> None:
+        self.panel = panel
+        self.key = key
+
+    @property
+    def data(self) -> tuple[Any, ...]:
+        return tuple(t for t in self.panel.figure.data if t.legendgroup == self.key)
+
+    @property
+    def layout(self) -> Any:
+        ref = f"{plots.row_axes(self.panel.keys.index(self.key) + 1)[0]} domain"
+        notes = tuple(a for a in self.panel.figure.layout.annotations if a.xref == ref)
+        return types.SimpleNamespace(annotations=notes)
+
+
+class RowsPanel(FigurePanel):
+    """Several series' figures as the rows of ONE figure on screen (:func:`plots.stacked_figure`).
+
+    A redraw updates the traces of every changed row with one restyle: plotly sends four widget
+    messages per restyle whatever its size, and in a kernel each message costs ~0.15-0.2 ms of CPU
+    (``python -m benchmarks.widget_messages``), so one figure for three costs a third of the messages.
+    The traces of a row are grouped in the legend under the row's title.
+    """
+
+    def __init__(self, series: Mapping[str, plots.Series]) -> None:
+        self.keys = list(series)
+        self.titles = {key: s.title for key, s in series.items()}
+        super().__init__(plots.stacked_figure(list(series.values())))
+        # (row key, trace name) of each trace on screen, in order; the rows' empty traces have no key
+        self.order: list[tuple[str, str]] = [(t.legendgroup or "", t.name or "") for t in self.figure.data]
+
+    def row(self, key: str) -> RowView:
+        return RowView(self, key)
+
+    def show_rows(self, rows: Mapping[str, Sequence[plots.Trace]]) -> None:
+        """Draw each row's traces (a series' ``traces(...)``): the ones on screen already in one restyle,
+        the new ones added at the end; a row whose traces came in a new order is drawn again."""
+        if not self.live:
+            rows = {key: [_plain_trace(t) for t in traces] for key, traces in rows.items()}
+        fig = self.figure
+        have = {key: [name for k, name in self.order if k == key] for key in rows}
+        again = {key for key, traces in rows.items() if [t.name for t in traces][: len(have[key])] != have[key]}
+        if again:  # drop those rows' traces (rare: a trace that belongs before others appeared)
+            fig.data = tuple(t for t, (k, _) in zip(fig.data, self.order, strict=True) if k not in again)
+            self.order = [o for o in self.order if o[0] not in again]
+            have.update({key: [] for key in again})
+        at = {o: i for i, o in enumerate(self.order)}
+        with fig.batch_update():
+            index, xs, ys, new = [], [], [], []
+            for key, traces in rows.items():
+                n = len(have[key])
+                for t in traces[:n]:
+                    index.append(at[(key, t.name)])
+                    xs.append(t.x)
+                    ys.append(t.y)
+                new += [(key, t) for t in traces[n:]]
+            if index:  # one restyle for every row (fresh arrays: plotly takes them as they are)
+                fig.plotly_restyle({"x": xs, "y": ys}, index)
+            if new:
+                fig.add_traces([self._scatter(key, t) for key, t in new])
+                self.order += [(key, t.name) for key, t in new]
+            for key, traces in rows.items():
+                self._row_no_data(key, not traces)
+        if not self.live:
+            self._render()
+
+    def _scatter(self, key: str, trace: plots.Trace) -> go.Scatter:
+        xa, ya = plots.row_axes(self.keys.index(key) + 1)
+        style = {**trace.style, "xaxis": xa, "yaxis": ya, "legendgroup": key,
+                 "legendgrouptitle": {"text": self.titles[key]}}
+        return trace._replace(style=style).scatter()
+
+    def _row_no_data(self, key: str, show: bool) -> None:
+        """Show or drop the row's "no data yet" note."""
+        xa, ya = plots.row_axes(self.keys.index(key) + 1)
+        ref = f"{xa} domain"
+        notes = self.figure.layout.annotations
+        has = any(a.name == plots.NO_DATA_NAME and a.xref == ref for a in notes)
+        if has and not show:
+            self.figure.layout.annotations = [a for a in notes if not (a.name == plots.NO_DATA_NAME and a.xref == ref)]
+        elif show and not has:
+            self.figure.layout.annotations = [*notes, {**plots.no_data_note(), "xref": ref, "yref": f"{ya} domain"}]
+
+
+def _plain_trace(t: plots.Trace) -> plots.Trace:
+    """The trace with lists of Python numbers (the Output fallback renders plotly's JSON)."""
+    return t._replace(x=list(map(_plain, t.x)), y=list(map(_plain, t.y)))
 
 
 def _plain(value: Any) -> Any:
@@ -193,7 +290,9 @@ class Dashboard(widgets.VBox):
         self._timer: threading.Timer | None = None
         self._header = widgets.HTML(self._header_html({}, {}, None))
         self._bars = {r: self._new_bar(r) for r in self.ranks}
-        self.panels = {key: FigurePanel(self._series[key].empty()) for key in BASE_FIGURES}
+        rows = RowsPanel({key: self._series[key] for key in BASE_FIGURES})
+        self.panels: dict[str, FigurePanel] = {key: rows for key in BASE_FIGURES}  # gpu, gns: figures of their own
+        self._drawn: dict[str, int] = {}  # the version of each series last drawn
         self._arrange()
 
     # -- construction ------------------------------------------------------------------------
@@ -226,17 +325,23 @@ class Dashboard(widgets.VBox):
             layout=widgets.Layout(width="100%"),
         )
 
+    def _distinct_panels(self) -> list[FigurePanel]:
+        """The panels on screen, each once (the base figures share one), in order."""
+        return list({id(panel): panel for panel in self.panels.values()}.values())
+
     def _arrange(self) -> None:
-        views = [panel.view for panel in self.panels.values()]
+        views = [panel.view for panel in self._distinct_panels()]
         bars = widgets.VBox([self._bars[r] for r in sorted(self._bars)])
         self.children = (self._header, *views, bars)
 
     # -- public API --------------------------------------------------------------------------
 
     @property
-    def figures(self) -> dict[str, go.Figure]:
-        """The figures on screen by key ("metrics", "throughput", "step_time", "gpu", "gns")."""
-        return {key: panel.figure for key, panel in self.panels.items()}
+    def figures(self) -> dict[str, Any]:
+        """The figures on screen by key ("metrics", "throughput", "step_time", "gpu", "gns"): the first
+        three are rows of one figure widget, read through a :class:`RowView` (``data``, ``layout``)."""
+        return {key: panel.row(key) if isinstance(panel, RowsPanel) else panel.figure
+                for key, panel in self.panels.items()}
 
     def feed(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Add rank records (or store rows); redraw if ``min_interval`` has passed. Thread-safe."""
@@ -293,7 +398,7 @@ class Dashboard(widgets.VBox):
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-        for panel in self.panels.values():
+        for panel in self._distinct_panels():
             panel.view.close()
         super().close()
 
@@ -341,8 +446,7 @@ class Dashboard(widgets.VBox):
             self._dirty = False
             figures = {}
             for key, series in self._series.items():
-                panel = self.panels.get(key)
-                if series.version != (panel.version if panel else 0):
+                if series.version != self._drawn.get(key, 0):
                     figures[key] = (series.version, series.traces(MAX_POINTS))
             progress = {r: dict(p) for r, p in self._progress.items()}
             throughput = self._series["throughput"]
@@ -360,6 +464,7 @@ class Dashboard(widgets.VBox):
         cpu = time.thread_time()
         snap = self._snapshot()
         added = False
+        rows: dict[RowsPanel, dict[str, list[plots.Trace]]] = {}
         for key, (version, traces) in snap["figures"].items():
             panel = self.panels.get(key)
             if panel is None:
@@ -367,8 +472,13 @@ class Dashboard(widgets.VBox):
                     continue
                 panel = self.panels[key] = FigurePanel(self._series[key].empty())
                 added = True
-            panel.show(traces)
-            panel.version = version
+            if isinstance(panel, RowsPanel):
+                rows.setdefault(panel, {})[key] = traces
+            else:
+                panel.show(traces)
+            self._drawn[key] = version
+        for panel, changed in rows.items():
+            panel.show_rows(changed)
         if added:
             self._arrange()
         self._draw_bars(snap["progress"], snap["rates"], snap["etas"])
