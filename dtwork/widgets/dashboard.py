@@ -159,6 +159,7 @@ class RowsPanel(FigurePanel):
         super().__init__(plots.stacked_figure(list(series.values())))
         # (row key, trace name) of each trace on screen, in order; the rows' empty traces have no key
         self.order: list[tuple[str, str]] = [(t.legendgroup or "", t.name or "") for t in self.figure.data]
+        self._noted = set(self.keys)  # rows showing "no data yet" (every row, at first)
 
     def row(self, key: str) -> RowView:
         return RowView(self, key)
@@ -190,8 +191,7 @@ class RowsPanel(FigurePanel):
             if new:
                 fig.add_traces([self._scatter(key, t) for key, t in new])
                 self.order += [(key, t.name) for key, t in new]
-            for key, traces in rows.items():
-                self._row_no_data(key, not traces)
+            self._row_notes({key: not traces for key, traces in rows.items()})
         if not self.live:
             self._render()
 
@@ -201,16 +201,19 @@ class RowsPanel(FigurePanel):
                  "legendgrouptitle": {"text": self.titles[key]}}
         return trace._replace(style=style).scatter()
 
-    def _row_no_data(self, key: str, show: bool) -> None:
-        """Show or drop the row's "no data yet" note."""
-        xa, ya = plots.row_axes(self.keys.index(key) + 1)
-        ref = f"{xa} domain"
-        notes = self.figure.layout.annotations
-        has = any(a.name == plots.NO_DATA_NAME and a.xref == ref for a in notes)
-        if has and not show:
-            self.figure.layout.annotations = [a for a in notes if not (a.name == plots.NO_DATA_NAME and a.xref == ref)]
-        elif show and not has:
-            self.figure.layout.annotations = [*notes, {**plots.no_data_note(), "xref": ref, "yref": f"{ya} domain"}]
+    def _row_notes(self, empty: Mapping[str, bool]) -> None:
+        """Show or drop the "no data yet" note of each row in ``empty`` (row -> it has no trace); the
+        layout is set once, and only when a row's note changes (reading plotly's annotations is slow)."""
+        noted = {key for key in self.keys if (empty[key] if key in empty else key in self._noted)}
+        if noted == self._noted:
+            return
+        refs = {f"{plots.row_axes(i + 1)[0]} domain": key for i, key in enumerate(self.keys)}
+        notes = [a for a in self.figure.layout.annotations if not (a.name == plots.NO_DATA_NAME and a.xref in refs)]
+        for ref, key in refs.items():
+            if key in noted:
+                notes.append({**plots.no_data_note(), "xref": ref, "yref": ref.replace("x", "y", 1)})
+        self.figure.layout.annotations = notes
+        self._noted = noted
 
 
 def _plain_trace(t: plots.Trace) -> plots.Trace:
