@@ -293,8 +293,8 @@ class Dashboard(widgets.VBox):
         self._timer: threading.Timer | None = None
         self._header = widgets.HTML(self._header_html({}, {}, None))
         self._bars = {r: self._new_bar(r) for r in self.ranks}
-        rows = RowsPanel({key: self._series[key] for key in BASE_FIGURES})
-        self.panels: dict[str, FigurePanel] = {key: rows for key in BASE_FIGURES}  # gpu, gns: figures of their own
+        self._rows = RowsPanel({key: self._series[key] for key in BASE_FIGURES})
+        self.panels: dict[str, FigurePanel] = {key: self._rows for key in BASE_FIGURES}  # gpu, gns: their own
         self._drawn: dict[str, int] = {}  # the version of each series last drawn
         self._arrange()
 
@@ -467,7 +467,7 @@ class Dashboard(widgets.VBox):
         cpu = time.thread_time()
         snap = self._snapshot()
         added = False
-        rows: dict[RowsPanel, dict[str, list[plots.Trace]]] = {}
+        rows: dict[str, list[plots.Trace]] = {}  # the changed rows of the base figures
         for key, (version, traces) in snap["figures"].items():
             panel = self.panels.get(key)
             if panel is None:
@@ -475,13 +475,13 @@ class Dashboard(widgets.VBox):
                     continue
                 panel = self.panels[key] = FigurePanel(self._series[key].empty())
                 added = True
-            if isinstance(panel, RowsPanel):
-                rows.setdefault(panel, {})[key] = traces
+            if panel is self._rows:
+                rows[key] = traces
             else:
                 panel.show(traces)
             self._drawn[key] = version
-        for panel, changed in rows.items():
-            panel.show_rows(changed)
+        if rows:
+            self._rows.show_rows(rows)
         if added:
             self._arrange()
         self._draw_bars(snap["progress"], snap["rates"], snap["etas"])
