@@ -1,4 +1,4 @@
-"""``python -m benchmarks.live [--minutes M] [--out DIR]``: issue 3's dashboard target, measured longer.
+"""``python -m benchmarks.live [--minutes M] [--kernel] [--out DIR]``: issue 3's dashboard target, measured longer.
 
 The suite (``python -m benchmarks``) measures the live dashboard + run store on ÷ off in about three
 minutes of windows alternating inside one loop (``FeatureBench.live_interleaved``). On this 2-core
@@ -10,6 +10,12 @@ cycles of each kind of run: the median of all cycle ratios with a bootstrap inte
 ratio of the pooled totals. Writes ``DIR/live.json`` (default ``benchmarks/results/``), carrying
 the pooled readings of the runs recorded there before (``earlier``); ``python -m benchmarks
 --report-only`` adds them all to docs/benchmarks.md.
+
+With ``--kernel`` the same runs are driven from a real ipykernel started with jupyter_client, as
+a notebook drives dtwork: there the live view's widget messages are sent (JSON, signing, the
+kernel's IOPub thread) and this process reads every one of them as a notebook server would, on
+the same machine. Without it dtwork runs in this plain process, where ipywidgets drops them
+unsent (``python -m benchmarks.widget_messages`` measures the difference per redraw).
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ def brief(result: dict[str, Any]) -> dict[str, Any]:
         "started": result.get("started"),
         "duration_s": result.get("duration_s"),
         "dtwork_commit": result.get("dtwork_commit"),
+        "driven_from": result.get("driven_from"),
         "pooled": {
             kind: {mode: {k: p.get(k) for k in keys} | {"cpu_ratio": (p.get("cpu") or {}).get("ratio")}
                    for mode, p in modes.items()}
@@ -102,22 +109,12 @@ def git_commit() -> str | None:
     return head + ("+" if dirty else "")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.live", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--minutes", type=float, default=20.0, help="how long to keep taking runs (default 20)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where live.json goes")
-    args = ap.parse_args(argv)
-    if args.minutes <= 0:
-        ap.error("--minutes must be positive")
-
+def take_runs(minutes: float) -> list[dict[str, Any]]:
+    """Runs of each workload in turn on one fresh cluster for ``minutes``, A/A runs between them."""
     from benchmarks.features import FeatureBench
     from benchmarks.runners import DtworkRunner
-    from benchmarks.util import exit_on_sigterm, machine, versions
 
-    exit_on_sigterm()
     kinds = ("mlp", "convnet")
-    started = time.strftime("%Y-%m-%d %H:%M:%S %z")
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
     runner = DtworkRunner()
@@ -127,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = FeatureBench(runner, kinds)
         bench.setup()
         rnd = 0
-        while time.perf_counter() - t0 < args.minutes * 60:
+        while time.perf_counter() - t0 < minutes * 60:
             aa = rnd % AA_EVERY == AA_EVERY - 1
             for kind in kinds:
                 res = bench.live_interleaved(kind, WARMUP[kind], CYCLES[kind], WINDOW[kind], aa=aa, seed=rnd)
@@ -139,6 +136,80 @@ def main(argv: list[str] | None = None) -> int:
             rnd += 1
     finally:
         runner.stop()
+    return runs
+
+
+def take_runs_in_a_kernel(minutes: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``take_runs`` inside a fresh ipykernel; this process reads every message the kernel publishes.
+
+    Returns the runs and what the kernel sent: messages by type (``comm_msg``: widget updates),
+    and this client's CPU seconds (the part of a notebook server that reads them)."""
+    import queue
+
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT), startup_timeout=120)
+    counts: dict[str, int] = {}
+    text: list[str] = []
+    errors: list[str] = []
+    code = ("import json as _json\nfrom benchmarks.live import take_runs as _take_runs\n"
+            f"print('RESULT', _json.dumps(_take_runs({minutes!r}), default=str))\n")
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    try:
+        msg_id = kc.execute(code, store_history=False)
+        deadline = time.monotonic() + minutes * 60 + 900
+        while True:
+            try:
+                msg = kc.get_iopub_msg(timeout=max(1.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"the kernel ran past {minutes} minutes + 15") from None
+            kind = msg["msg_type"]
+            counts[kind] = counts.get(kind, 0) + 1
+            mine = msg["parent_header"].get("msg_id") == msg_id
+            if kind == "stream" and mine:
+                chunk = msg["content"].get("text", "")
+                text.append(chunk)
+                if msg["content"].get("name") == "stderr":
+                    sys.stderr.write(chunk)
+                    sys.stderr.flush()
+            elif kind == "error" and mine:
+                errors.append("\n".join(msg["content"].get("traceback", [])))
+            elif kind == "status" and mine and msg["content"].get("execution_state") == "idle":
+                break
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    seconds, client_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    line = next((ln for ln in "".join(text).splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError("the kernel did not report its runs:\n" + ("\n".join(errors) or "".join(text))[-3000:])
+    sent = {"messages": counts, "seconds": seconds, "widget_messages_per_s": counts.get("comm_msg", 0) / seconds,
+            "client_cpu_s": client_cpu, "client_cpu_share": client_cpu / seconds}
+    return json.loads(line[len("RESULT "):]), sent
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.live", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=20.0, help="how long to keep taking runs (default 20)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where live.json goes")
+    ap.add_argument("--kernel", action="store_true",
+                    help="drive dtwork from a real ipykernel, as a notebook does (widget messages sent and read)")
+    args = ap.parse_args(argv)
+    if args.minutes <= 0:
+        ap.error("--minutes must be positive")
+
+    from benchmarks.util import exit_on_sigterm, machine, versions
+
+    exit_on_sigterm()
+    kinds = ("mlp", "convnet")
+    started = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    t0 = time.perf_counter()
+    kernel: dict[str, Any] | None = None
+    if args.kernel:
+        runs, kernel = take_runs_in_a_kernel(args.minutes)
+    else:
+        runs = take_runs(args.minutes)
     result: dict[str, Any] = {
         "command": "python -m benchmarks.live" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv)),
         "started": started,
@@ -146,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "versions": versions(),
         "dtwork_commit": git_commit(),
+        "driven_from": "ipykernel" if kernel else "plain process",
+        "kernel": kernel,
         "plan": {"window_steps": WINDOW, "cycles_per_run": CYCLES, "warmup": WARMUP, "aa_every": AA_EVERY},
         "runs": runs,
         "pooled": {
