@@ -35,6 +35,9 @@ WINDOW = {"mlp": 180, "convnet": 44}  # steps: about 2 s each here
 CYCLES = {"mlp": 15, "convnet": 10}  # per run: about 60 s and 40 s
 WARMUP = {"mlp": 30, "convnet": 8}
 AA_EVERY = 3  # one A/A run of each workload after every AA_EVERY - 1 rounds of A/B runs
+# what a run of each workload holds (a test passes a smaller one)
+PLAN: dict[str, Any] = {"kinds": ["mlp", "convnet"], "window_steps": WINDOW, "cycles_per_run": CYCLES,
+                        "warmup": WARMUP, "aa_every": AA_EVERY}
 
 
 def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -109,12 +112,14 @@ def git_commit() -> str | None:
     return head + ("+" if dirty else "")
 
 
-def take_runs(minutes: float) -> list[dict[str, Any]]:
-    """Runs of each workload in turn on one fresh cluster for ``minutes``, A/A runs between them."""
+def take_runs(minutes: float, plan: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Runs of each workload in turn on one fresh cluster for ``minutes`` (at least one round), with
+    A/A runs between them, as ``plan`` says (default ``PLAN``)."""
     from benchmarks.features import FeatureBench
     from benchmarks.runners import DtworkRunner
 
-    kinds = ("mlp", "convnet")
+    plan = plan or PLAN
+    kinds = tuple(plan["kinds"])
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
     runner = DtworkRunner()
@@ -124,10 +129,11 @@ def take_runs(minutes: float) -> list[dict[str, Any]]:
         bench = FeatureBench(runner, kinds)
         bench.setup()
         rnd = 0
-        while time.perf_counter() - t0 < minutes * 60:
-            aa = rnd % AA_EVERY == AA_EVERY - 1
+        while rnd == 0 or time.perf_counter() - t0 < minutes * 60:
+            aa = rnd % plan["aa_every"] == plan["aa_every"] - 1
             for kind in kinds:
-                res = bench.live_interleaved(kind, WARMUP[kind], CYCLES[kind], WINDOW[kind], aa=aa, seed=rnd)
+                res = bench.live_interleaved(kind, plan["warmup"][kind], plan["cycles_per_run"][kind],
+                                             plan["window_steps"][kind], aa=aa, seed=rnd)
                 res.update(kind=kind, round=rnd)
                 runs.append(res)
                 print(f"[{time.perf_counter() - t0:6.0f}s] {'A/A' if aa else 'A/B'} {kind}: {res['ratio']:.3f} "
@@ -139,7 +145,7 @@ def take_runs(minutes: float) -> list[dict[str, Any]]:
     return runs
 
 
-def take_runs_in_a_kernel(minutes: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def take_runs_in_a_kernel(minutes: float, plan: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``take_runs`` inside a fresh ipykernel; this process reads every message the kernel publishes.
 
     Returns the runs and what the kernel sent: messages by type (``comm_msg``: widget updates),
@@ -153,7 +159,7 @@ def take_runs_in_a_kernel(minutes: float) -> tuple[list[dict[str, Any]], dict[st
     text: list[str] = []
     errors: list[str] = []
     code = ("import json as _json\nfrom benchmarks.live import take_runs as _take_runs\n"
-            f"print('RESULT', _json.dumps(_take_runs({minutes!r}), default=str))\n")
+            f"print('RESULT', _json.dumps(_take_runs({minutes!r}, {plan!r}), default=str))\n")
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         msg_id = kc.execute(code, store_history=False)
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtwork_commit": git_commit(),
         "driven_from": "ipykernel" if kernel else "plain process",
         "kernel": kernel,
-        "plan": {"window_steps": WINDOW, "cycles_per_run": CYCLES, "warmup": WARMUP, "aa_every": AA_EVERY},
+        "plan": PLAN,
         "runs": runs,
         "pooled": {
             kind: {mode: pool([r for r in runs if r["kind"] == kind and r["aa"] == (mode == "aa")])

@@ -61,14 +61,21 @@ def with_long_live(r: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     return r
 
 
-def widget_messages_section(m: dict[str, Any]) -> str:
-    """The markdown of ``python -m benchmarks.widget_messages``: a redraw in a plain process and in a kernel."""
+def widget_messages_section(m: dict[str, Any], long_in_kernel: bool = False) -> str:
+    """The markdown of ``python -m benchmarks.widget_messages``: a redraw in a plain process and in a kernel.
+    ``long_in_kernel``: the long run shown above was driven from a kernel (it counts these messages)."""
     plain, kernel = m.get("plain") or {}, m.get("kernel") or {}
     n = kernel.get("redraws") or 1
     extra = (kernel.get("redraw_ms") or 0.0) - (plain.get("redraw_ms") or 0.0)
+    if long_in_kernel:
+        lead = ("**What a redraw costs in a kernel** ({}, {}): the suite's windows drive dtwork from a plain Python "
+                "process, where ipywidgets drops every widget message unsent (the long run above, driven from an "
+                "ipykernel, counts them).")
+    else:
+        lead = ("**What the windows above leave out** ({}, {}): they drive dtwork from a plain Python process, where "
+                "ipywidgets drops every widget message unsent.")
     return (
-        f"**What the windows above leave out** (`{m.get('command')}`, {m.get('started')}): they drive dtwork from a "
-        "plain Python process, where ipywidgets drops every widget message unsent. The same dashboard (2 ranks, "
+        lead.format(f"`{m.get('command')}`", m.get("started")) + " The same dashboard (2 ranks, "
         f"3000 steps drawn) redrawn {n} times costs {fmt(plain.get('redraw_ms'), 2)} ms of CPU a redraw there and "
         f"{fmt(kernel.get('redraw_ms'), 2)} ms inside a real ipykernel, which sends "
         f"{fmt((kernel.get('messages') or 0) / n, 1)} widget messages a redraw: in a notebook the live view costs "
@@ -78,13 +85,25 @@ def widget_messages_section(m: dict[str, Any]) -> str:
 
 def long_live_section(long: dict[str, Any]) -> str:
     """The markdown of ``python -m benchmarks.live``'s pooled runs (issue 3's target, measured longer)."""
+    kernel = long.get("kernel") or {}
+    if long.get("driven_from") == "ipykernel":
+        sent = kernel.get("messages") or {}
+        where = (
+            " Driven from a real ipykernel, as a notebook drives dtwork: the live view's widget messages were sent "
+            f"({sent.get('comm_msg', 0):,} in all, {fmt(kernel.get('widget_messages_per_s'), 1)} a second over the "
+            "run, the off windows included) and read by the benchmark's client process on the same machine, as a "
+            f"notebook server would (it used {fmt(100 * (kernel.get('client_cpu_share') or 0), 2)}% of a core)."
+        )
+    else:
+        where = (" Driven from a plain Python process, where ipywidgets drops the live view's widget messages unsent "
+                 "(`--kernel` drives it from a real ipykernel).")
     lines = [
         f"**The same windows, longer** (`{long.get('command')}`, {long.get('started')}, "
         f"{fmt(long.get('duration_s', 0) / 60, 0)} min on one cluster"
         + (f", dtwork {long['dtwork_commit']}" if long.get("dtwork_commit") else "")
         + "): runs of each workload in turn, with A/A "
         "runs between them (both windows of every cycle on: the control, which should read 1.0); the cycles of "
-        "each kind of run pooled.",
+        "each kind of run pooled." + where,
         "",
         "| workload | runs | cycles | on ÷ off (median of cycles) | 95% interval | ratio of the totals | cycle SD | "
         "in CPU seconds | inside ctx.log (ms/step) | target |",
@@ -114,7 +133,7 @@ def long_live_section(long: dict[str, Any]) -> str:
     earlier = long.get("earlier") or []
     if earlier:
         lines += ["", "Every earlier run of `python -m benchmarks.live` recorded here (on ÷ off, median of cycles, "
-                  "95% interval; A/A in brackets):", ""]
+                  "95% interval; A/A in brackets; driven from a plain process unless marked):", ""]
         for run in earlier:
             parts = []
             for k in KINDS:
@@ -127,6 +146,7 @@ def long_live_section(long: dict[str, Any]) -> str:
                     part += f" [A/A {fmt(aa['ratio'], 3)}]"
                 parts.append(part)
             commit = f", dtwork {run['dtwork_commit']}" if run.get("dtwork_commit") else ""
+            commit += ", from an ipykernel" if run.get("driven_from") == "ipykernel" else ""
             lines.append(f"- {run.get('started')} ({fmt((run.get('duration_s') or 0) / 60, 0)} min{commit}): "
                          + "; ".join(parts))
     return "\n".join(lines)
@@ -545,7 +565,7 @@ def markdown(r: dict[str, Any], results_path: str = "benchmarks/results/results.
         w(long_live_section(long_live))
         w("")
     if r.get("widget_messages"):
-        w(widget_messages_section(r["widget_messages"]))
+        w(widget_messages_section(r["widget_messages"], long_live.get("driven_from") == "ipykernel"))
         w("")
 
     inter = r.get("gns_interleaved", {})

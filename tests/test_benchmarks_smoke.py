@@ -279,16 +279,35 @@ def test_a_long_live_run_keeps_the_readings_of_every_run_before_it(tmp_path: Pat
     assert earlier_runs(path) == []  # no file yet
     first = result("first", 0.981, 0.987)
     path.write_text(json.dumps({**first, "earlier": earlier_runs(path)}))
-    second = {**result("second", 0.994, 1.003), "earlier": earlier_runs(path)}
+    second = {**result("second", 0.994, 1.003), "earlier": earlier_runs(path), "driven_from": "ipykernel"}
     path.write_text(json.dumps(second))
     third = {**result("third", 0.990, 0.999), "earlier": earlier_runs(path)}
     assert [r["started"] for r in third["earlier"]] == ["first", "second"]
     assert third["earlier"][0] == brief(first) and third["earlier"][0]["pooled"]["mlp"]["ab"]["cpu_ratio"] == 0.981
     text = report.long_live_section(third)
     assert "- first (10 min, dtwork abc1234): mlp 0.981 (0.971-0.991, 30 cycles) [A/A 0.987]" in text
-    assert "- second (10 min, dtwork abc1234): mlp 0.994 (0.984-1.004, 30 cycles) [A/A 1.003]" in text
+    assert "- second (10 min, dtwork abc1234, from an ipykernel): mlp 0.994 (0.984-1.004, 30 cycles) [A/A 1.003]" in text
     assert "| mlp | 2 | 30 | 0.990 |" in text  # the latest run's own table
 
+
+def test_the_long_live_windows_run_in_a_real_kernel_that_sends_the_dashboards_messages() -> None:
+    """``python -m benchmarks.live --kernel``: dtwork driven from a real ipykernel, whose live dashboard's widget
+    messages reach this process, while the kernel's switch turns the dashboard on and off at every window."""
+    from benchmarks import report
+    from benchmarks.live import pool, take_runs_in_a_kernel
+
+    plan = {"kinds": ["mlp"], "window_steps": {"mlp": 10}, "cycles_per_run": {"mlp": 2}, "warmup": {"mlp": 5},
+            "aa_every": 3}
+    runs, sent = take_runs_in_a_kernel(0.0, plan)  # one round: one A/B run of the MLP
+    assert [(r["kind"], r["aa"], r["cycles"]) for r in runs] == [("mlp", False, 2)]
+    assert runs[0]["switches"] == 4  # rank 0 told the kernel at each of the 4 windows
+    assert runs[0]["cpu"]["ms_per_step"]["on_kernel"] > 0
+    assert sent["messages"]["comm_open"] > 0  # the dashboard's widgets were made in the kernel...
+    assert sent["messages"]["comm_msg"] > 0  # ...and their updates sent to, and read by, this client
+    long = {"command": "python -m benchmarks.live --kernel", "started": "now", "duration_s": sent["seconds"],
+            "driven_from": "ipykernel", "kernel": sent, "runs": runs, "pooled": {"mlp": {"ab": pool(runs)}}}
+    text = report.long_live_section(long)
+    assert f"({sent['messages']['comm_msg']:,} in all" in text and "| mlp | 1 | 2 |" in text
 
 
 def test_widget_messages_counts_a_redraws_messages_in_a_real_kernel(tmp_path: Path) -> None:
