@@ -170,32 +170,33 @@ class Trace(NamedTuple):
         return _line(self.x, self.y, self.name, **self.style)
 
 
-def _pick(n: int, max_points: int | None) -> Sequence[int] | None:
-    """Return evenly spaced indices (always the last one) when ``n`` exceeds ``max_points``."""
+def _pick(n: int, max_points: int | None) -> np.ndarray | None:
+    """Return evenly spaced indices (always the last one) when ``n`` exceeds ``max_points``: an
+    index array, which numpy takes at once (a redraw thins every trace of the live view)."""
     if max_points is None or n <= max_points:
         return None
     stride = -(-n // max_points)
-    keep = list(range(0, n, stride))
+    keep = np.arange(0, n, stride)
     if keep[-1] != n - 1:
-        keep.append(n - 1)
+        keep = np.append(keep, n - 1)
     return keep
 
 
-def _take(seq: Sequence[Any], keep: Sequence[int] | None, array: bool) -> Any:
+def _take(seq: Sequence[Any], keep: np.ndarray | None, array: bool) -> Any:
     """Return ``seq`` (or its items at ``keep``) as a list, or as a numpy array for the widgets.
 
     Integer arrays come as int32 when they fit (else float64): the widget protocol sends those
     as binary buffers, while int64 arrays go as JSON lists, item by item.
     """
     if not array:
-        return list(seq) if keep is None else [seq[i] for i in keep]
+        return list(seq) if keep is None else [seq[i] for i in keep.tolist()]
     if isinstance(seq, Column) and len(seq):
         # a copy, never a view: a column exporting its buffer could not grow any more
         view = np.frombuffer(seq, dtype=np.int64 if seq.typecode == "q" else np.float64)
         out = view.copy() if keep is None else view[keep]
         del view
     else:
-        out = np.asarray(seq if keep is None else [seq[i] for i in keep])
+        out = np.asarray(seq if keep is None else [seq[i] for i in keep.tolist()])
     if out.dtype.kind in "iu":
         small = out.size == 0 or (int(out.min()) >= -(2**31) and int(out.max()) < 2**31)
         out = out.astype(np.int32 if small else np.float64)
