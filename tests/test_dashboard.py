@@ -17,7 +17,7 @@ import pytest
 
 from dtwork import plots
 from dtwork.collector import CellResult
-from dtwork.widgets.dashboard import Dashboard, format_duration
+from dtwork.widgets.dashboard import BAR_COLOURS, Dashboard, format_duration
 
 
 class FakeClock:
@@ -105,6 +105,12 @@ def test_progress_sets_bars_value_max_and_label() -> None:
     assert bars[0].description == "rank 0: step 20/100 · 250 samples/s · ETA 1 min 20 s"
     assert bars[1].value == 20 and bars[1].description == "rank 1: step 20 · 240 samples/s"
     assert "step 20/100" in dash._header.value and "ETA 1 min 20 s" in dash._header.value
+    # the bars are drawn in the header's one widget: each rank's label, then its bar filled to value / max
+    shown = dash._header.value
+    assert shown.count("dtwork-rank-bar") == 2
+    assert shown.index("rank 0: step 20/100 · 250 samples/s · ETA 1 min 20 s") < shown.index("width:20.0%")
+    assert shown.index("rank 1: step 20 · 240 samples/s") < shown.index("width:100.0%")  # no total: full at its step
+    assert dash.children[0] is dash._header and not any(isinstance(c, widgets.IntProgress) for c in dash.children)
     dash.close()
 
 
@@ -271,6 +277,7 @@ def test_finish_header_says_how_the_cell_ended(
     assert f"{word} in 1 min 15 s" in dash._header.value
     assert "running" not in dash._header.value
     assert dash._bars[0].bar_style == bar_style
+    assert f"background:{BAR_COLOURS[bar_style]}" in dash._header.value  # the bar takes the ending's colour
     assert dash.status == word
 
 

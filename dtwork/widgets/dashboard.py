@@ -1,4 +1,4 @@
-"""The live training dashboard of one cell: header, figures and per-rank progress bars.
+"""The live training dashboard of one cell: header with per-rank progress bars, then the figures.
 
 The collector hands it the records it has just persisted (``feed``, possibly from its polling
 thread) and the ranks' progress (``progress``). Each figure is drawn from a
@@ -15,6 +15,8 @@ The metrics, throughput and step-time figures are the rows of one plotly ``Figur
 (:class:`RowsPanel`): a redraw updates all three in one restyle, which plotly sends as four widget
 messages, where three figures took twelve (in a kernel every message costs CPU, whatever its
 size). The GPU and noise-scale figures, shown once they have data, are widgets of their own.
+The header line and the per-rank progress bars are one HTML widget: one message a redraw, however
+many ranks (a progress widget per rank took one each).
 Plotly >= 6 needs the ``anywidget`` package for ``FigureWidget``; without it each figure is a
 plain ``go.Figure`` re-rendered into an ``Output`` widget, with the same data and the same API for
 tests (``dashboard.figures[key].data``).
@@ -50,6 +52,31 @@ KIND_SERIES = {"log": ("metrics",), "perf": ("throughput", "step_time"), "gpu": 
 STATUS_WORDS = {"ok": "finished", "error": "failed", "interrupted": "interrupted", "running": "running"}
 STATUS_COLOURS = {"running": "#1565c0", "finished": "#2e7d32", "failed": "#c62828", "interrupted": "#ef6c00"}
 BAR_STYLES = {"finished": "success", "failed": "danger", "interrupted": "warning"}
+BAR_COLOURS = {"": STATUS_COLOURS["running"], "success": STATUS_COLOURS["finished"],
+               "danger": STATUS_COLOURS["failed"], "warning": STATUS_COLOURS["interrupted"]}
+
+
+class RankBar:
+    """One rank's progress bar: its state (``value``, ``max``, ``description``, ``bar_style``, as an
+    ipywidgets progress bar has them) drawn as HTML in the dashboard's header widget."""
+
+    __slots__ = ("bar_style", "description", "max", "value")
+
+    def __init__(self, rank: int) -> None:
+        self.value = 0
+        self.max = 1
+        self.description = f"rank {rank}: waiting"
+        self.bar_style = ""
+
+    def html(self) -> str:
+        share = 100.0 * min(max(self.value / self.max, 0.0), 1.0) if self.max > 0 else 0.0
+        colour = BAR_COLOURS.get(self.bar_style, BAR_COLOURS[""])
+        # two cells of the bars' grid (see Dashboard._bars_html): the label, then the bar
+        return (
+            f"<span class='dtwork-rank-bar' style='white-space:nowrap'>{html.escape(self.description)}</span>"
+            "<div style='min-width:80px;height:10px;background:#e0e0e0;border-radius:5px;overflow:hidden'>"
+            f"<div style='width:{share:.1f}%;height:100%;background:{colour}'></div></div>"
+        )
 
 
 def format_duration(seconds: float) -> str:
@@ -291,8 +318,8 @@ class Dashboard(widgets.VBox):
         self._dirty = False
         self._last_draw = -math.inf
         self._timer: threading.Timer | None = None
-        self._header = widgets.HTML(self._header_html({}, {}, None))
-        self._bars = {r: self._new_bar(r) for r in self.ranks}
+        self._bars = {r: RankBar(r) for r in self.ranks}
+        self._header = widgets.HTML(self._header_html({}, {}, None) + self._bars_html())  # header + bars
         self._rows = RowsPanel({key: self._series[key] for key in BASE_FIGURES})
         self.panels: dict[str, FigurePanel] = {key: self._rows for key in BASE_FIGURES}  # gpu, gns: their own
         self._drawn: dict[str, int] = {}  # the version of each series last drawn
@@ -317,25 +344,12 @@ class Dashboard(widgets.VBox):
             show(dash)
         return dash
 
-    @staticmethod
-    def _new_bar(rank: int) -> widgets.IntProgress:
-        return widgets.IntProgress(
-            value=0,
-            min=0,
-            max=1,
-            description=f"rank {rank}: waiting",
-            style={"description_width": "initial"},
-            layout=widgets.Layout(width="100%"),
-        )
-
     def _distinct_panels(self) -> list[FigurePanel]:
         """The panels on screen, each once (the base figures share one), in order."""
         return list({id(panel): panel for panel in self.panels.values()}.values())
 
     def _arrange(self) -> None:
-        views = [panel.view for panel in self._distinct_panels()]
-        bars = widgets.VBox([self._bars[r] for r in sorted(self._bars)])
-        self.children = (self._header, *views, bars)
+        self.children = (self._header, *(panel.view for panel in self._distinct_panels()))
 
     # -- public API --------------------------------------------------------------------------
 
@@ -485,7 +499,8 @@ class Dashboard(widgets.VBox):
         if added:
             self._arrange()
         self._draw_bars(snap["progress"], snap["rates"], snap["etas"])
-        self._header.value = self._header_html(snap["progress"], snap["etas"], snap["total"])
+        # one widget message for the header line and every rank's bar (sent only when it changed)
+        self._header.value = self._header_html(snap["progress"], snap["etas"], snap["total"]) + self._bars_html()
         self.redraws += 1
         self._last_draw = self._clock()
         if self.draw_share:
@@ -518,13 +533,12 @@ class Dashboard(widgets.VBox):
     ) -> None:
         for rank, info in sorted(progress.items()):
             if rank not in self._bars:
-                self._bars[rank] = self._new_bar(rank)
-                self._arrange()
+                self._bars[rank] = RankBar(rank)
             self._draw_bar(self._bars[rank], rank, info, rates.get(rank), etas.get(rank))
 
     def _draw_bar(
         self,
-        bar: widgets.IntProgress,
+        bar: RankBar,
         rank: int,
         info: Mapping[str, Any],
         rate: float | None,
@@ -537,11 +551,15 @@ class Dashboard(widgets.VBox):
             parts.append(f"{rate:,.0f} samples/s")
         if eta is not None and self.status == "running":
             parts.append(f"ETA {format_duration(eta)}")
-        with bar.hold_sync():  # one message for the four traits
-            bar.max = max(int(total), 1) if total else max(step, 1)
-            bar.value = min(step, bar.max)
-            bar.description = " · ".join(parts)
-            bar.bar_style = BAR_STYLES.get(self.status, "")
+        bar.max = max(int(total), 1) if total else max(step, 1)
+        bar.value = min(step, bar.max)
+        bar.description = " · ".join(parts)
+        bar.bar_style = BAR_STYLES.get(self.status, "")
+
+    def _bars_html(self) -> str:
+        """Every rank's bar, labels in one column so that the bars line up."""
+        return ("<div style='display:grid;grid-template-columns:max-content 1fr;gap:3px 8px;align-items:center;"
+                "margin-top:4px'>" + "".join(self._bars[r].html() for r in sorted(self._bars)) + "</div>")
 
     def _header_html(
         self,
