@@ -150,48 +150,17 @@ def take_runs_in_a_kernel(minutes: float, plan: dict[str, Any] | None = None) ->
 
     Returns the runs and what the kernel sent: messages by type (``comm_msg``: widget updates),
     and this client's CPU seconds (the part of a notebook server that reads them)."""
-    import queue
+    from benchmarks.util import Kernel
 
-    from jupyter_client.manager import start_new_kernel
-
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT), startup_timeout=120)
-    counts: dict[str, int] = {}
-    text: list[str] = []
-    errors: list[str] = []
     code = ("import json as _json\nfrom benchmarks.live import take_runs as _take_runs\n"
             f"print('RESULT', _json.dumps(_take_runs({minutes!r}, {plan!r}), default=str))\n")
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    try:
-        msg_id = kc.execute(code, store_history=False)
-        deadline = time.monotonic() + minutes * 60 + 900
-        while True:
-            try:
-                msg = kc.get_iopub_msg(timeout=max(1.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise RuntimeError(f"the kernel ran past {minutes} minutes + 15") from None
-            kind = msg["msg_type"]
-            counts[kind] = counts.get(kind, 0) + 1
-            mine = msg["parent_header"].get("msg_id") == msg_id
-            if kind == "stream" and mine:
-                chunk = msg["content"].get("text", "")
-                text.append(chunk)
-                if msg["content"].get("name") == "stderr":
-                    sys.stderr.write(chunk)
-                    sys.stderr.flush()
-            elif kind == "error" and mine:
-                errors.append("\n".join(msg["content"].get("traceback", [])))
-            elif kind == "status" and mine and msg["content"].get("execution_state") == "idle":
-                break
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
-    seconds, client_cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    line = next((ln for ln in "".join(text).splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError("the kernel did not report its runs:\n" + ("\n".join(errors) or "".join(text))[-3000:])
+    with Kernel(ROOT) as kernel:
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        runs, counts = kernel.run(code, timeout=minutes * 60 + 900, echo_stderr=True)
+        seconds, client_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     sent = {"messages": counts, "seconds": seconds, "widget_messages_per_s": counts.get("comm_msg", 0) / seconds,
             "client_cpu_s": client_cpu, "client_cpu_share": client_cpu / seconds}
-    return json.loads(line[len("RESULT "):]), sent
+    return runs, sent
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,58 @@ from typing import Any
 MB = 1024.0 * 1024.0
 
 
+class Kernel:
+    """A fresh ipykernel (jupyter_client) in ``cwd``, whose published messages this process reads
+    as a notebook server would: ``run`` executes code that prints one line ``RESULT <json>``."""
+
+    def __init__(self, cwd: os.PathLike[str] | str) -> None:
+        from jupyter_client.manager import start_new_kernel
+
+        self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(cwd), startup_timeout=120)
+
+    def __enter__(self) -> Kernel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+    def run(self, code: str, timeout: float, echo_stderr: bool = False) -> tuple[Any, dict[str, int]]:
+        """Run ``code``; return its RESULT (decoded) and the messages published meanwhile, by type
+        (``comm_msg``: widget updates). ``echo_stderr``: copy the code's stderr here as it comes."""
+        import json
+        import queue
+
+        msg_id = self.kc.execute(code, store_history=False)
+        counts: dict[str, int] = {}
+        text: list[str] = []
+        errors: list[str] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(1.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"the kernel ran past {timeout:.0f} s") from None
+            kind = msg["msg_type"]
+            counts[kind] = counts.get(kind, 0) + 1
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if kind == "stream":
+                chunk = msg["content"].get("text", "")
+                text.append(chunk)
+                if echo_stderr and msg["content"].get("name") == "stderr":
+                    sys.stderr.write(chunk)
+                    sys.stderr.flush()
+            elif kind == "error":
+                errors.append("\n".join(msg["content"].get("traceback", [])))
+            elif kind == "status" and msg["content"].get("execution_state") == "idle":
+                break
+        line = next((ln for ln in "".join(text).splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            raise RuntimeError("the kernel did not report a result:\n" + ("\n".join(errors) or "".join(text))[-3000:])
+        return json.loads(line[len("RESULT "):]), counts
+
+
 def median(values: Sequence[float]) -> float | None:
     vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     return statistics.median(vals) if vals else None

@@ -73,36 +73,14 @@ def in_this_process(redraws: int) -> dict[str, Any]:
 
 
 def in_a_kernel(redraws: int) -> dict[str, Any]:
-    """The same in a fresh ipykernel; the client counts the comm messages it receives."""
-    from jupyter_client.manager import start_new_kernel
+    """The same in a fresh ipykernel; the client counts the comm messages of the timed redraws."""
+    from benchmarks.util import Kernel
 
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
-    counts = {"comm_msg": 0, "comm_open": 0}
-    out: list[str] = []
-
-    def hook(msg: dict[str, Any]) -> None:
-        kind = msg["msg_type"]
-        if kind in counts:
-            counts[kind] += 1
-        elif kind == "stream":
-            out.append(msg["content"].get("text", ""))
-        elif kind == "error":
-            out.append("\n".join(msg["content"].get("traceback", [])))
-
-    try:
-        kc.execute_interactive(CODE + "\n_build()\n", output_hook=hook, timeout=120)
-        before = dict(counts)
-        kc.execute_interactive(f"import json; print('RESULT', json.dumps(_measure({redraws})))",
-                               output_hook=hook, timeout=600)
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
-    line = next((ln for ln in "".join(out).splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError("the kernel did not report a result:\n" + "".join(out)[-2000:])
-    res = json.loads(line[len("RESULT "):])
-    res["messages"] = counts["comm_msg"] - before["comm_msg"]
-    res["widgets_opened"] = counts["comm_open"] - before["comm_open"]
+    with Kernel(ROOT) as kernel:
+        kernel.run(CODE + "\n_build()\nprint('RESULT null')\n", timeout=120)
+        res, counts = kernel.run(f"import json; print('RESULT', json.dumps(_measure({redraws})))", timeout=600)
+    res["messages"] = counts.get("comm_msg", 0)
+    res["widgets_opened"] = counts.get("comm_open", 0)
     return res
 
 
