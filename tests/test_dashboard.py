@@ -195,10 +195,12 @@ def test_costly_redraws_come_less_often() -> None:
 
 
 def test_records_fed_inside_the_interval_are_drawn_by_the_trailing_redraw() -> None:
-    dash = Dashboard(1, [0], min_interval=0.05)
+    # no CPU budget: the first redraw is cold (10-20 ms of CPU here, more on a loaded machine), and
+    # with the default budget it would stretch the interval past any fixed wait
+    dash = Dashboard(1, [0], min_interval=0.05, draw_share=None)
     dash.feed([log(0, loss=1.0)])
     dash.feed([log(1, loss=0.5)])
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + 30.0
     while dash.redraws < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert dash.redraws == 2
@@ -385,6 +387,16 @@ def test_a_cells_logged_steps_reach_its_live_dashboard(cluster: Any) -> None:
         cluster.session.live = False
 
 
+def _settled(read: Any, quiet: float = 0.3, within: float = 10.0) -> Any:
+    """Return ``read()`` once it has not changed for ``quiet`` seconds."""
+    value, since, deadline = read(), time.monotonic(), time.monotonic() + within
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.02)
+        if (now := read()) != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 def test_switching_live_off_mid_cell_pauses_the_dashboard_but_not_the_store(cluster: Any) -> None:
     cluster.configure(None)
     session = cluster.session
@@ -402,8 +414,7 @@ def test_switching_live_off_mid_cell_pauses_the_dashboard_but_not_the_store(clus
             while (session.dashboard is None or session.dashboard.rows_fed == 0) and time.monotonic() < deadline:
                 time.sleep(0.02)
             session.live = False
-            time.sleep(0.3)  # a batch being fed at the switch lands first
-            paused_at = session.dashboard.rows_fed
+            paused_at = _settled(lambda: session.dashboard.rows_fed)  # a batch being fed at the switch lands
             time.sleep(0.8)
             assert session.dashboard.rows_fed == paused_at  # nothing fed while paused
             session.live = True
