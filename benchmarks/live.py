@@ -55,6 +55,8 @@ def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "ratio_of_totals": off / on if on > 0 else None,
         "pair_sd": statistics.stdev(pairs) if len(pairs) > 1 else None,
         "run_ratios": [run["ratio"] for run in runs],
+        "pair_ratios": pairs,
+        "cpu_pair_ratios": cpu_pairs,
         "ctx_log_ms": statistics.fmean(run["ctx_log_ms"] for run in runs),
     }
     if cpu_pairs:
@@ -70,21 +72,58 @@ def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def cycles_of(pooled: dict[str, Any]) -> dict[str, Any]:
+    """What pooling needs of one run's readings, kind by kind and mode by mode: its cycles."""
+    return {kind: {mode: {"pair_ratios": p.get("pair_ratios"), "cpu_pair_ratios": p.get("cpu_pair_ratios")}
+                   for mode, p in modes.items()}
+            for kind, modes in pooled.items()}
+
+
 def brief(result: dict[str, Any]) -> dict[str, Any]:
-    """What a later run keeps of this one: when, how long, and its pooled readings (no cycles)."""
-    keys = ("runs", "cycles", "ratio", "ci95", "ratio_of_totals", "pair_sd")
+    """What a later run keeps of this one: when, how long, on what code, its pooled readings and their
+    cycles (so that runs of the same code can be pooled again)."""
+    keys = ("runs", "cycles", "ratio", "ci95", "ratio_of_totals", "pair_sd", "pair_ratios", "cpu_pair_ratios")
     return {
         "command": result.get("command"),
         "started": result.get("started"),
         "duration_s": result.get("duration_s"),
         "dtwork_commit": result.get("dtwork_commit"),
+        "dtwork_tree": result.get("dtwork_tree"),
         "driven_from": result.get("driven_from"),
+        "ranks": result.get("ranks", 2),
         "pooled": {
             kind: {mode: {k: p.get(k) for k in keys} | {"cpu_ratio": (p.get("cpu") or {}).get("ratio")}
                    for mode, p in modes.items()}
             for kind, modes in (result.get("pooled") or {}).items()
         },
     }
+
+
+def same_code(result: dict[str, Any]) -> dict[str, Any] | None:
+    """``result`` pooled with every earlier run of the same dtwork code (its ``dtwork_tree``), driven
+    from the same place on as many ranks: the cycles of all of them, one median and interval per
+    workload. None when no earlier run matches (or the code is not known: outside git, or changed)."""
+    tree = result.get("dtwork_tree")
+    if not tree or tree.endswith("+"):
+        return None
+    key = (tree, result.get("driven_from"), result.get("ranks", 2))
+    runs = [r for r in result.get("earlier", []) if (r.get("dtwork_tree"), r.get("driven_from"), r.get("ranks", 2)) == key]
+    runs = [r for r in runs if any(p.get("pair_ratios") for modes in r["pooled"].values() for p in modes.values())]
+    if not runs:
+        return None
+    pooled: dict[str, Any] = {}
+    for kind, modes in result["pooled"].items():
+        for mode, p in modes.items():
+            parts = [p] + [((r["pooled"].get(kind) or {}).get(mode) or {}) for r in runs]
+            pairs = [x for q in parts for x in (q.get("pair_ratios") or [])]
+            cpu = [x for q in parts for x in (q.get("cpu_pair_ratios") or [])]
+            pooled.setdefault(kind, {})[mode] = {
+                "runs": sum(q.get("runs") or 0 for q in parts), "cycles": len(pairs), "ratio": median(pairs),
+                "ci95": bootstrap_ci(pairs), "pair_sd": statistics.stdev(pairs) if len(pairs) > 1 else None,
+                "cpu_ratio": median(cpu) if cpu else None, "cpu_ci95": bootstrap_ci(cpu) if cpu else None,
+            }
+    return {"dtwork_tree": tree, "started": [r.get("started") for r in runs] + [result.get("started")],
+            "pooled": pooled}
 
 
 def earlier_runs(path: Path) -> list[dict[str, Any]]:
@@ -98,23 +137,40 @@ def earlier_runs(path: Path) -> list[dict[str, Any]]:
     return [*old.get("earlier", []), brief(old)]
 
 
+def _git(*args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def git_commit() -> str | None:
     """The commit of the code measured (with "+" when the tree has changes), or None outside git."""
     import subprocess
 
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+" if dirty else "")
 
 
-def take_runs(minutes: float, plan: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Runs of each workload in turn on one fresh cluster for ``minutes`` (at least one round), with
-    A/A runs between them, as ``plan`` says (default ``PLAN``)."""
+def dtwork_tree() -> str | None:
+    """The git tree of the ``dtwork`` package measured (short; "+" when it has changes): runs at
+    different commits with the same tree ran the same dtwork code. None outside git."""
+    import subprocess
+
+    try:
+        tree = _git("rev-parse", "--short", "HEAD:dtwork")
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "dtwork")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return tree + ("+" if dirty else "")
+
+
+def take_runs(minutes: float, plan: dict[str, Any] | None = None, ranks: int = 2) -> list[dict[str, Any]]:
+    """Runs of each workload in turn on one fresh cluster of ``ranks`` for ``minutes`` (at least one
+    round), with A/A runs between them, as ``plan`` says (default ``PLAN``)."""
     from benchmarks.features import FeatureBench
     from benchmarks.runners import DtworkRunner
 
@@ -122,7 +178,7 @@ def take_runs(minutes: float, plan: dict[str, Any] | None = None) -> list[dict[s
     kinds = tuple(plan["kinds"])
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
-    runner = DtworkRunner()
+    runner = DtworkRunner(ranks)
     try:
         runner.start()
         runner.setup(kinds)
@@ -145,7 +201,8 @@ def take_runs(minutes: float, plan: dict[str, Any] | None = None) -> list[dict[s
     return runs
 
 
-def take_runs_in_a_kernel(minutes: float, plan: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def take_runs_in_a_kernel(minutes: float, plan: dict[str, Any] | None = None,
+                          ranks: int = 2) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``take_runs`` inside a fresh ipykernel; this process reads every message the kernel publishes.
 
     Returns the runs and what the kernel sent: messages by type (``comm_msg``: widget updates),
@@ -153,7 +210,7 @@ def take_runs_in_a_kernel(minutes: float, plan: dict[str, Any] | None = None) ->
     from benchmarks.util import Kernel
 
     code = ("import json as _json\nfrom benchmarks.live import take_runs as _take_runs\n"
-            f"print('RESULT', _json.dumps(_take_runs({minutes!r}, {plan!r}), default=str))\n")
+            f"print('RESULT', _json.dumps(_take_runs({minutes!r}, {plan!r}, {ranks!r}), default=str))\n")
     with Kernel(ROOT) as kernel:
         t0, cpu0 = time.perf_counter(), time.process_time()
         runs, counts = kernel.run(code, timeout=minutes * 60 + 900, echo_stderr=True)
@@ -170,9 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where live.json goes")
     ap.add_argument("--kernel", action="store_true",
                     help="drive dtwork from a real ipykernel, as a notebook does (widget messages sent and read)")
+    ap.add_argument("--ranks", type=int, default=2,
+                    help="ranks of the cluster (default 2; 1 leaves this 2-core machine a core for the kernel)")
     args = ap.parse_args(argv)
     if args.minutes <= 0:
         ap.error("--minutes must be positive")
+    if args.ranks < 1:
+        ap.error("--ranks must be at least 1")
 
     from benchmarks.util import exit_on_sigterm, machine, versions
 
@@ -182,9 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     kernel: dict[str, Any] | None = None
     if args.kernel:
-        runs, kernel = take_runs_in_a_kernel(args.minutes)
+        runs, kernel = take_runs_in_a_kernel(args.minutes, ranks=args.ranks)
     else:
-        runs = take_runs(args.minutes)
+        runs = take_runs(args.minutes, ranks=args.ranks)
     result: dict[str, Any] = {
         "command": "python -m benchmarks.live" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv)),
         "started": started,
@@ -192,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "versions": versions(),
         "dtwork_commit": git_commit(),
+        "dtwork_tree": dtwork_tree(),
+        "ranks": args.ranks,
         "driven_from": "ipykernel" if kernel else "plain process",
         "kernel": kernel,
         "plan": PLAN,
@@ -205,12 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "live.json"
     result["earlier"] = earlier_runs(path)  # every run is kept in the record, not only the latest
+    result["same_code"] = same_code(result)
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     for kind in kinds:
         for mode, p in result["pooled"][kind].items():
             lo, hi = p["ci95"] or (float("nan"), float("nan"))
             print(f"{kind} {mode.upper()}: {p['ratio']:.4f} ({lo:.4f}-{hi:.4f}), totals {p['ratio_of_totals']:.4f}, "
                   f"{p['cycles']} cycles, CPU {(p.get('cpu') or {}).get('ratio', float('nan')):.4f}")
+    for kind, modes in ((result["same_code"] or {}).get("pooled") or {}).items():
+        for mode, p in modes.items():
+            lo, hi = p["ci95"] or (float("nan"), float("nan"))
+            print(f"{kind} {mode.upper()}, every run of this code: {p['ratio']:.4f} ({lo:.4f}-{hi:.4f}), "
+                  f"{p['runs']} runs, {p['cycles']} cycles")
     print(f"wrote {path}")
     return 0
 

@@ -101,6 +101,7 @@ def long_live_section(long: dict[str, Any]) -> str:
         f"**The same windows, longer** (`{long.get('command')}`, {long.get('started')}, "
         f"{fmt(long.get('duration_s', 0) / 60, 0)} min on one cluster"
         + (f", dtwork {long['dtwork_commit']}" if long.get("dtwork_commit") else "")
+        + (f", {long['ranks']} rank{'s' if long['ranks'] != 1 else ''}" if long.get("ranks", 2) != 2 else "")
         + "): runs of each workload in turn, with A/A "
         "runs between them (both windows of every cycle on: the control, which should read 1.0); the cycles of "
         "each kind of run pooled." + where,
@@ -121,6 +122,24 @@ def long_live_section(long: dict[str, Any]) -> str:
                 f"{ci(p.get('ci95'))} | {fmt(p.get('ratio_of_totals'), 3)} | {fmt((p.get('pair_sd') or 0) * 100, 1)}% | "
                 f"{fmt(c.get('ratio'), 3)} ({ci(c.get('ci95'))}) | {fmt(p.get('ctx_log_ms'), 3)} | {tgt} |"
             )
+    same = long.get("same_code") or {}
+    if same.get("pooled"):
+        lines += ["", f"**Every run of this dtwork code** (package tree {same.get('dtwork_tree')}; "
+                  f"{long.get('driven_from') or 'plain process'}, {long.get('ranks', 2)} ranks), its cycles pooled: the "
+                  f"{len(same.get('started') or [])} runs started {', '.join(same.get('started') or [])}.", "",
+                  "| workload | runs | cycles | on ÷ off (median of cycles) | 95% interval | cycle SD | in CPU seconds | target |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for k in KINDS:
+            for mode in ("ab", "aa"):
+                p = (same["pooled"].get(k) or {}).get(mode)
+                if not p or p.get("ratio") is None:
+                    continue
+                tgt = f">= 0.99: {met(p['ratio'] >= 0.99)}" if mode == "ab" else "1.0 (control)"
+                lines.append(
+                    f"| {k}{' A/A' if mode == 'aa' else ''} | {p['runs']} | {p['cycles']} | {fmt(p['ratio'], 3)} | "
+                    f"{ci(p.get('ci95'))} | {fmt((p.get('pair_sd') or 0) * 100, 1)}% | "
+                    f"{fmt(p.get('cpu_ratio'), 3)} ({ci(p.get('cpu_ci95'))}) | {tgt} |"
+                )
     against = []
     for k in KINDS:
         pooled = long.get("pooled", {}).get(k) or {}
@@ -147,6 +166,7 @@ def long_live_section(long: dict[str, Any]) -> str:
                 parts.append(part)
             commit = f", dtwork {run['dtwork_commit']}" if run.get("dtwork_commit") else ""
             commit += ", from an ipykernel" if run.get("driven_from") == "ipykernel" else ""
+            commit += f", {run['ranks']} rank{'s' if run['ranks'] != 1 else ''}" if run.get("ranks", 2) != 2 else ""
             lines.append(f"- {run.get('started')} ({fmt((run.get('duration_s') or 0) / 60, 0)} min{commit}): "
                          + "; ".join(parts))
     return "\n".join(lines)

@@ -69,7 +69,8 @@ class CellRunner(abc.ABC):
 class DtworkRunner(CellRunner):
     name = "dtwork"
 
-    def __init__(self) -> None:
+    def __init__(self, ranks: int = 2) -> None:
+        self.ranks = ranks
         self.cluster: Any = None
         self.start_s: float | None = None
 
@@ -77,7 +78,7 @@ class DtworkRunner(CellRunner):
         import dtwork
 
         t0 = time.perf_counter()
-        self.cluster = dtwork.start(n=2, backend="gloo")
+        self.cluster = dtwork.start(n=self.ranks, backend="gloo")
         self.start_s = time.perf_counter() - t0
         return self.start_s
 

@@ -290,6 +290,39 @@ def test_a_long_live_run_keeps_the_readings_of_every_run_before_it(tmp_path: Pat
     assert "| mlp | 2 | 30 | 0.990 |" in text  # the latest run's own table
 
 
+def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> None:
+    """Each run keeps its cycles in the record; a new run is pooled with the earlier runs of the same
+    dtwork package tree, driven from the same place on as many ranks, and with no other."""
+    from benchmarks import report
+    from benchmarks.live import brief, earlier_runs, pool, same_code
+
+    def result(started: str, pairs: list[float], tree: str, where: str = "ipykernel", ranks: int = 2) -> dict[str, Any]:
+        run = {"pair_ratios": pairs, "on_total": 1.0, "off_total": 1.0, "ratio": pairs[0], "ctx_log_ms": 0.02,
+               "cpu": {"pair_ratios": [x + 0.001 for x in pairs], "on_total": 1.0, "off_total": 1.0,
+                       "ms_per_step": {"on_kernel": 0.3}}}
+        return {"command": "python -m benchmarks.live --kernel", "started": started, "duration_s": 600.0,
+                "dtwork_tree": tree, "driven_from": where, "ranks": ranks, "runs": [run],
+                "pooled": {"mlp": {"ab": pool([run])}}}
+
+    path = tmp_path / "live.json"
+    for r in (result("a", [0.97, 0.98], "t1"), result("b", [0.99, 1.0], "t2"), result("c", [0.5], "t2", "plain process"),
+              result("d", [0.4], "t2", ranks=1)):
+        path.write_text(json.dumps({**r, "earlier": earlier_runs(path)}))
+    assert brief(json.loads(path.read_text()))["pooled"]["mlp"]["ab"]["pair_ratios"] == [0.4]  # cycles kept
+    latest = {**result("e", [1.01, 1.02, 0.995], "t2"), "earlier": earlier_runs(path)}
+    same = same_code(latest)
+    assert same is not None and same["started"] == ["b", "e"]  # not t1's, not the plain process's, not 1 rank's
+    mlp = same["pooled"]["mlp"]["ab"]
+    assert (mlp["runs"], mlp["cycles"]) == (2, 5) and mlp["ratio"] == pytest.approx(1.0)
+    assert mlp["cpu_ratio"] == pytest.approx(1.001)
+    assert same_code({**latest, "dtwork_tree": "t2+"}) is None  # changed code is nobody's
+    assert same_code({**latest, "dtwork_tree": "t9"}) is None
+    text = report.long_live_section({**latest, "same_code": same})
+    assert "**Every run of this dtwork code** (package tree t2; ipykernel, 2 ranks)" in text
+    assert "| mlp | 2 | 5 | 1.000 |" in text
+    assert "- d (10 min, from an ipykernel, 1 rank): mlp 0.400" in text
+
+
 def test_the_long_live_windows_run_in_a_real_kernel_that_sends_the_dashboards_messages() -> None:
     """``python -m benchmarks.live --kernel``: dtwork driven from a real ipykernel, whose live dashboard's widget
     messages reach this process, while the kernel's switch turns the dashboard on and off at every window."""
