@@ -122,6 +122,15 @@ def long_live_section(long: dict[str, Any]) -> str:
                 f"{ci(p.get('ci95'))} | {fmt(p.get('ratio_of_totals'), 3)} | {fmt((p.get('pair_sd') or 0) * 100, 1)}% | "
                 f"{fmt(c.get('ratio'), 3)} ({ci(c.get('ci95'))}) | {fmt(p.get('ctx_log_ms'), 3)} | {tgt} |"
             )
+    against = []
+    for k in KINDS:
+        pooled = long.get("pooled", {}).get(k) or {}
+        ab, aa = (pooled.get("ab") or {}).get("ratio"), (pooled.get("aa") or {}).get("ratio")
+        if ab and aa:
+            against.append(f"{k} {ab / aa:.3f}")
+    if against:
+        lines += ["", "The A/A runs read what this method reads when nothing differs; A/B ÷ A/A: " + ", ".join(against)
+                  + ". Where the A/A interval spans the A/B reading, the windows cannot tell the difference apart."]
     same = long.get("same_code") or {}
     if same.get("pooled"):
         lines += ["", f"**Every run of this dtwork code** (package tree {same.get('dtwork_tree')}; "
@@ -140,16 +149,20 @@ def long_live_section(long: dict[str, Any]) -> str:
                     f"{ci(p.get('ci95'))} | {fmt((p.get('pair_sd') or 0) * 100, 1)}% | "
                     f"{fmt(p.get('cpu_ratio'), 3)} ({ci(p.get('cpu_ci95'))}) | {tgt} |"
                 )
-    against = []
-    for k in KINDS:
-        pooled = long.get("pooled", {}).get(k) or {}
-        ab, aa = (pooled.get("ab") or {}).get("ratio"), (pooled.get("aa") or {}).get("ratio")
-        if ab and aa:
-            against.append(f"{k} {ab / aa:.3f}")
-    if against:
-        lines += ["", "The A/A runs read what this method reads when nothing differs; A/B ÷ A/A: " + ", ".join(against)
-                  + ". Where the A/A interval spans the A/B reading, the windows cannot tell the difference apart."]
     earlier = long.get("earlier") or []
+    alone = [r for r in earlier if r.get("ranks", 2) == 1 and r.get("dtwork_tree") == long.get("dtwork_tree")]
+    if alone and long.get("ranks", 2) != 1:
+        r = alone[-1]
+        parts = []
+        for k in KINDS:
+            ab = ((r.get("pooled") or {}).get(k) or {}).get("ab") or {}
+            if ab.get("ratio") is not None:
+                parts.append(f"{k} {fmt(ab['ratio'], 3)} ({ci(ab.get('ci95'))}, ratio of the totals "
+                             f"{fmt(ab.get('ratio_of_totals'), 3)})")
+        lines += ["", f"On one rank the same code leaves this 2-core machine a core for the kernel, as a GPU machine's "
+                  f"kernel has cores the ranks do not use ({r.get('started')}, from "
+                  f"{'an ipykernel' if r.get('driven_from') == 'ipykernel' else 'a plain process'}): "
+                  + "; ".join(parts) + "."]
     if earlier:
         lines += ["", "Every earlier run of `python -m benchmarks.live` recorded here (on ÷ off, median of cycles, "
                   "95% interval; A/A in brackets; driven from a plain process unless marked):", ""]

@@ -321,6 +321,8 @@ def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> Non
     assert "**Every run of this dtwork code** (package tree t2; ipykernel, 2 ranks)" in text
     assert "| mlp | 2 | 5 | 1.000 |" in text
     assert "- d (10 min, from an ipykernel, 1 rank): mlp 0.400" in text
+    assert "On one rank the same code leaves this 2-core machine a core for the kernel" in text
+    assert "(d, from an ipykernel): mlp 0.400" in text
 
 
 def test_the_long_live_windows_run_in_a_real_kernel_that_sends_the_dashboards_messages() -> None:
