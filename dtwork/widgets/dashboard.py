@@ -9,7 +9,8 @@ that changed, as numpy arrays of at most ``MAX_POINTS`` points per trace: its co
 the points on screen, not by the length of the run. Drawing is budgeted: when a redraw costs
 more than ``draw_share`` of a core over the interval (many ranks, many metrics), the next one
 waits longer, so that the kernel's CPU stays with the ranks (which share its cores on a CPU
-machine, and wait for each other at every step).
+machine, and wait for each other at every step); a redraw that builds widgets (the first, a new
+figure) is not budgeted.
 
 The metrics, throughput and step-time figures are the rows of one plotly ``FigureWidget``
 (:class:`RowsPanel`): a redraw updates all three in one restyle, which plotly sends as four widget
@@ -503,7 +504,9 @@ class Dashboard(widgets.VBox):
         self._header.value = self._header_html(snap["progress"], snap["etas"], snap["total"]) + self._bars_html()
         self.redraws += 1
         self._last_draw = self._clock()
-        if self.draw_share:
+        # A redraw that built widgets (the first, a new figure) pays once for what later ones reuse
+        # (10-20 ms of CPU here): budgeting it would hold the next redraw back for a second or more.
+        if self.draw_share and self.redraws > 1 and not added:
             self.interval = max(self.min_interval, (time.thread_time() - cpu) / self.draw_share)
 
     def _seconds_per_step(self, rank: int, info: Mapping[str, Any]) -> float | None:
