@@ -72,13 +72,6 @@ def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def cycles_of(pooled: dict[str, Any]) -> dict[str, Any]:
-    """What pooling needs of one run's readings, kind by kind and mode by mode: its cycles."""
-    return {kind: {mode: {"pair_ratios": p.get("pair_ratios"), "cpu_pair_ratios": p.get("cpu_pair_ratios")}
-                   for mode, p in modes.items()}
-            for kind, modes in pooled.items()}
-
-
 def brief(result: dict[str, Any]) -> dict[str, Any]:
     """What a later run keeps of this one: when, how long, on what code, its pooled readings and their
     cycles (so that runs of the same code can be pooled again)."""
@@ -137,35 +130,31 @@ def earlier_runs(path: Path) -> list[dict[str, Any]]:
     return [*old.get("earlier", []), brief(old)]
 
 
-def _git(*args: str) -> str:
+def _git_state(rev: str, *paths: str) -> str | None:
+    """The short id of ``rev``, with "+" when the working tree has changes (under ``paths``, if
+    given); None outside git."""
     import subprocess
 
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        short = git("rev-parse", "--short", rev)
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *paths)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return short + ("+" if dirty else "")
 
 
 def git_commit() -> str | None:
     """The commit of the code measured (with "+" when the tree has changes), or None outside git."""
-    import subprocess
-
-    try:
-        head = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+" if dirty else "")
+    return _git_state("HEAD")
 
 
 def dtwork_tree() -> str | None:
-    """The git tree of the ``dtwork`` package measured (short; "+" when it has changes): runs at
-    different commits with the same tree ran the same dtwork code. None outside git."""
-    import subprocess
-
-    try:
-        tree = _git("rev-parse", "--short", "HEAD:dtwork")
-        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "dtwork")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return tree + ("+" if dirty else "")
+    """The git tree of the ``dtwork`` package measured ("+" when it has changes): runs at different
+    commits with the same tree ran the same dtwork code. None outside git."""
+    return _git_state("HEAD:dtwork", "dtwork")
 
 
 def take_runs(minutes: float, plan: dict[str, Any] | None = None, ranks: int = 2) -> list[dict[str, Any]]:

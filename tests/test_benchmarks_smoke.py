@@ -325,6 +325,25 @@ def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> Non
     assert "(d, from an ipykernel): mlp 0.400" in text
 
 
+def test_a_long_live_run_names_the_dtwork_code_it_measured() -> None:
+    """The package tree names the dtwork code; a change under dtwork/ marks it (not a change elsewhere)."""
+    import subprocess
+
+    from benchmarks import live
+
+    tree = live.dtwork_tree()
+    if tree is None:
+        pytest.skip("not a git checkout")
+    root = Path(live.ROOT)
+    expect = subprocess.run(["git", "rev-parse", "--short", "HEAD:dtwork"], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "dtwork"], cwd=root,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert tree == expect + ("+" if dirty else "")
+    assert (live.git_commit() or "").rstrip("+") == subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def test_the_long_live_windows_run_in_a_real_kernel_that_sends_the_dashboards_messages() -> None:
     """``python -m benchmarks.live --kernel``: dtwork driven from a real ipykernel, whose live dashboard's widget
     messages reach this process, while the kernel's switch turns the dashboard on and off at every window."""
