@@ -83,6 +83,12 @@ def widget_messages_section(m: dict[str, Any], long_in_kernel: bool = False) -> 
     )
 
 
+def _other_ranks(run: dict[str, Any]) -> str:
+    """", 1 rank" for a long run on other than the usual 2 ranks, else nothing."""
+    n = run.get("ranks", 2)
+    return "" if n == 2 else f", {n} rank{'' if n == 1 else 's'}"
+
+
 def long_live_section(long: dict[str, Any]) -> str:
     """The markdown of ``python -m benchmarks.live``'s pooled runs (issue 3's target, measured longer)."""
     kernel = long.get("kernel") or {}
@@ -101,7 +107,7 @@ def long_live_section(long: dict[str, Any]) -> str:
         f"**The same windows, longer** (`{long.get('command')}`, {long.get('started')}, "
         f"{fmt(long.get('duration_s', 0) / 60, 0)} min on one cluster"
         + (f", dtwork {long['dtwork_commit']}" if long.get("dtwork_commit") else "")
-        + (f", {long['ranks']} rank{'s' if long['ranks'] != 1 else ''}" if long.get("ranks", 2) != 2 else "")
+        + _other_ranks(long)
         + "): runs of each workload in turn, with A/A "
         "runs between them (both windows of every cycle on: the control, which should read 1.0); the cycles of "
         "each kind of run pooled." + where,
@@ -179,7 +185,7 @@ def long_live_section(long: dict[str, Any]) -> str:
                 parts.append(part)
             commit = f", dtwork {run['dtwork_commit']}" if run.get("dtwork_commit") else ""
             commit += ", from an ipykernel" if run.get("driven_from") == "ipykernel" else ""
-            commit += f", {run['ranks']} rank{'s' if run['ranks'] != 1 else ''}" if run.get("ranks", 2) != 2 else ""
+            commit += _other_ranks(run)
             lines.append(f"- {run.get('started')} ({fmt((run.get('duration_s') or 0) / 60, 0)} min{commit}): "
                          + "; ".join(parts))
     return "\n".join(lines)
