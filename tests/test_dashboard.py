@@ -471,6 +471,34 @@ def test_the_three_base_figures_are_rows_of_one_widget_updated_in_one_restyle(da
     assert axes == {("metrics", "x", "y"), ("throughput", "x2", "y2"), ("step_time", "x3", "y3")}
 
 
+def test_a_restyle_is_one_widget_message_that_stays_until_the_next_one_and_the_end(dash: Dashboard) -> None:
+    """A redraw's restyle sets plotly's two edit ids and the restyle message together (one widget message,
+    ``hold_sync``) and leaves the message in place: each carries a new trace edit id, so the frontend takes
+    each as a change. When the cell ends the message is cleared (the figure's data hold the values)."""
+    panel = dash.panels["metrics"]
+    if not panel.live:
+        pytest.skip("plotly >= 6 without anywidget: no FigureWidget")
+    fig = panel.figure
+    sent: list[set[str]] = []
+    send_state = fig.send_state
+    fig.send_state = lambda key=None: (sent.append(set([key] if isinstance(key, str) else key or ())),
+                                       send_state(key))[1]
+    for step in range(4):
+        dash.feed([log(step, loss=10.0 - step), *(perf(step, r, 100.0) for r in (0, 1))])
+        dash.flush()
+        if step < 1:  # the first draw adds the traces (plotly's own messages)
+            sent.clear()
+    restyles = [keys for keys in sent if "_py2js_restyle" in keys]
+    assert restyles == [{"_py2js_restyle", "_last_layout_edit_id", "_last_trace_edit_id"}] * 3, sent
+    msg = fig._py2js_restyle
+    assert msg["trace_edit_id"] == fig._last_trace_edit_id and msg["layout_edit_id"] == fig._last_layout_edit_id
+    at = [t.name for t in fig.data].index("loss")
+    assert list(msg["restyle_data"]["y"][msg["restyle_traces"].index(at)]) == [10.0, 9.0, 8.0, 7.0]
+    dash.finish(CellResult(seq=1, ranks=[0, 1], status="ok"))
+    assert fig._py2js_restyle is None
+    assert list(trace(dash.figures["metrics"], "loss").y) == [10.0, 9.0, 8.0, 7.0]
+
+
 def test_a_row_without_data_keeps_its_note_while_the_others_draw(dash: Dashboard) -> None:
     dash.feed([log(0, loss=1.0)])
     dash.flush()

@@ -13,9 +13,9 @@ machine, and wait for each other at every step); a redraw that builds widgets (t
 figure) is not budgeted.
 
 The metrics, throughput and step-time figures are the rows of one plotly ``FigureWidget``
-(:class:`RowsPanel`): a redraw updates all three in one restyle, which plotly sends as four widget
-messages, where three figures took twelve (in a kernel every message costs CPU, whatever its
-size). The GPU and noise-scale figures, shown once they have data, are widgets of their own.
+(:class:`RowsPanel`): a redraw updates all three in one restyle, sent as one widget message
+(:class:`LiveFigureWidget`; plotly's own ``FigureWidget`` sends four, and three figures took
+twelve: in a kernel every message costs CPU, whatever its size). The GPU and noise-scale figures, shown once they have data, are widgets of their own.
 The header line and the per-rank progress bars are one HTML widget: one message a redraw, however
 many ranks (a progress widget per rank took one each).
 Plotly >= 6 needs the ``anywidget`` package for ``FigureWidget``; without it each figure is a
@@ -97,13 +97,48 @@ def _mime_bundle(fig: go.Figure) -> dict[str, Any]:
     return {"application/vnd.plotly.v1+json": spec, "text/plain": f"<plotly figure: {title}>"}
 
 
+class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
+    """plotly's ``FigureWidget``, whose restyles (every redraw of a live figure) go out as ONE widget
+    message where plotly sends four: its two edit ids, the restyle, then None to clear it.
+
+    Here the edit ids and the restyle travel together (``hold_sync``), and the restyle stays in place
+    until the next one replaces it: each carries a new ``trace_edit_id``, so the frontend sees every
+    one as a change and applies it, as it applies plotly's. In a kernel each widget message costs
+    ~0.3 ms of CPU (``python -m benchmarks.widget_messages``), taken from ranks that share its cores
+    on a CPU machine. :meth:`settle` clears the last restyle once the figure stops changing, so that
+    a notebook's saved widget state holds the data once.
+    """
+
+    def _send_restyle_msg(
+        self, restyle_data: dict[str, Any], trace_indexes: Any = None, source_view_id: str | None = None
+    ) -> None:
+        trace_indexes = self._normalize_trace_indexes(trace_indexes)
+        with self.hold_sync():
+            self._last_layout_edit_id += 1
+            self._last_trace_edit_id += 1
+            self._layout_edit_in_process = True
+            self._trace_edit_in_process = True
+            self._py2js_restyle = {
+                "restyle_data": restyle_data,
+                "restyle_traces": trace_indexes,
+                "trace_edit_id": self._last_trace_edit_id,
+                "layout_edit_id": self._last_layout_edit_id,
+                "source_view_id": source_view_id,
+            }
+
+    def settle(self) -> None:
+        """Clear the last restyle (the figure's data hold it already)."""
+        if self._py2js_restyle is not None:
+            self._py2js_restyle = None  # type: ignore[assignment]  # traitlets types Dict(allow_none) as dict
+
+
 class FigurePanel:
     """One figure on screen: a ``FigureWidget``, or a re-rendered ``Output`` without anywidget."""
 
     def __init__(self, fig: go.Figure | dict[str, Any]) -> None:
         """Show ``fig`` (a figure from :mod:`dtwork.plots`, or its dict)."""
         try:
-            self.figure: go.Figure = go.FigureWidget(fig)
+            self.figure: go.Figure = LiveFigureWidget(fig)
             self.view: widgets.Widget = self.figure
             self.live = True
         except ImportError:  # plotly >= 6 without anywidget
@@ -138,6 +173,11 @@ class FigurePanel:
         self.names = names
         if not self.live:
             self._render()
+
+    def settle(self) -> None:
+        """The figure stops changing: drop what only a live update needed."""
+        if self.live:
+            self.figure.settle()
 
     def _no_data(self, show: bool) -> None:
         """Show or drop the "no data yet" note."""
@@ -175,8 +215,8 @@ class RowView:
 class RowsPanel(FigurePanel):
     """Several series' figures as the rows of ONE figure on screen (:func:`plots.stacked_figure`).
 
-    A redraw updates the traces of every changed row with one restyle: plotly sends four widget
-    messages per restyle whatever its size, and in a kernel each message costs ~0.15-0.2 ms of CPU
+    A redraw updates the traces of every changed row with one restyle: one widget message whatever
+    its size (:class:`LiveFigureWidget`), and in a kernel each message costs ~0.3 ms of CPU
     (``python -m benchmarks.widget_messages``), so one figure for three costs a third of the messages.
     The traces of a row are grouped in the legend under the row's title.
     """
@@ -409,6 +449,8 @@ class Dashboard(widgets.VBox):
                 self._timer.cancel()
                 self._timer = None
         self.flush()
+        for panel in self._distinct_panels():
+            panel.settle()
 
     def close(self) -> None:
         """Stop the pending redraw and close the widgets."""

@@ -119,6 +119,42 @@ test.describe('dtwork sidebar', () => {
     await expect(run.locator('[data-stat="ranks"]')).toContainText('2 ×');
     await page.screenshot({ path: testInfo.outputPath('panel-cluster-and-run.png') });
 
+    // The live dashboard in the page: plotly's graph takes every redraw (one widget message each) as the
+    // ranks train, and ends with every logged step (the loss is the same on both ranks: its mean is the step).
+    const steps = 60;
+    await page.notebook.addCell(
+      'code',
+      `%%dtrain\nimport time\nfor step, _ in ctx.steps(range(${steps}), max_steps=${steps}):\n` +
+        '    time.sleep(0.05)\n    ctx.log(loss=float(step))'
+    );
+    const lossPoints = () =>
+      page.evaluate(() => {
+        const cells = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell');
+        const plot = cells[cells.length - 1]?.querySelector('.js-plotly-plot') as
+          | (HTMLElement & { data?: { name?: string; y?: ArrayLike<number> }[] })
+          | null;
+        const loss = plot?.data?.find(t => t.name === 'loss');
+        return loss?.y ? Array.from(loss.y) : null;
+      });
+    const running = page.notebook.runCell(2, { inplace: true });
+    const seen = new Set<number>();
+    const deadline = Date.now() + 90_000;
+    let points: number[] | null = null;
+    while (Date.now() < deadline) {
+      points = await lossPoints();
+      if (points) {
+        seen.add(points.length);
+      }
+      if (points && points.length === steps) {
+        break;
+      }
+      await page.waitForTimeout(100);
+    }
+    await running;
+    expect(points).toEqual(Array.from({ length: steps }, (_, i) => i));
+    expect([...seen].filter(n => n > 0 && n < steps).length).toBeGreaterThanOrEqual(2); // drawn while it trained
+    await page.screenshot({ path: testInfo.outputPath('live-dashboard.png') });
+
     // the Report link exports the run (POST .../report) and opens the notebook it wrote
     const reported = page.waitForResponse(
       (r: Response) => new URL(r.url()).pathname.endsWith('/report') && r.request().method() === 'POST'
