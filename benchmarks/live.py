@@ -92,31 +92,59 @@ def brief(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _code(run: dict[str, Any]) -> tuple[Any, Any, int]:
+    """What makes runs poolable: the same dtwork package tree, driven from the same place, on as many ranks."""
+    return run.get("dtwork_tree"), run.get("driven_from"), run.get("ranks", 2)
+
+
+def _known_code(run: dict[str, Any]) -> bool:
+    """The run names its dtwork code (a git tree, unchanged) and kept its cycles."""
+    tree = run.get("dtwork_tree")
+    return bool(tree) and not tree.endswith("+") and any(
+        p.get("pair_ratios") for modes in (run.get("pooled") or {}).values() for p in modes.values())
+
+
+def pool_code(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cycles of ``runs`` (oldest first; each a result or its :func:`brief`) pooled: one median and
+    interval per workload and kind of run. The latest run's cycles go first, as when it was taken."""
+    parts = runs[-1:] + runs[:-1]
+    pooled: dict[str, Any] = {}
+    for kind in dict.fromkeys(k for r in parts for k in r["pooled"]):
+        for mode in ("ab", "aa"):
+            ps = [((r["pooled"].get(kind) or {}).get(mode) or {}) for r in parts]
+            pairs = [x for q in ps for x in (q.get("pair_ratios") or [])]
+            if not pairs:
+                continue
+            cpu = [x for q in ps for x in (q.get("cpu_pair_ratios") or [])]
+            pooled.setdefault(kind, {})[mode] = {
+                "runs": sum(q.get("runs") or 0 for q in ps), "cycles": len(pairs), "ratio": median(pairs),
+                "ci95": bootstrap_ci(pairs), "pair_sd": statistics.stdev(pairs) if len(pairs) > 1 else None,
+                "cpu_ratio": median(cpu) if cpu else None, "cpu_ci95": bootstrap_ci(cpu) if cpu else None,
+            }
+    tree, where, ranks = _code(runs[-1])
+    return {"dtwork_tree": tree, "driven_from": where, "ranks": ranks, "started": [r.get("started") for r in runs],
+            "pooled": pooled}
+
+
 def same_code(result: dict[str, Any]) -> dict[str, Any] | None:
     """``result`` pooled with every earlier run of the same dtwork code (its ``dtwork_tree``), driven
     from the same place on as many ranks: the cycles of all of them, one median and interval per
     workload. None when no earlier run matches (or the code is not known: outside git, or changed)."""
-    tree = result.get("dtwork_tree")
-    if not tree or tree.endswith("+"):
+    if not _known_code(result):
         return None
-    key = (tree, result.get("driven_from"), result.get("ranks", 2))
-    runs = [r for r in result.get("earlier", []) if (r.get("dtwork_tree"), r.get("driven_from"), r.get("ranks", 2)) == key]
-    runs = [r for r in runs if any(p.get("pair_ratios") for modes in r["pooled"].values() for p in modes.values())]
-    if not runs:
-        return None
-    pooled: dict[str, Any] = {}
-    for kind, modes in result["pooled"].items():
-        for mode, p in modes.items():
-            parts = [p] + [((r["pooled"].get(kind) or {}).get(mode) or {}) for r in runs]
-            pairs = [x for q in parts for x in (q.get("pair_ratios") or [])]
-            cpu = [x for q in parts for x in (q.get("cpu_pair_ratios") or [])]
-            pooled.setdefault(kind, {})[mode] = {
-                "runs": sum(q.get("runs") or 0 for q in parts), "cycles": len(pairs), "ratio": median(pairs),
-                "ci95": bootstrap_ci(pairs), "pair_sd": statistics.stdev(pairs) if len(pairs) > 1 else None,
-                "cpu_ratio": median(cpu) if cpu else None, "cpu_ci95": bootstrap_ci(cpu) if cpu else None,
-            }
-    return {"dtwork_tree": tree, "started": [r.get("started") for r in runs] + [result.get("started")],
-            "pooled": pooled}
+    runs = [r for r in result.get("earlier", []) if _code(r) == _code(result) and _known_code(r)]
+    return pool_code(runs + [result]) if runs else None
+
+
+def earlier_code(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs recorded before ``result`` of other dtwork code (or of the same code driven otherwise),
+    grouped by code: each group of two or more runs pooled (:func:`pool_code`), the latest group first.
+    So a new tree does not hide what the runs of the one before it read together."""
+    groups: dict[tuple[Any, Any, int], list[dict[str, Any]]] = {}
+    for r in result.get("earlier", []):
+        if _known_code(r) and _code(r) != _code(result):
+            groups.setdefault(_code(r), []).append(r)
+    return [pool_code(runs) for runs in reversed(groups.values()) if len(runs) > 1]
 
 
 def earlier_runs(path: Path) -> list[dict[str, Any]]:

@@ -89,6 +89,27 @@ def _other_ranks(run: dict[str, Any]) -> str:
     return "" if n == 2 else f", {n} rank{'' if n == 1 else 's'}"
 
 
+def _code_pool_table(group: dict[str, Any], title: str) -> list[str]:
+    """The lines of one pooled group of long runs of the same dtwork code (``benchmarks.live.pool_code``)."""
+    started = group.get("started") or []
+    lines = [f"{title} (package tree {group.get('dtwork_tree')}; {group.get('driven_from') or 'plain process'}, "
+             f"{group.get('ranks', 2)} ranks), its cycles pooled: the {len(started)} runs started {', '.join(started)}.",
+             "", "| workload | runs | cycles | on ÷ off (median of cycles) | 95% interval | cycle SD | in CPU seconds | target |",
+             "|---|---|---|---|---|---|---|---|"]
+    for k in KINDS:
+        for mode in ("ab", "aa"):
+            p = (group["pooled"].get(k) or {}).get(mode)
+            if not p or p.get("ratio") is None:
+                continue
+            tgt = f">= 0.99: {met(p['ratio'] >= 0.99)}" if mode == "ab" else "1.0 (control)"
+            lines.append(
+                f"| {k}{' A/A' if mode == 'aa' else ''} | {p['runs']} | {p['cycles']} | {fmt(p['ratio'], 3)} | "
+                f"{ci(p.get('ci95'))} | {fmt((p.get('pair_sd') or 0) * 100, 1)}% | "
+                f"{fmt(p.get('cpu_ratio'), 3)} ({ci(p.get('cpu_ci95'))}) | {tgt} |"
+            )
+    return lines
+
+
 def long_live_section(long: dict[str, Any]) -> str:
     """The markdown of ``python -m benchmarks.live``'s pooled runs (issue 3's target, measured longer)."""
     kernel = long.get("kernel") or {}
@@ -137,35 +158,28 @@ def long_live_section(long: dict[str, Any]) -> str:
     if against:
         lines += ["", "The A/A runs read what this method reads when nothing differs; A/B ÷ A/A: " + ", ".join(against)
                   + ". Where the A/A interval spans the A/B reading, the windows cannot tell the difference apart."]
+    from benchmarks.live import earlier_code
+
     same = long.get("same_code") or {}
     if same.get("pooled"):
-        lines += ["", f"**Every run of this dtwork code** (package tree {same.get('dtwork_tree')}; "
-                  f"{long.get('driven_from') or 'plain process'}, {long.get('ranks', 2)} ranks), its cycles pooled: the "
-                  f"{len(same.get('started') or [])} runs started {', '.join(same.get('started') or [])}.", "",
-                  "| workload | runs | cycles | on ÷ off (median of cycles) | 95% interval | cycle SD | in CPU seconds | target |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for k in KINDS:
-            for mode in ("ab", "aa"):
-                p = (same["pooled"].get(k) or {}).get(mode)
-                if not p or p.get("ratio") is None:
-                    continue
-                tgt = f">= 0.99: {met(p['ratio'] >= 0.99)}" if mode == "ab" else "1.0 (control)"
-                lines.append(
-                    f"| {k}{' A/A' if mode == 'aa' else ''} | {p['runs']} | {p['cycles']} | {fmt(p['ratio'], 3)} | "
-                    f"{ci(p.get('ci95'))} | {fmt((p.get('pair_sd') or 0) * 100, 1)}% | "
-                    f"{fmt(p.get('cpu_ratio'), 3)} ({ci(p.get('cpu_ci95'))}) | {tgt} |"
-                )
+        where = {"driven_from": long.get("driven_from"), "ranks": long.get("ranks", 2)}
+        lines += ["", *_code_pool_table({**where, **same}, "**Every run of this dtwork code**")]
+    for group in earlier_code(long):
+        lines += ["", *_code_pool_table(group, "**Earlier dtwork code**")]
     earlier = long.get("earlier") or []
-    alone = [r for r in earlier if r.get("ranks", 2) == 1 and r.get("dtwork_tree") == long.get("dtwork_tree")]
+    alone = [r for r in earlier if r.get("ranks", 2) == 1]  # the latest, of this code if there is one
+    alone = [r for r in alone if r.get("dtwork_tree") == long.get("dtwork_tree")] or alone
     if alone and long.get("ranks", 2) != 1:
         r = alone[-1]
+        code = ("the same code" if r.get("dtwork_tree") == long.get("dtwork_tree")
+                else f"dtwork's code of then (package tree {r.get('dtwork_tree')})")
         parts = []
         for k in KINDS:
             ab = ((r.get("pooled") or {}).get(k) or {}).get("ab") or {}
             if ab.get("ratio") is not None:
                 parts.append(f"{k} {fmt(ab['ratio'], 3)} ({ci(ab.get('ci95'))}, ratio of the totals "
                              f"{fmt(ab.get('ratio_of_totals'), 3)})")
-        lines += ["", f"On one rank the same code leaves this 2-core machine a core for the kernel, as a GPU machine's "
+        lines += ["", f"On one rank {code} leaves this 2-core machine a core for the kernel, as a GPU machine's "
                   f"kernel has cores the ranks do not use ({r.get('started')}, from "
                   f"{'an ipykernel' if r.get('driven_from') == 'ipykernel' else 'a plain process'}): "
                   + "; ".join(parts) + "."]

@@ -294,7 +294,7 @@ def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> Non
     """Each run keeps its cycles in the record; a new run is pooled with the earlier runs of the same
     dtwork package tree, driven from the same place on as many ranks, and with no other."""
     from benchmarks import report
-    from benchmarks.live import brief, earlier_runs, pool, same_code
+    from benchmarks.live import brief, earlier_code, earlier_runs, pool, same_code
 
     def result(started: str, pairs: list[float], tree: str, where: str = "ipykernel", ranks: int = 2) -> dict[str, Any]:
         run = {"pair_ratios": pairs, "on_total": 1.0, "off_total": 1.0, "ratio": pairs[0], "ctx_log_ms": 0.02,
@@ -305,8 +305,8 @@ def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> Non
                 "pooled": {"mlp": {"ab": pool([run])}}}
 
     path = tmp_path / "live.json"
-    for r in (result("a", [0.97, 0.98], "t1"), result("b", [0.99, 1.0], "t2"), result("c", [0.5], "t2", "plain process"),
-              result("d", [0.4], "t2", ranks=1)):
+    for r in (result("a", [0.97, 0.98], "t1"), result("a2", [0.96], "t1"), result("b", [0.99, 1.0], "t2"),
+              result("c", [0.5], "t2", "plain process"), result("d", [0.4], "t2", ranks=1)):
         path.write_text(json.dumps({**r, "earlier": earlier_runs(path)}))
     assert brief(json.loads(path.read_text()))["pooled"]["mlp"]["ab"]["pair_ratios"] == [0.4]  # cycles kept
     latest = {**result("e", [1.01, 1.02, 0.995], "t2"), "earlier": earlier_runs(path)}
@@ -323,6 +323,13 @@ def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> Non
     assert "- d (10 min, from an ipykernel, 1 rank): mlp 0.400" in text
     assert "On one rank the same code leaves this 2-core machine a core for the kernel" in text
     assert "(d, from an ipykernel): mlp 0.400" in text
+    # a new tree does not hide what the runs of earlier code read together: t1's two runs, not the lone ones
+    assert [(g["dtwork_tree"], g["started"]) for g in earlier_code(latest)] == [("t1", ["a", "a2"])]
+    assert "**Earlier dtwork code** (package tree t1; ipykernel, 2 ranks), its cycles pooled: the 2 runs started a, a2" in text
+    assert "| mlp | 2 | 3 | 0.970 |" in text
+    newer = {**result("f", [1.0], "t3"), "earlier": [*latest["earlier"], brief(latest)]}
+    assert [g["dtwork_tree"] for g in earlier_code(newer)] == ["t2", "t1"]  # the latest group first
+    assert "On one rank dtwork's code of then (package tree t2) leaves" in report.long_live_section(newer)
 
 
 def test_a_long_live_run_names_the_dtwork_code_it_measured() -> None:
