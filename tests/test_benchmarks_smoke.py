@@ -330,6 +330,14 @@ def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> Non
     newer = {**result("f", [1.0], "t3"), "earlier": [*latest["earlier"], brief(latest)]}
     assert [g["dtwork_tree"] for g in earlier_code(newer)] == ["t2", "t1"]  # the latest group first
     assert "On one rank dtwork's code of then (package tree t2) leaves" in report.long_live_section(newer)
+    # the target's words say when the interval cannot tell met from not met
+    assert report.interval_verdict({"ratio": 0.995, "ci95": [0.98, 1.01]}) == (
+        "**met** (within noise: the 95% interval spans the target)")
+    assert report.interval_verdict({"ratio": 0.985, "ci95": [0.975, 0.995]}) == (
+        "**not met** (within noise: the 95% interval spans the target)")
+    assert report.interval_verdict({"ratio": 0.985, "ci95": [0.98, 0.989]}) == "**not met**"
+    t1_row = next(line for line in text.splitlines() if line.startswith("| mlp | 2 | 3 | 0.970 |"))
+    assert t1_row.endswith(">= 0.99: **not met** |")  # its interval lies below the target
 
 
 def test_a_long_live_run_names_the_dtwork_code_it_measured() -> None:
