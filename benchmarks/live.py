@@ -8,8 +8,9 @@ interval of about ±2%, wider than the 1% the target allows. This runs the same 
 A/A runs (both windows of every cycle on: the control, which should read 1.0), then pools the
 cycles of each kind of run: the median of all cycle ratios with a bootstrap interval, and the
 ratio of the pooled totals. Writes ``DIR/live.json`` (default ``benchmarks/results/``), carrying
-the pooled readings of the runs recorded there before (``earlier``); ``python -m benchmarks
---report-only`` adds them all to docs/benchmarks.md.
+the pooled readings and cycles of the runs recorded there before (``earlier``); ``python -m benchmarks
+--report-only`` adds them all to docs/benchmarks.md. ``benchmarks/results/live.json`` is kept in git
+(the rest of that folder is not): a later run, on another machine too, pools with its cycles.
 
 With ``--kernel`` the same runs are driven from a real ipykernel started with jupyter_client, as
 a notebook drives dtwork: there the live view's widget messages are sent (JSON, signing, the
@@ -76,7 +77,8 @@ def brief(result: dict[str, Any]) -> dict[str, Any]:
     """What a later run keeps of this one: when, how long, on what code, its pooled readings and their
     cycles (so that runs of the same code can be pooled again)."""
     keys = ("runs", "cycles", "ratio", "ci95", "ratio_of_totals", "pair_sd", "pair_ratios", "cpu_pair_ratios")
-    return {
+    note = {"note": result["note"]} if result.get("note") else {}  # where readings entered by hand came from
+    return note | {
         "command": result.get("command"),
         "started": result.get("started"),
         "duration_s": result.get("duration_s"),

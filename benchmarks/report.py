@@ -201,15 +201,17 @@ def long_live_section(long: dict[str, Any]) -> str:
                 ab, aa = modes.get("ab") or {}, modes.get("aa") or {}
                 if ab.get("ratio") is None:
                     continue
-                part = f"{k} {fmt(ab['ratio'], 3)} ({ci(ab.get('ci95'))}, {ab.get('cycles')} cycles)"
+                cycles = f", {ab['cycles']} cycles" if ab.get("cycles") else ""
+                part = f"{k} {fmt(ab['ratio'], 3)} ({ci(ab.get('ci95'))}{cycles})"
                 if aa.get("ratio") is not None:
                     part += f" [A/A {fmt(aa['ratio'], 3)}]"
                 parts.append(part)
             commit = f", dtwork {run['dtwork_commit']}" if run.get("dtwork_commit") else ""
             commit += ", from an ipykernel" if run.get("driven_from") == "ipykernel" else ""
             commit += _other_ranks(run)
+            note = f" ({run['note']})" if run.get("note") else ""
             lines.append(f"- {run.get('started')} ({fmt((run.get('duration_s') or 0) / 60, 0)} min{commit}): "
-                         + "; ".join(parts))
+                         + "; ".join(parts) + note)
     return "\n".join(lines)
 
 
@@ -368,8 +370,9 @@ def markdown(r: dict[str, Any], results_path: str = "benchmarks/results/results.
     w("# dtwork benchmarks")
     w("")
     w(f"Generated from `{results_path}` by `benchmarks.report.markdown`; `python -m benchmarks --report-only` "
-      "rebuilds it from that file, which the run leaves beside `plots.html` (the results folder is git-ignored: "
-      "this page is the record that is kept).")
+      "rebuilds it from that file, which the run leaves beside `plots.html` (the results folder is git-ignored "
+      "but for `live.json`, the long runs' record, whose cycles later runs pool with: this page and that file are "
+      "the record that is kept).")
     if meta.get("smoke"):
         w("")
         w("**This is a smoke run: a few steps of everything; its numbers are not meaningful.**")

@@ -290,6 +290,29 @@ def test_a_long_live_run_keeps_the_readings_of_every_run_before_it(tmp_path: Pat
     assert "| mlp | 2 | 30 | 0.990 |" in text  # the latest run's own table
 
 
+def test_a_long_run_entered_by_hand_keeps_its_note_and_no_cycle_count(tmp_path: Path) -> None:
+    """A run whose readings were entered from the page (its cycles lost) says so in the record and the
+    document, and names no number of cycles; a later run keeps it as it is."""
+    from benchmarks import report
+    from benchmarks.live import brief, earlier_runs, same_code
+
+    entered = {"started": "2026-11-22 04:53 +0000", "duration_s": 1620.0, "dtwork_tree": "cc5b359",
+               "driven_from": "ipykernel", "note": "read from that session's log",
+               "pooled": {"mlp": {"ab": {"cycles": None, "ratio": 0.981, "ci95": [0.966, 0.994]},
+                                  "aa": {"ratio": 0.991}}}}
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(entered))
+    assert brief(entered)["note"] == "read from that session's log"
+    assert "note" not in brief({**entered, "note": None})
+    later = {"started": "later", "duration_s": 60.0, "dtwork_tree": "cc5b359", "driven_from": "ipykernel",
+             "earlier": earlier_runs(path), "pooled": {"mlp": {"ab": {"runs": 1, "cycles": 2, "ratio": 0.99,
+                                                                        "ci95": [0.98, 1.0], "pair_ratios": [0.98, 1.0]}}}}
+    assert same_code(later) is None  # nothing to pool with: the entered run has no cycles
+    text = report.long_live_section(later)
+    assert ("- 2026-11-22 04:53 +0000 (27 min, from an ipykernel): mlp 0.981 (0.966-0.994) [A/A 0.991] "
+            "(read from that session's log)") in text
+
+
 def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> None:
     """Each run keeps its cycles in the record; a new run is pooled with the earlier runs of the same
     dtwork package tree, driven from the same place on as many ranks, and with no other."""
