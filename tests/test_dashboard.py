@@ -505,3 +505,41 @@ def test_a_row_without_data_keeps_its_note_while_the_others_draw(dash: Dashboard
     assert not no_data(dash.figures["metrics"])
     assert no_data(dash.figures["throughput"]) and no_data(dash.figures["step_time"])
     assert not dash.figures["throughput"].data
+
+
+def test_a_redraw_leaves_the_figure_as_plotlys_own_restyle_would(dash: Dashboard) -> None:
+    """The rows' restyle sets the traces' arrays without plotly's checks: fed the same records, the
+    figure ends exactly as one redrawn through ``plotly_restyle`` (same traces, values and figure
+    JSON), and a trace that comes later is still added after the ones on screen."""
+    panel = dash.panels["metrics"]
+    if not panel.live:
+        pytest.skip("plotly >= 6 without anywidget: no FigureWidget")
+    other = Dashboard.for_cell(fake_session(), 7, [0, 1], display=False)
+    slow = other._rows.figure
+    slow.restyle_xy = lambda xs, ys, index: slow.plotly_restyle({"x": list(xs), "y": list(ys)}, list(index))
+    try:
+        for step in range(8):
+            extra = {"acc": 0.1 * step} if step >= 5 else {}  # a metric that comes later
+            records = [log(step, loss=2.0 - step / 10, **extra), *(perf(step, r, 50.0 + r + step) for r in (0, 1))]
+            for d in (dash, other):
+                d.feed(records)
+                d.flush()
+            assert _plain_json(panel.figure) == _plain_json(slow)
+    finally:
+        other.close()
+    assert list(trace(dash.figures["throughput"], "rank 1").y) == [51.0 + s for s in range(8)]
+    assert list(trace(dash.figures["metrics"], "loss").x) == list(range(8))
+    assert [t.name for t in dash.figures["metrics"].data] == ["loss", "acc"]
+    assert list(trace(dash.figures["metrics"], "acc").x) == [5, 6, 7]
+
+
+def _plain_json(fig: go.Figure) -> Any:
+    """The figure as plotly writes it (plain JSON), without the traces' random uids."""
+    import json
+
+    import plotly.io as pio
+
+    spec = json.loads(pio.to_json(fig, validate=False))
+    for t in spec["data"]:
+        t.pop("uid", None)
+    return spec
