@@ -10,7 +10,8 @@ cycles of each kind of run: the median of all cycle ratios with a bootstrap inte
 ratio of the pooled totals. Writes ``DIR/live.json`` (default ``benchmarks/results/``), carrying
 the pooled readings and cycles of the runs recorded there before (``earlier``); ``python -m benchmarks
 --report-only`` adds them all to docs/benchmarks.md. ``benchmarks/results/live.json`` is kept in git
-(the rest of that folder is not): a later run, on another machine too, pools with its cycles.
+(with the suite's ``results.json`` and ``widget_messages.json``; the plots are not): a later run, on
+another machine too, pools with its cycles.
 
 With ``--kernel`` the same runs are driven from a real ipykernel started with jupyter_client, as
 a notebook drives dtwork: there the live view's widget messages are sent (JSON, signing, the

@@ -370,9 +370,9 @@ def markdown(r: dict[str, Any], results_path: str = "benchmarks/results/results.
     w("# dtwork benchmarks")
     w("")
     w(f"Generated from `{results_path}` by `benchmarks.report.markdown`; `python -m benchmarks --report-only` "
-      "rebuilds it from that file, which the run leaves beside `plots.html` (the results folder is git-ignored "
-      "but for `live.json`, the long runs' record, whose cycles later runs pool with: this page and that file are "
-      "the record that is kept).")
+      "rebuilds it from that file, which the run leaves beside `plots.html`. The results kept in git are that file, "
+      "`widget_messages.json` and `live.json` (the long runs' record, whose cycles later runs pool with), so that "
+      "any later checkout rebuilds this page; the rest of the folder (the plots) is git-ignored.")
     if meta.get("smoke"):
         w("")
         w("**This is a smoke run: a few steps of everything; its numbers are not meaningful.**")
