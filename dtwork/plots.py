@@ -580,13 +580,12 @@ class StepTimeSeries(Series):
         steps = self._union.steps
         changed = self._union.take_low()
         keep = _pick(len(steps), max_points)
-        xs: Any = None  # the parts' steps, taken once: the parts share them (nothing changes a trace's x)
         for name, label in STEP_PARTS:
             means = self._part_means[name].update(steps, changed)  # every part: they share `changed`
             if self._parts[name].sums:
-                if xs is None or not array:
-                    xs = _take(steps, keep, array)
-                out.append(Trace(label, xs, _take(means, keep, array), {"stackgroup": "split"}))
+                out.append(
+                    Trace(label, _take(steps, keep, array), _take(means, keep, array), {"stackgroup": "split"})
+                )
         measured = self._measured_steps.steps
         if measured:
             means = self._measured_means.update(measured, self._measured_steps.take_low())
