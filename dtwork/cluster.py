@@ -95,10 +95,14 @@ class Cluster:
         registry.clean_stale()
         t0 = time.perf_counter()
         self._set_state("starting")
-        if self.session.live:
-            from dtwork.widgets import warm_dashboard
+        from dtwork.widgets import dashboard_ready, warm_dashboard
 
-            warm_dashboard()  # while the engines start: the first cell's live view comes at once
+        # The live view's modules (~1.5 s of CPU) load in the background: while the engines start
+        # when this host has a core to spare for it, else once they are up (then the import would
+        # only slow their start: engines importing torch fill every core).
+        early = self.session.live and self._spare_core()
+        if early:
+            warm_dashboard()
         try:
             self._start_engines()
             self._register()
@@ -108,14 +112,20 @@ class Cluster:
             self._set_state("failed")
             raise
         finally:
-            from dtwork.widgets import dashboard_ready
-
-            dashboard_ready(30.0)  # no import left running under the notebook's next cell
+            if early:
+                dashboard_ready(30.0)  # no import left running under the notebook's next cell
         self.start_seconds = time.perf_counter() - t0
         self.started_at = time.time()
         self._set_state("running")
         self._register()
+        if self.session.live and not early:
+            warm_dashboard()  # done by the next training cell, which waits for it before it starts
         return self
+
+    def _spare_core(self) -> bool:
+        """Whether this host has a core beyond one per local engine and one for the kernel."""
+        local = 0 if self.profile else self.n  # a profile's engines may start elsewhere
+        return (os.cpu_count() or 1) > local + 1
 
     def _start_engines(self) -> None:
         kwargs: dict[str, Any] = {

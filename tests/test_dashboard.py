@@ -433,8 +433,8 @@ def test_switching_live_off_mid_cell_pauses_the_dashboard_but_not_the_store(clus
         session.live = False
 
 
-def test_the_dashboard_modules_are_loaded_while_a_cluster_starts() -> None:
-    """``dtwork.start`` warms the dashboard's imports in a thread (once per process) and waits for it."""
+def test_the_dashboard_modules_load_once_in_a_thread() -> None:
+    """``warm_dashboard`` loads the dashboard's imports in a thread, once per process."""
     from dtwork import widgets
 
     widgets.warm_dashboard()
@@ -443,6 +443,44 @@ def test_the_dashboard_modules_are_loaded_while_a_cluster_starts() -> None:
     first = widgets._warming
     widgets.warm_dashboard()
     assert widgets._warming is first  # started once
+
+
+WARM_PROBE = """
+import json, sys, time
+from dtwork import Cluster, widgets
+c = Cluster(n=2, backend="gloo")
+try:
+    c.start()
+    out = {"spare": c._spare_core(), "started": widgets._warming is not None,
+           "loaded_at_start": widgets.dashboard_ready(0), "plotly_at_start": "plotly.basewidget" in sys.modules}
+    c.session.run_cell("x = 1", ranks=None, rank0=False, bg=False, quiet=False)
+    out["loaded_after_cell"] = widgets.dashboard_ready(0)
+finally:
+    c.stop()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_starting_cluster_loads_the_dashboard_while_its_engines_start_only_with_a_core_to_spare(
+    tmp_path: Any,
+) -> None:
+    """In a fresh kernel-like process: with a core beyond the engines' and the kernel's, the live
+    view's modules load while the engines start and have loaded when ``start`` returns; without one
+    (two ranks on two cores), they start loading once the engines are up, ``start`` does not wait
+    for them, and the next shown cell waits for them before its ranks start."""
+    import json
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", WARM_PROBE], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert out["started"]
+    if out["spare"]:
+        assert out["loaded_at_start"] and out["plotly_at_start"]
+    else:
+        assert not out["loaded_at_start"]  # ~1.5 s of imports still running in the background
+    assert out["loaded_after_cell"]
 
 
 
