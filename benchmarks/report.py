@@ -118,6 +118,31 @@ def _code_pool_table(group: dict[str, Any], title: str) -> list[str]:
     return lines
 
 
+def _other_ranks_paragraph(long: dict[str, Any], earlier: list[dict[str, Any]]) -> list[str]:
+    """The latest earlier run on another number of ranks than ``long`` (of the same code if there is
+    one), in a paragraph: one rank leaves this 2-core machine a core for the kernel, two fill both."""
+    ranks = long.get("ranks", 2)
+    other = [r for r in earlier if r.get("ranks", 2) != ranks and (r.get("pooled") or {})]
+    other = [r for r in other if r.get("dtwork_tree") == long.get("dtwork_tree")] or other
+    if not other:
+        return []
+    r = other[-1]
+    code = ("the same code" if r.get("dtwork_tree") == long.get("dtwork_tree")
+            else f"dtwork's code of then (package tree {r.get('dtwork_tree')})")
+    parts = []
+    for k in KINDS:
+        ab = ((r.get("pooled") or {}).get(k) or {}).get("ab") or {}
+        if ab.get("ratio") is not None:
+            parts.append(f"{k} {fmt(ab['ratio'], 3)} ({ci(ab.get('ci95'))}"
+                         + (f", ratio of the totals {fmt(ab['ratio_of_totals'], 3)}" if ab.get("ratio_of_totals") else "")
+                         + ")")
+    n = r.get("ranks", 2)
+    what = ("leaves this 2-core machine a core for the kernel, as a GPU machine's kernel has cores the ranks do "
+            "not use" if n == 1 else "fills this machine's cores with ranks, the kernel sharing them")
+    return ["", f"On {'one rank' if n == 1 else f'{n} ranks'} {code} {what} ({r.get('started')}, from "
+            f"{'an ipykernel' if r.get('driven_from') == 'ipykernel' else 'a plain process'}): " + "; ".join(parts) + "."]
+
+
 def long_live_section(long: dict[str, Any]) -> str:
     """The markdown of ``python -m benchmarks.live``'s pooled runs (issue 3's target, measured longer)."""
     kernel = long.get("kernel") or {}
@@ -175,22 +200,7 @@ def long_live_section(long: dict[str, Any]) -> str:
     for group in earlier_code(long):
         lines += ["", *_code_pool_table(group, "**Earlier dtwork code**")]
     earlier = long.get("earlier") or []
-    alone = [r for r in earlier if r.get("ranks", 2) == 1]  # the latest, of this code if there is one
-    alone = [r for r in alone if r.get("dtwork_tree") == long.get("dtwork_tree")] or alone
-    if alone and long.get("ranks", 2) != 1:
-        r = alone[-1]
-        code = ("the same code" if r.get("dtwork_tree") == long.get("dtwork_tree")
-                else f"dtwork's code of then (package tree {r.get('dtwork_tree')})")
-        parts = []
-        for k in KINDS:
-            ab = ((r.get("pooled") or {}).get(k) or {}).get("ab") or {}
-            if ab.get("ratio") is not None:
-                parts.append(f"{k} {fmt(ab['ratio'], 3)} ({ci(ab.get('ci95'))}, ratio of the totals "
-                             f"{fmt(ab.get('ratio_of_totals'), 3)})")
-        lines += ["", f"On one rank {code} leaves this 2-core machine a core for the kernel, as a GPU machine's "
-                  f"kernel has cores the ranks do not use ({r.get('started')}, from "
-                  f"{'an ipykernel' if r.get('driven_from') == 'ipykernel' else 'a plain process'}): "
-                  + "; ".join(parts) + "."]
+    lines += _other_ranks_paragraph(long, earlier)
     if earlier:
         lines += ["", "Every earlier run of `python -m benchmarks.live` recorded here (on ÷ off, median of cycles, "
                   "95% interval; A/A in brackets; driven from a plain process unless marked):", ""]

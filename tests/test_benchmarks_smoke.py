@@ -353,6 +353,11 @@ def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> Non
     newer = {**result("f", [1.0], "t3"), "earlier": [*latest["earlier"], brief(latest)]}
     assert [g["dtwork_tree"] for g in earlier_code(newer)] == ["t2", "t1"]  # the latest group first
     assert "On one rank dtwork's code of then (package tree t2) leaves" in report.long_live_section(newer)
+    # a one-rank run shown first names the latest run on two ranks, which fill the cores
+    alone = {**result("g", [0.9], "t3", ranks=1), "earlier": [*newer["earlier"], brief(newer)]}
+    text = report.long_live_section(alone)
+    assert "On 2 ranks the same code fills this machine's cores with ranks, the kernel sharing them (f, " in text
+    assert "On one rank" not in text
     # the target's words say when the interval cannot tell met from not met
     assert report.interval_verdict({"ratio": 0.995, "ci95": [0.98, 1.01]}) == (
         "**met** (within noise: the 95% interval spans the target)")
