@@ -446,7 +446,7 @@ def test_the_dashboard_modules_load_once_in_a_thread() -> None:
 
 
 WARM_PROBE = """
-import json, sys, time
+import json, sys
 from dtwork import Cluster, widgets
 c = Cluster(n=2, backend="gloo")
 try:
