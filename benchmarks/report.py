@@ -60,9 +60,11 @@ def load(out_dir: Path) -> dict[str, Any]:
 
 
 def with_long_live(r: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """Add ``DIR/live.json`` (``python -m benchmarks.live``) and ``DIR/widget_messages.json``
-    (``python -m benchmarks.widget_messages``), run on their own, when they are there."""
-    for key, name in (("live_long", "live.json"), ("widget_messages", "widget_messages.json")):
+    """Add ``DIR/live.json`` (``python -m benchmarks.live``), ``DIR/widget_messages.json``
+    (``python -m benchmarks.widget_messages``) and ``DIR/rank_log.json`` (``python -m
+    benchmarks.rank_log``), run on their own, when they are there."""
+    for key, name in (("live_long", "live.json"), ("widget_messages", "widget_messages.json"),
+                      ("rank_log", "rank_log.json")):
         path = out_dir / name
         if path.exists():
             r[key] = json.loads(path.read_text())
@@ -88,6 +90,17 @@ def widget_messages_section(m: dict[str, Any], long_in_kernel: bool = False) -> 
         f"{fmt(kernel.get('redraw_ms'), 2)} ms inside a real ipykernel, which sends "
         f"{fmt((kernel.get('messages') or 0) / n, 1)} widget messages a redraw: in a notebook the live view costs "
         f"about {fmt(extra * 2, 1)} ms of kernel CPU a second more (two redraws a second) than the windows count."
+    )
+
+
+def rank_log_section(m: dict[str, Any]) -> str:
+    """The markdown of ``python -m benchmarks.rank_log``: ``ctx.log`` every step on a CPU rank, alone."""
+    return (
+        f"**The rank's part alone** (`{m.get('command')}`, {m.get('started')}): one CPU rank in one process, "
+        f"the MLP trained by `ctx.steps` in {m.get('rounds')} pairs of {m.get('steps_per_window')}-step windows with "
+        f"and without `ctx.log(loss=loss)` every step: +{fmt(m.get('ctx_log_cpu_us'), 1)} µs of CPU a step on a "
+        f"{fmt(m.get('off_us_per_step'), 0)} µs step, a throughput ratio of {fmt(m.get('wall_ratio'), 4)} (a step "
+        "this short, on one rank, is where logging every step weighs most)."
     )
 
 
@@ -381,7 +394,7 @@ def markdown(r: dict[str, Any], results_path: str = "benchmarks/results/results.
     w("")
     w(f"Generated from `{results_path}` by `benchmarks.report.markdown`; `python -m benchmarks --report-only` "
       "rebuilds it from that file, which the run leaves beside `plots.html`. The results kept in git are that file, "
-      "`widget_messages.json` and `live.json` (the long runs' record, whose cycles later runs pool with), so that "
+      "`widget_messages.json`, `rank_log.json` and `live.json` (the long runs' record, whose cycles later runs pool with), so that "
       "any later checkout rebuilds this page; the rest of the folder (the plots) is git-ignored.")
     if meta.get("smoke"):
         w("")
@@ -640,6 +653,9 @@ def markdown(r: dict[str, Any], results_path: str = "benchmarks/results/results.
         w("")
     if r.get("widget_messages"):
         w(widget_messages_section(r["widget_messages"], long_live.get("driven_from") == "ipykernel"))
+        w("")
+    if r.get("rank_log"):
+        w(rank_log_section(r["rank_log"]))
         w("")
 
     inter = r.get("gns_interleaved", {})

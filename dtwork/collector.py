@@ -644,7 +644,7 @@ class Session:
         def feed(records: list[dict[str, Any]]) -> None:
             # Made at the first records: a cell that logs nothing shows no empty dashboard.
             if self.dashboard is None:
-                self.dashboard = Dashboard.for_cell(self, run_id, ranks, trailing=False)
+                self.dashboard = Dashboard.for_cell(self, run_id, ranks, trailing=False, drawer=True)
             self.dashboard.feed(records)
 
         return feed

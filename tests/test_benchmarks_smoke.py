@@ -423,3 +423,17 @@ def test_widget_messages_counts_a_redraws_messages_in_a_real_kernel(tmp_path: Pa
     (tmp_path / "results.json").write_text(json.dumps({"meta": {}}))
     text = report.widget_messages_section(report.load(tmp_path)["widget_messages"])
     assert "redrawn 3 times" in text and "2.0 widget messages a redraw" in text
+
+
+def test_rank_log_times_ctx_log_on_a_cpu_rank(tmp_path: Path) -> None:
+    """``python -m benchmarks.rank_log`` trains the MLP with and without ``ctx.log`` in one process and
+    reports the difference per step; the benchmark page shows it."""
+    from benchmarks import rank_log, report
+
+    assert rank_log.main(["--rounds", "2", "--steps", "20", "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "rank_log.json").read_text())
+    assert m["rounds"] == 2 and len(m["cpu_diff_us"]) == 2
+    assert m["off_us_per_step"] > 0 and m["on_us_per_step"] > 0 and m["wall_ratio"] > 0
+    (tmp_path / "results.json").write_text(json.dumps({"meta": {}}))
+    text = report.rank_log_section(report.load(tmp_path)["rank_log"])
+    assert "2 pairs of 20-step windows" in text and "ctx.log(loss=loss)" in text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 import threading
 import time
@@ -213,6 +214,41 @@ def test_records_fed_inside_the_interval_are_drawn_by_the_trailing_redraw() -> N
     dash.close()
 
 
+def test_a_drawer_reads_and_draws_what_is_fed_in_its_own_thread_at_idle_priority() -> None:
+    """With a drawer (as the collector makes it) ``feed`` only queues: the records are read and drawn
+    in the dashboard's own thread, which runs at the OS's idle priority on Linux, so that the live
+    view does not take a core from ranks that fill the machine."""
+    dash = Dashboard(1, [0], min_interval=0.05, draw_share=None, trailing=False)
+    drawn_in: list[tuple[str, int | None]] = []
+    draw = dash._draw
+
+    def spy() -> None:
+        policy = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+        drawn_in.append((threading.current_thread().name, policy))
+        draw()
+
+    dash._draw = spy  # type: ignore[method-assign]
+    dash.start_drawer()
+    for s in range(40):
+        dash.feed([log(s, loss=float(s)), perf(s, 0, 100.0)])
+        dash.progress({0: {"step": s + 1, "total": 40, "time": 10.0 + s}})
+        time.sleep(0.005)
+    deadline = time.monotonic() + 30.0
+    while dash.rows_fed < 40 * 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dash.rows_fed == 40 * 5 and dash.redraws >= 1
+    assert {name for name, _ in drawn_in} == {"dtwork-dashboard"}  # never in the feeding thread
+    if sys.platform.startswith("linux"):
+        assert {policy for _, policy in drawn_in} == {os.SCHED_IDLE}
+    dash.feed([log(40, loss=40.0)])
+    dash.finish(CellResult(seq=1, ranks=[0], status="ok", seconds=1.0))  # stops the drawer, then draws what it had not read
+    assert dash._drawer is None and not any(t.name == "dtwork-dashboard" and t.is_alive() for t in threading.enumerate())
+    assert drawn_in[-1][0] == threading.current_thread().name
+    assert list(trace(dash.figures["metrics"], "loss").x) == list(range(41))
+    assert "step 40/40" in dash._header.value
+    dash.close()
+
+
 def test_two_threads_feeding_lose_nothing() -> None:
     dash = Dashboard(1, [0, 1], min_interval=0.01)
     errors: list[BaseException] = []
@@ -410,7 +446,7 @@ def test_switching_live_off_mid_cell_pauses_the_dashboard_but_not_the_store(clus
         "import time\n"
         "for step, _ in ctx.steps(range(60), max_steps=60):\n"
         "    ctx.log(loss=float(step))\n"
-        "    time.sleep(0.05)\n"
+        "    time.sleep(0.08)\n"
     )
     try:
         with contextlib.redirect_stdout(io.StringIO()):
@@ -419,7 +455,8 @@ def test_switching_live_off_mid_cell_pauses_the_dashboard_but_not_the_store(clus
             while (session.dashboard is None or session.dashboard.rows_fed == 0) and time.monotonic() < deadline:
                 time.sleep(0.02)
             session.live = False
-            paused_at = _settled(lambda: session.dashboard.rows_fed)  # a batch being fed at the switch lands
+            # a batch fed at the switch lands (the dashboard's drawer reads what was fed once per interval)
+            paused_at = _settled(lambda: session.dashboard.rows_fed, quiet=1.0)
             time.sleep(0.8)
             assert session.dashboard.rows_fed == paused_at  # nothing fed while paused
             session.live = True

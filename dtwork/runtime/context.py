@@ -195,7 +195,11 @@ class Context:
 
     def log(self, **scalars: Any) -> None:
         """Log scalars: averaged over ranks (average_training_metrics) or rank 0's."""
-        _loop.log_scalars(self, scalars)
+        loop = self.loop
+        if loop is not None and "step" not in scalars:  # inside ctx.steps, every step: the short way
+            loop.add_log(scalars)
+        else:
+            _loop.log_scalars(self, scalars)
 
     def evaluate(
         self, model: torch.nn.Module, loader_or_dataset: Any, metric_fn: Callable[..., Any] | None = None, **kw: Any

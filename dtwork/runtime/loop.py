@@ -321,20 +321,28 @@ class StepLoop:
             self.ctx.publisher.record("gpu", self.step, vals)
 
     def add_log(self, scalars: dict[str, Any]) -> None:
-        """Keep the step's values as they come: a number as a float, a tensor detached (on the
-        rank's device, 0-d). No conversion here: in a training loop every tensor operation pays
-        the dispatcher's cold path (~15 us each on CPU); the sync converts all values at once."""
-        device = self.ctx.device
+        """Keep the step's values at the least cost per call: it runs every step, in the loop's
+        cold path, where every tensor operation pays the dispatcher's cold path (~5-15 us on a CPU).
+        A number is kept as a float. A tensor on the CPU is read at once (``item``: there is no
+        device to wait for, and a tensor kept until the sync cost a CPU rank ~10 us a step more:
+        ``python -m benchmarks.rank_log``); a tensor on an accelerator is detached and kept, and
+        the sync reads all of them in one operation (reading it here would wait for the device)."""
+        logs = self._logs
         for name, value in scalars.items():
             if isinstance(value, torch.Tensor):
-                t = value.detach()
-                if t.device != device:
-                    t = t.to(device)
-                if t.ndim:
-                    t = t.reshape(())
-                self._logs.setdefault(name, []).append(t)
+                if value.numel() != 1:
+                    raise DtworkError(
+                        f"ctx.log({name}=...) takes a number or a one-element tensor, got a tensor of shape "
+                        f"{tuple(value.shape)}: log a reduction of it (.mean(), .sum())"
+                    )
+                value = value.item() if value.is_cpu else value.detach()
             else:
-                self._logs.setdefault(name, []).append(float(value))
+                value = float(value)
+            kept = logs.get(name)
+            if kept is None:
+                logs[name] = [value]
+            else:
+                kept.append(value)
 
     def _record_step(self, norms: tuple[float, float] | None) -> None:
         """Keep what this step leaves for the next sync: stop flag, GNS norms, logged means."""
@@ -363,7 +371,7 @@ class StepLoop:
         if not tensor_at:
             vec = torch.tensor([per_step, *heads, *logs], dtype=torch.float64, device=ctx.device)
         else:
-            stacked = torch.stack([logs[i] for i in tensor_at]).to(torch.float64)
+            stacked = _stack_scalars([logs[i] for i in tensor_at], ctx.device)
             if len(tensor_at) < len(logs):
                 part = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in logs],
                                     dtype=torch.float64, device=ctx.device)
@@ -486,7 +494,18 @@ def _mean(values: list[Any], device: torch.device) -> Any:
         return values[0]
     if not any(isinstance(v, torch.Tensor) for v in values):
         return sum(values) / len(values)
-    return torch.stack([torch.as_tensor(v, device=device).to(torch.float64) for v in values]).mean()
+    return torch.stack([torch.as_tensor(v, device=device).to(torch.float64).reshape(()) for v in values]).mean()
+
+
+def _stack_scalars(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One-element tensors (kept by ``add_log``: 0-d or not, on the rank's device or not) as one
+    1-d float64 tensor on ``device``: one operation when they have one shape and one device, as
+    a training loop's logged values have."""
+    try:
+        out = torch.stack(tensors)
+    except RuntimeError:  # shapes (), (1,) ... or devices mixed
+        out = torch.stack([t.reshape(()).to(device) for t in tensors])
+    return out.reshape(-1).to(device=device, dtype=torch.float64)
 
 
 def backward(ctx: Any, loss: torch.Tensor) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import threading
 import time
 import types
@@ -47,6 +48,8 @@ MIN_INTERVAL = 0.5  # seconds between redraws while records flow
 DRAW_SHARE = 0.01  # of a core, at most, spent redrawing (the interval grows with a redraw's cost)
 MAX_POINTS = 1000  # per trace on screen (a plot is ~800 px wide): redraws stay cheap however long the run
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
+DRAWER_IDLE_CHECK = 0.1  # seconds: how soon a drawer that found nothing new looks again
+DRAWER_JOIN_SECONDS = 5.0  # the most a finishing cell waits for its drawer's last redraw
 BASE_FIGURES = ("metrics", "throughput", "step_time")
 KIND_FIGURES = ("gpu", "gns")  # figures shown once they have something to draw
 KIND_SERIES = {"log": ("metrics",), "perf": ("throughput", "step_time"), "gpu": ("gpu",), "gns": ("gns",)}
@@ -55,6 +58,19 @@ STATUS_COLOURS = {"running": "#1565c0", "finished": "#2e7d32", "failed": "#c6282
 BAR_STYLES = {"finished": "success", "failed": "danger", "interrupted": "warning"}
 BAR_COLOURS = {"": STATUS_COLOURS["running"], "success": STATUS_COLOURS["finished"],
                "danger": STATUS_COLOURS["failed"], "warning": STATUS_COLOURS["interrupted"]}
+
+
+def idle_priority() -> bool:
+    """Put the calling thread at the OS's idle scheduling priority (Linux: ``SCHED_IDLE``, which any
+    user may set for their own threads); return whether it could. Other threads keep theirs."""
+    policy = getattr(os, "SCHED_IDLE", None)
+    if policy is None or not hasattr(os, "sched_setscheduler"):
+        return False
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread (a Linux thread is a task)
+    except OSError:
+        return False
+    return True
 
 
 class RankBar:
@@ -380,6 +396,10 @@ class Dashboard(widgets.VBox):
         self._dirty = False
         self._last_draw = -math.inf
         self._timer: threading.Timer | None = None
+        # the drawer (``start_drawer``): its thread, the records fed since it last woke, its stop flag
+        self._drawer: threading.Thread | None = None
+        self._queued: list[Iterable[Mapping[str, Any]]] = []
+        self._stop_drawer = threading.Event()
         self._bars = {r: RankBar(r) for r in self.ranks}
         self._header = widgets.HTML(self._header_html({}, {}, None) + self._bars_html())  # header + bars
         self._rows = RowsPanel({key: self._series[key] for key in BASE_FIGURES})
@@ -391,19 +411,23 @@ class Dashboard(widgets.VBox):
 
     @classmethod
     def for_cell(
-        cls, session: Any, run_id: int, ranks: list[int], display: bool = True, trailing: bool = True
+        cls, session: Any, run_id: int, ranks: list[int], display: bool = True, trailing: bool = True,
+        drawer: bool = False,
     ) -> Dashboard:
         """Create the dashboard of a new cell (title from the session) and display it.
 
-        ``trailing=False`` when the caller calls :meth:`tick` as it polls (the collector does):
-        what a feed left undrawn is drawn by the next tick, in a wakeup the kernel makes anyway,
-        instead of by a timer thread of its own."""
+        ``trailing=False`` when the caller calls :meth:`tick` as it polls: what a feed left undrawn
+        is drawn by the next tick, in a wakeup the caller makes anyway, instead of by a timer thread
+        of its own. ``drawer=True`` (the collector's choice): the dashboard draws from a thread of
+        its own at idle priority (:meth:`start_drawer`)."""
         title, global_batch = _session_info(session)
-        dash = cls(run_id, ranks, title=title, global_batch=global_batch, trailing=trailing)
+        dash = cls(run_id, ranks, title=title, global_batch=global_batch, trailing=trailing and not drawer)
         if display:
             from IPython.display import display as show
 
             show(dash)
+        if drawer:
+            dash.start_drawer()
         return dash
 
     def _distinct_panels(self) -> list[FigurePanel]:
@@ -423,10 +447,20 @@ class Dashboard(widgets.VBox):
                 for key, panel in self.panels.items()}
 
     def feed(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Add rank records (or store rows); redraw if ``min_interval`` has passed. Thread-safe."""
+        """Add rank records (or store rows); redraw if ``min_interval`` has passed. Thread-safe.
+        With a drawer (:meth:`start_drawer`) the records are only queued: the drawer reads them."""
+        if self._drawer is not None:
+            with self._lock:
+                self._queued.append(records)
+            return
+        if self._add(records):
+            self._maybe_redraw()
+
+    def _add(self, records: Iterable[Mapping[str, Any]]) -> bool:
+        """Put the records' rows in the series; return whether there were any."""
         rows = plots.rows_from_records(records)
         if not rows:
-            return
+            return False
         by_kind: dict[str, list[Row]] = {}
         for row in rows:
             by_kind.setdefault(plots.row_kind(row), []).append(row)
@@ -437,7 +471,14 @@ class Dashboard(widgets.VBox):
             self.rows_fed += len(rows)
             self._last_step = rows[-1]["step"]
             self._dirty = True
-        self._maybe_redraw()
+        return True
+
+    def _add_queued(self) -> None:
+        """Read what ``feed`` queued for the drawer."""
+        with self._lock:
+            queued, self._queued = self._queued, []
+        for records in queued:
+            self._add(records)
 
     def progress(self, progress_by_rank: Mapping[int, Mapping[str, Any]]) -> None:
         """Take the ranks' latest progress ({rank: {step, total, time, phase, ...}}). Thread-safe."""
@@ -448,40 +489,83 @@ class Dashboard(widgets.VBox):
                 if step is not None and t is not None:
                     self._first_progress.setdefault(int(rank), (float(t), int(step)))
             self._dirty = True
-        self._maybe_redraw()
+        if self._drawer is None:
+            self._maybe_redraw()
 
     def tick(self) -> None:
-        """Redraw if something is undrawn and the interval has passed (for a caller that polls)."""
-        if self._dirty and self._due():
+        """Redraw if something is undrawn and the interval has passed (for a caller that polls;
+        nothing to do with a drawer, which keeps time itself)."""
+        if self._drawer is None and self._dirty and self._due():
             self._maybe_redraw()
 
     def flush(self) -> None:
-        """Redraw now, whatever the throttle says."""
+        """Redraw now, whatever the throttle says (with what was queued for the drawer)."""
         with self._draw_lock:
+            self._add_queued()
             self._draw()
 
     def finish(self, result: Any) -> None:
         """Draw everything once more and say in the header how the cell ended (``result.status``)."""
         status = str(getattr(result, "status", "ok"))
+        self._stop()
         with self._lock:
             self.status = STATUS_WORDS.get(status, status)
             self._seconds = getattr(result, "seconds", None)
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
         self.flush()
         for panel in self._distinct_panels():
             panel.settle()
 
     def close(self) -> None:
-        """Stop the pending redraw and close the widgets."""
+        """Stop the pending redraw (and the drawer) and close the widgets."""
+        self._stop()
+        for panel in self._distinct_panels():
+            panel.view.close()
+        super().close()
+
+    def _stop(self) -> None:
+        """Cancel the trailing redraw; stop the drawer (it finishes the redraw it is in)."""
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-        for panel in self._distinct_panels():
-            panel.view.close()
-        super().close()
+        drawer, self._drawer = self._drawer, None
+        if drawer is not None:
+            self._stop_drawer.set()
+            drawer.join(DRAWER_JOIN_SECONDS)
+
+    # -- the drawer --------------------------------------------------------------------------
+
+    def start_drawer(self, idle: bool = True) -> None:
+        """Draw from a thread of the dashboard's own from now on, at the OS's idle scheduling
+        priority where it has one (Linux: ``SCHED_IDLE``).
+
+        Then ``feed`` and ``progress`` only hand their data over (a list append under a lock, in
+        the caller's thread) and the drawer, once per interval, reads the records fed since and
+        redraws. At idle priority it runs when a core has nothing else to run: on a CPU machine
+        whose cores the ranks fill, their waits for each other at every step, instead of taking a
+        core from a rank, which would make every rank wait for that one
+        (``python -m benchmarks.live --kernel`` measures what the live view costs training).
+        Where every core stays busy it still gets its share at the scheduler's ticks: the view is
+        late, never stopped. :meth:`finish` and :meth:`close` stop it."""
+        if self._drawer is not None:
+            return
+        self._stop_drawer.clear()
+        self._drawer = threading.Thread(target=self._drawer_loop, args=(idle,), name="dtwork-dashboard",
+                                        daemon=True)
+        self._drawer.start()
+
+    def _drawer_loop(self, idle: bool) -> None:
+        if idle:
+            idle_priority()
+        next_check = self._clock()
+        while not self._stop_drawer.wait(max(0.01, next_check - self._clock())):
+            with self._draw_lock:
+                if self._stop_drawer.is_set():
+                    return
+                self._add_queued()
+                if self._dirty and self._due():
+                    self._draw()
+            next_check = max(self._last_draw + self.interval, self._clock() + DRAWER_IDLE_CHECK)
 
     # -- throttling --------------------------------------------------------------------------
 
