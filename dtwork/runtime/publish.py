@@ -16,11 +16,16 @@ FLUSH_SECONDS = 0.2
 
 def _publish(data: dict[str, Any]) -> None:
     try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
+
+        # Outside an engine (a plain script, a benchmark, a unit test) records stay local: there
+        # ``publish_data`` would make a kernel shell of its own, the process's shell from then on.
+        if not ZMQInteractiveShell.initialized():
+            return
         from ipyparallel.datapub import publish_data
 
         publish_data(data)
     except Exception:
-        # Outside an engine (a plain script, a unit test): records stay local.
         pass
 
 
