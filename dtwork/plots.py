@@ -214,21 +214,24 @@ def _values() -> Column:
 class _RankSeries:
     """One rank's values of one name: steps in arrival order, the last value of a step wins."""
 
-    __slots__ = ("at", "in_order", "steps", "values")
+    __slots__ = ("at", "in_order", "steps", "top", "values")
 
     def __init__(self) -> None:
         self.steps = _steps()
         self.values = _values()
         self.at: dict[int, int] = {}  # step -> index
         self.in_order = True  # steps strictly increasing so far
+        self.top: int | None = None  # the highest step so far
 
     def set(self, step: int, value: float) -> bool:
-        """Store ``value`` at ``step``; return False when the step was not after the last one."""
+        """Store ``value`` at ``step``; return False unless the step is after every step so far."""
         i = self.at.get(step)
         if i is not None:
             self.values[i] = value
             return False
-        fresh = not self.steps or step > self.steps[-1]
+        fresh = self.top is None or step > self.top
+        if fresh:
+            self.top = step
         self.in_order = self.in_order and fresh
         self.at[step] = len(self.steps)
         self.steps.append(step)
@@ -239,7 +242,7 @@ class _RankSeries:
         """The value at the highest step."""
         if self.in_order:
             return self.values[-1]
-        return self.values[self.at[max(self.at)]]
+        return self.values[self.at[self.top]]  # type: ignore[index]  # a value was set: top is a step
 
     def sorted_keys(self) -> Sequence[int]:
         return self.steps if self.in_order else sorted(self.steps)

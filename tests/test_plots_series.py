@@ -212,6 +212,18 @@ def test_training_order_streams_match_in_every_batching(key: str, seed: int) -> 
         assert_same(as_lists(live.traces()), reference(rows))
 
 
+def test_a_step_between_two_drawn_steps_after_an_earlier_late_one_reaches_the_global_trace() -> None:
+    """Found by the property above: a rank's steps 2 then 0, a draw, then 1. Step 1 comes after the last
+    one to arrive (0) but before the highest (2), which the drawn global trace holds already."""
+    series = plots.ThroughputSeries()
+    series.add([make_row(2, 0, "samples_per_s", 1.0), make_row(0, 0, "samples_per_s", 2.0)])
+    assert list(series.traces()[0].x) == [0, 2]
+    series.add([make_row(1, 0, "samples_per_s", 3.0)])
+    glob = series.traces()[0]
+    assert (list(glob.x), list(glob.y)) == ([0, 1, 2], [2.0, 3.0, 1.0])
+    assert series.latest() == {0: 1.0}
+
+
 def test_thinned_traces_are_bounded_numpy_arrays_keeping_the_first_and_last_points() -> None:
     rows = in_order_stream(ranks=2, steps=5000, seed=1)
     for key, (make, _) in CASES.items():
