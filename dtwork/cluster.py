@@ -25,6 +25,10 @@ from dtwork.errors import DtworkError
 
 DEFAULT_TIMEOUT = 300.0  # process-group timeout (s): bounded, unlike NCCL's 30 minutes
 ENGINE_TIMEOUT = 60  # seconds to wait for engines to register
+# seconds for the engines to answer the first request, then for a second one (see Cluster._probe_engines)
+PROBE_TIMEOUTS = (30.0, 60.0)
+
+log = logging.getLogger("dtwork")
 
 
 def _kernel_record() -> dict[str, Any]:
@@ -157,11 +161,29 @@ class Cluster:
         # Functions defined in a notebook or a test module travel by value, closures included.
         self.client[:].use_cloudpickle()
 
+    def _probe_engines(self, ids: list[int], host: str) -> list[dict[str, Any]]:
+        """Every engine's ``_probe``: the first request to engines that have just registered. On a
+        loaded machine such a request was once lost between the controller and an engine (both
+        engines idle, the kernel waiting for ever, while another cluster started beside it); one
+        that is not answered in time is asked again (``_probe`` may run twice)."""
+        assert self.client is not None
+        for i, seconds in enumerate(PROBE_TIMEOUTS):
+            ar = self.client[ids].apply_async(_probe, _kernel_record(), host)
+            try:
+                return list(ar.get(timeout=seconds))
+            except ipp.error.TimeoutError:
+                if i + 1 < len(PROBE_TIMEOUTS):
+                    log.warning("dtwork: engines %s did not answer within %.0f s: asking again", ids, seconds)
+        raise DtworkError(
+            f"the engines did not answer dtwork's first request within {sum(PROBE_TIMEOUTS):.0f} s: "
+            "the machine may be overloaded; stop the cluster and start it again"
+        )
+
     def _join_process_group(self) -> None:
         assert self.client is not None
         ids = sorted(self.client.ids)[: self.n]
         host = socket.gethostname()
-        probes = dict(zip(ids, self.client[ids].apply_sync(_probe, _kernel_record(), host), strict=True))
+        probes = dict(zip(ids, self._probe_engines(ids, host), strict=True))
         any_gpus = all(p["gpus"] for p in probes.values())
         if self.backend == "auto":
             self.backend = "nccl" if any_gpus else "gloo"

@@ -26,8 +26,14 @@ def _addresses() -> dict[str, list[str]]:
     return out
 
 
+_watching: set[int] = set()  # the kernel PIDs a watcher thread watches already
+
+
 def _watch_kernel(kernel: dict[str, Any], poll: float = 1.0) -> None:
-    """Exit this engine if the kernel that owns it dies (same host only)."""
+    """Exit this engine if the kernel that owns it dies (same host only); once per kernel."""
+    if kernel["pid"] in _watching:
+        return
+    _watching.add(kernel["pid"])
 
     def loop() -> None:
         proc: psutil.Process | None = None
