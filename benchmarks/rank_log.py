@@ -13,7 +13,6 @@ Writes ``DIR/rank_log.json`` (default ``benchmarks/results/``).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -87,20 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.steps < 1:
         ap.error("--rounds and --steps must be at least 1")
-    from benchmarks.util import machine, versions
+    from benchmarks.util import save_result
 
     started = time.strftime("%Y-%m-%d %H:%M:%S %z")
     res = measure(args.rounds, args.steps)
-    result = {
-        "command": "python -m benchmarks.rank_log" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv)),
-        "started": started,
-        "machine": machine(),
-        "versions": versions(),
-        **res,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "rank_log.json"
-    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    path = save_result(args.out, "rank_log.json", "python -m benchmarks.rank_log", argv, started, res)
     print(f"ctx.log every step: +{res['ctx_log_cpu_us']:.1f} us of CPU a step (+{res['ctx_log_wall_us']:.1f} us wall) "
           f"on a {res['off_us_per_step']:.0f} us step: throughput ratio {res['wall_ratio']:.4f} "
           f"(CPU {res['cpu_ratio']:.4f}), {res['rounds']} rounds")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import platform
@@ -13,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 MB = 1024.0 * 1024.0
@@ -231,3 +233,16 @@ def versions() -> dict[str, Any]:
             for pkg in ("dtwork", "torch", "ipyparallel", "pyzmq", "ipykernel", "plotly", "psutil", "accelerate", "lightning")
         },
     }
+
+
+def save_result(out: Path, name: str, prog: str, argv: list[str] | None, started: str,
+                fields: dict[str, Any]) -> Path:
+    """Write a standalone benchmark's ``out/name``: its command line (``prog`` and ``argv``, or this
+    process's arguments), when it started, the machine, the versions, then ``fields``; return the path."""
+    args = sys.argv[1:] if argv is None else argv
+    result = {"command": prog + "".join(f" {a}" for a in args), "started": started,
+              "machine": machine(), "versions": versions(), **fields}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return path

@@ -16,7 +16,6 @@ with jupyter_client, whose client counts the widget messages each redraw sends. 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -92,22 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.redraws < 1:
         ap.error("--redraws must be at least 1")
-    from benchmarks.util import machine, versions
+    from benchmarks.util import save_result
 
     started = time.strftime("%Y-%m-%d %H:%M:%S %z")
     plain = in_this_process(args.redraws)
     kernel = in_a_kernel(args.redraws)
-    result = {
-        "command": "python -m benchmarks.widget_messages" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv)),
-        "started": started,
-        "machine": machine(),
-        "versions": versions(),
-        "plain": plain,
-        "kernel": kernel,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "widget_messages.json"
-    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    path = save_result(args.out, "widget_messages.json", "python -m benchmarks.widget_messages", argv, started,
+                       {"plain": plain, "kernel": kernel})
     print(f"redraw: {plain['redraw_ms']:.2f} ms of CPU in a plain process, {kernel['redraw_ms']:.2f} ms in a kernel "
           f"(~{kernel['messages'] / args.redraws:.1f} widget messages a redraw); feeding: {plain['feed_ms']:.2f} / "
           f"{kernel['feed_ms']:.2f} ms")
