@@ -30,13 +30,21 @@ def _relative(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--smoke", action="store_true", help="a few steps of everything (well under 2 minutes)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where results.json and the plots go")
-    ap.add_argument("--report-only", action="store_true", help="regenerate plots and docs from DIR/results.json")
-    ap.add_argument("--doc", type=Path, default=None, help=f"the markdown summary to write (default {_relative(DEFAULT_DOC)} "
-                    "for full runs, none for --smoke)")
+    ap.add_argument(
+        "--report-only", action="store_true", help="regenerate plots and docs from DIR/results.json"
+    )
+    ap.add_argument(
+        "--doc",
+        type=Path,
+        default=None,
+        help=f"the markdown summary to write (default {_relative(DEFAULT_DOC)} "
+        "for full runs, none for --smoke)",
+    )
     ap.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
     args = ap.parse_args(argv)
 

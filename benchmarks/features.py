@@ -358,8 +358,11 @@ class FeatureBench:
         self._set_average(arm.get("average", True))
         args = ", ".join(f"{k}={v!r}" for k, v in arm["cell"].items())
         with KernelCpu() as kernel:
-            self.r.run(f"_res = feature_loop({kind!r}, warmup={warmup}, steps={steps}, {args})\n",
-                       quiet=arm["quiet"], live=arm["live"])
+            self.r.run(
+                f"_res = feature_loop({kind!r}, warmup={warmup}, steps={steps}, {args})\n",
+                quiet=arm["quiet"],
+                live=arm["live"],
+            )
         res = self.r.pull("_res")
         if not arm["cell"].get("hand"):
             self.loop_start_s.append(max(r[1] for r in res))
@@ -374,16 +377,27 @@ class FeatureBench:
     def gns_interleaved(self, kind: str, warmup: int, cycles: int, seed: int = 0) -> dict[str, Any]:
         """GNS on/off windows alternating inside one loop (live dashboard on, as in the loop pairs)."""
         self._set_average(True)
-        self.r.run(f"_res = gns_interleaved({kind!r}, warmup={warmup}, cycles={cycles}, seed={seed})\n",
-                   quiet=False, live=True)
+        self.r.run(
+            f"_res = gns_interleaved({kind!r}, warmup={warmup}, cycles={cycles}, seed={seed})\n",
+            quiet=False,
+            live=True,
+        )
         res = self.r.pull("_res")
         out = interleaved_summary([r[0] for r in res], res[0][1])
         out["steps_per_window"] = res[0][2]
         return out
 
-    def live_interleaved(self, kind: str, warmup: int, cycles: int, window: int, aa: bool = False,
-                         seed: int = 0, on_arm: tuple[bool, bool] = (True, True),
-                         off_arm: tuple[bool, bool] = (False, False)) -> dict[str, Any]:
+    def live_interleaved(
+        self,
+        kind: str,
+        warmup: int,
+        cycles: int,
+        window: int,
+        aa: bool = False,
+        seed: int = 0,
+        on_arm: tuple[bool, bool] = (True, True),
+        off_arm: tuple[bool, bool] = (False, False),
+    ) -> dict[str, Any]:
         """Live dashboard + run store on/off windows alternating inside one loop (``%%dtrain``'s
         defaults: output shown). An arm: (ctx.log every step, dashboard fed); ``aa``: both windows
         of every cycle run ``on_arm`` (the A/A control)."""
@@ -392,9 +406,12 @@ class FeatureBench:
         self._set_average(True)
         ctrl = getattr(getattr(self.r.cluster._ipp, "controller", None), "pid", None)
         with LiveSwitch(self.r.cluster.session, (ctrl,) if ctrl else ()) as switch:
-            self.r.run(f"_res = live_interleaved({kind!r}, warmup={warmup}, cycles={cycles}, window={window}, "
-                       f"port={switch.port}, seed={seed}, on_arm={on_arm}, off_arm={off_arm})\n",
-                       quiet=False, live=True)
+            self.r.run(
+                f"_res = live_interleaved({kind!r}, warmup={warmup}, cycles={cycles}, window={window}, "
+                f"port={switch.port}, seed={seed}, on_arm={on_arm}, off_arm={off_arm})\n",
+                quiet=False,
+                live=True,
+            )
         res = self.r.pull("_res")
         arms = res[0][1]
         out = interleaved_summary([r[0] for r in res], arms)
@@ -404,33 +421,56 @@ class FeatureBench:
         # CPU inside ctx.log per logged step, the mean over ranks (the rest of its cost is in the sync)
         out["ctx_log_ms"] = 1000.0 * statistics.fmean(r[4] for r in res) / logged
         out["aa"] = aa
-        out["arms"] = {"on": {"log": on_arm[0], "live": on_arm[1]}, "off": {"log": off_arm[0], "live": off_arm[1]}}
+        out["arms"] = {
+            "on": {"log": on_arm[0], "live": on_arm[1]},
+            "off": {"log": off_arm[0], "live": off_arm[1]},
+        }
         # The same cycles read in CPU seconds: every rank's engine process, the kernel and the
         # controller, window by window (off / on: a throughput-like ratio, blind to preemption)
-        others = [[b - a for a, b in zip(col, col[1:], strict=False)] for col in zip(*switch.cpu, strict=True)]
+        others = [
+            [b - a for a, b in zip(col, col[1:], strict=False)] for col in zip(*switch.cpu, strict=True)
+        ]
         if all(len(w) == len(arms) for w in others):
-            parts = {"ranks": [sum(ws) for ws in zip(*(r[3] for r in res), strict=True)], "kernel": others[0],
-                     "controller": others[1] if len(others) > 1 else [0.0] * len(arms)}
+            parts = {
+                "ranks": [sum(ws) for ws in zip(*(r[3] for r in res), strict=True)],
+                "kernel": others[0],
+                "controller": others[1] if len(others) > 1 else [0.0] * len(arms),
+            }
             total = [sum(ws) for ws in zip(*parts.values(), strict=True)]
             cpu = interleaved_summary([total], arms)
             steps = out["steps_per_window"]
             out["cpu"] = {
-                "ratio": cpu["ratio"], "ci95": cpu["ci95"], "ratio_of_totals": cpu["ratio_of_totals"],
-                "pair_sd": cpu["pair_sd"], "pair_ratios": cpu["pair_ratios"],
-                "on_total": cpu["on_total"], "off_total": cpu["off_total"],
+                "ratio": cpu["ratio"],
+                "ci95": cpu["ci95"],
+                "ratio_of_totals": cpu["ratio_of_totals"],
+                "pair_sd": cpu["pair_sd"],
+                "pair_ratios": cpu["pair_ratios"],
+                "on_total": cpu["on_total"],
+                "off_total": cpu["off_total"],
                 # milliseconds of CPU per step, by process and arm (means over windows)
                 "ms_per_step": {
-                    f"{arm}_{name}": 1000.0 * statistics.fmean(v for v, a in zip(vals, arms, strict=True) if a == on) / steps
-                    for name, vals in parts.items() for arm, on in (("on", True), ("off", False))
+                    f"{arm}_{name}": 1000.0
+                    * statistics.fmean(v for v, a in zip(vals, arms, strict=True) if a == on)
+                    / steps
+                    for name, vals in parts.items()
+                    for arm, on in (("on", True), ("off", False))
                 },
             }
         return out
 
-    def measure(self, more: Any, warmup: dict[str, int], steps: dict[str, int], clock: Any = None) -> dict[str, Any]:
+    def measure(
+        self, more: Any, warmup: dict[str, int], steps: dict[str, int], clock: Any = None
+    ) -> dict[str, Any]:
         """Every feature, every workload: interleaved on/off pairs while ``more(rep)`` says so."""
         raw: dict[str, dict[str, dict[str, list[float]]]] = {
-            f: {k: {f"{arm}{part}": [] for arm in ("on", "off") for part in ("", "_cpu", "_cpu_ranks", "_cpu_kernel")}
-                for k in self.kinds}
+            f: {
+                k: {
+                    f"{arm}{part}": []
+                    for arm in ("on", "off")
+                    for part in ("", "_cpu", "_cpu_ranks", "_cpu_kernel")
+                }
+                for k in self.kinds
+            }
             for f in ARMS
         }
         rep = 0
@@ -479,7 +519,8 @@ class FeatureBench:
                     # where the CPU per step goes (medians, milliseconds): the ranks' engines, the kernel
                     "cpu_ms_per_step": {
                         f"{arm}_{part}": _ms(raw[feature][kind][f"{arm}_cpu_{part}"])
-                        for arm in ("on", "off") for part in ("ranks", "kernel")
+                        for arm in ("on", "off")
+                        for part in ("ranks", "kernel")
                     },
                 }
         return out

@@ -39,8 +39,15 @@ def _workload_ns() -> dict[str, Any]:
     return ns
 
 
-def _measure(spec: dict[str, Any], ns: dict[str, Any], prepare: Any, backward: Any, barrier: Any,
-             t_call: float, ready: float) -> dict[str, Any]:
+def _measure(
+    spec: dict[str, Any],
+    ns: dict[str, Any],
+    prepare: Any,
+    backward: Any,
+    barrier: Any,
+    t_call: float,
+    ready: float,
+) -> dict[str, Any]:
     """Run the spec on this rank with the library's prepare/backward; return what rank 0 reports."""
     torch, F = ns["torch"], ns["F"]
     out: dict[str, Any] = {"ready_s": ready, "results": {}}
@@ -150,7 +157,13 @@ def main(argv: list[str]) -> int:
         try:
             _say({"ok": True, **run(json.loads(line))})
         except Exception as exc:
-            _say({"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]})
+            _say(
+                {
+                    "ok": False,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()[-3000:],
+                }
+            )
     return 0
 
 

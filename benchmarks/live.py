@@ -38,8 +38,13 @@ CYCLES = {"mlp": 15, "convnet": 10}  # per run: about 60 s and 40 s
 WARMUP = {"mlp": 30, "convnet": 8}
 AA_EVERY = 3  # one A/A run of each workload after every AA_EVERY - 1 rounds of A/B runs
 # what a run of each workload holds (a test passes a smaller one)
-PLAN: dict[str, Any] = {"kinds": ["mlp", "convnet"], "window_steps": WINDOW, "cycles_per_run": CYCLES,
-                        "warmup": WARMUP, "aa_every": AA_EVERY}
+PLAN: dict[str, Any] = {
+    "kinds": ["mlp", "convnet"],
+    "window_steps": WINDOW,
+    "cycles_per_run": CYCLES,
+    "warmup": WARMUP,
+    "aa_every": AA_EVERY,
+}
 
 
 def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -88,8 +93,10 @@ def brief(result: dict[str, Any]) -> dict[str, Any]:
         "driven_from": result.get("driven_from"),
         "ranks": result.get("ranks", 2),
         "pooled": {
-            kind: {mode: {k: p.get(k) for k in keys} | {"cpu_ratio": (p.get("cpu") or {}).get("ratio")}
-                   for mode, p in modes.items()}
+            kind: {
+                mode: {k: p.get(k) for k in keys} | {"cpu_ratio": (p.get("cpu") or {}).get("ratio")}
+                for mode, p in modes.items()
+            }
             for kind, modes in (result.get("pooled") or {}).items()
         },
     }
@@ -103,8 +110,11 @@ def _code(run: dict[str, Any]) -> tuple[Any, Any, int]:
 def _known_code(run: dict[str, Any]) -> bool:
     """The run names its dtwork code (a git tree, unchanged) and kept its cycles."""
     tree = run.get("dtwork_tree")
-    return bool(tree) and not tree.endswith("+") and any(
-        p.get("pair_ratios") for modes in (run.get("pooled") or {}).values() for p in modes.values())
+    return (
+        bool(tree)
+        and not tree.endswith("+")
+        and any(p.get("pair_ratios") for modes in (run.get("pooled") or {}).values() for p in modes.values())
+    )
 
 
 def pool_code(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -120,13 +130,22 @@ def pool_code(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 continue
             cpu = [x for q in ps for x in (q.get("cpu_pair_ratios") or [])]
             pooled.setdefault(kind, {})[mode] = {
-                "runs": sum(q.get("runs") or 0 for q in ps), "cycles": len(pairs), "ratio": median(pairs),
-                "ci95": bootstrap_ci(pairs), "pair_sd": statistics.stdev(pairs) if len(pairs) > 1 else None,
-                "cpu_ratio": median(cpu) if cpu else None, "cpu_ci95": bootstrap_ci(cpu) if cpu else None,
+                "runs": sum(q.get("runs") or 0 for q in ps),
+                "cycles": len(pairs),
+                "ratio": median(pairs),
+                "ci95": bootstrap_ci(pairs),
+                "pair_sd": statistics.stdev(pairs) if len(pairs) > 1 else None,
+                "cpu_ratio": median(cpu) if cpu else None,
+                "cpu_ci95": bootstrap_ci(cpu) if cpu else None,
             }
     tree, where, ranks = _code(runs[-1])
-    return {"dtwork_tree": tree, "driven_from": where, "ranks": ranks, "started": [r.get("started") for r in runs],
-            "pooled": pooled}
+    return {
+        "dtwork_tree": tree,
+        "driven_from": where,
+        "ranks": ranks,
+        "started": [r.get("started") for r in runs],
+        "pooled": pooled,
+    }
 
 
 def same_code(result: dict[str, Any]) -> dict[str, Any] | None:
@@ -167,7 +186,9 @@ def _git_state(rev: str, *paths: str) -> str | None:
     import subprocess
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     try:
         short = git("rev-parse", "--short", rev)
@@ -208,47 +229,74 @@ def take_runs(minutes: float, plan: dict[str, Any] | None = None, ranks: int = 2
         while rnd == 0 or time.perf_counter() - t0 < minutes * 60:
             aa = rnd % plan["aa_every"] == plan["aa_every"] - 1
             for kind in kinds:
-                res = bench.live_interleaved(kind, plan["warmup"][kind], plan["cycles_per_run"][kind],
-                                             plan["window_steps"][kind], aa=aa, seed=rnd)
+                res = bench.live_interleaved(
+                    kind,
+                    plan["warmup"][kind],
+                    plan["cycles_per_run"][kind],
+                    plan["window_steps"][kind],
+                    aa=aa,
+                    seed=rnd,
+                )
                 res.update(kind=kind, round=rnd)
                 runs.append(res)
-                print(f"[{time.perf_counter() - t0:6.0f}s] {'A/A' if aa else 'A/B'} {kind}: {res['ratio']:.3f} "
-                      f"(cycles {res['cycles']}, CPU {(res.get('cpu') or {}).get('ratio', float('nan')):.3f})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[{time.perf_counter() - t0:6.0f}s] {'A/A' if aa else 'A/B'} {kind}: {res['ratio']:.3f} "
+                    f"(cycles {res['cycles']}, CPU {(res.get('cpu') or {}).get('ratio', float('nan')):.3f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             rnd += 1
     finally:
         runner.stop()
     return runs
 
 
-def take_runs_in_a_kernel(minutes: float, plan: dict[str, Any] | None = None,
-                          ranks: int = 2) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def take_runs_in_a_kernel(
+    minutes: float, plan: dict[str, Any] | None = None, ranks: int = 2
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``take_runs`` inside a fresh ipykernel; this process reads every message the kernel publishes.
 
     Returns the runs and what the kernel sent: messages by type (``comm_msg``: widget updates),
     and this client's CPU seconds (the part of a notebook server that reads them)."""
     from benchmarks.util import Kernel
 
-    code = ("import json as _json\nfrom benchmarks.live import take_runs as _take_runs\n"
-            f"print('RESULT', _json.dumps(_take_runs({minutes!r}, {plan!r}, {ranks!r}), default=str))\n")
+    code = (
+        "import json as _json\nfrom benchmarks.live import take_runs as _take_runs\n"
+        f"print('RESULT', _json.dumps(_take_runs({minutes!r}, {plan!r}, {ranks!r}), default=str))\n"
+    )
     with Kernel(ROOT) as kernel:
         t0, cpu0 = time.perf_counter(), time.process_time()
         runs, counts = kernel.run(code, timeout=minutes * 60 + 900, echo_stderr=True)
         seconds, client_cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    sent = {"messages": counts, "seconds": seconds, "widget_messages_per_s": counts.get("comm_msg", 0) / seconds,
-            "client_cpu_s": client_cpu, "client_cpu_share": client_cpu / seconds}
+    sent = {
+        "messages": counts,
+        "seconds": seconds,
+        "widget_messages_per_s": counts.get("comm_msg", 0) / seconds,
+        "client_cpu_s": client_cpu,
+        "client_cpu_share": client_cpu / seconds,
+    }
     return runs, sent
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.live", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.live",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--minutes", type=float, default=20.0, help="how long to keep taking runs (default 20)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where live.json goes")
-    ap.add_argument("--kernel", action="store_true",
-                    help="drive dtwork from a real ipykernel, as a notebook does (widget messages sent and read)")
-    ap.add_argument("--ranks", type=int, default=2,
-                    help="ranks of the cluster (default 2; 1 leaves this 2-core machine a core for the kernel)")
+    ap.add_argument(
+        "--kernel",
+        action="store_true",
+        help="drive dtwork from a real ipykernel, as a notebook does (widget messages sent and read)",
+    )
+    ap.add_argument(
+        "--ranks",
+        type=int,
+        default=2,
+        help="ranks of the cluster (default 2; 1 leaves this 2-core machine a core for the kernel)",
+    )
     args = ap.parse_args(argv)
     if args.minutes <= 0:
         ap.error("--minutes must be positive")
@@ -267,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         runs = take_runs(args.minutes, ranks=args.ranks)
     result: dict[str, Any] = {
-        "command": "python -m benchmarks.live" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv)),
+        "command": "python -m benchmarks.live"
+        + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv)),
         "started": started,
         "duration_s": time.perf_counter() - t0,
         "machine": machine(),
@@ -280,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         "plan": PLAN,
         "runs": runs,
         "pooled": {
-            kind: {mode: pool([r for r in runs if r["kind"] == kind and r["aa"] == (mode == "aa")])
-                   for mode in ("ab", "aa") if any(r["kind"] == kind and r["aa"] == (mode == "aa") for r in runs)}
+            kind: {
+                mode: pool([r for r in runs if r["kind"] == kind and r["aa"] == (mode == "aa")])
+                for mode in ("ab", "aa")
+                if any(r["kind"] == kind and r["aa"] == (mode == "aa") for r in runs)
+            }
             for kind in kinds
         },
     }
@@ -293,13 +345,17 @@ def main(argv: list[str] | None = None) -> int:
     for kind in kinds:
         for mode, p in result["pooled"][kind].items():
             lo, hi = p["ci95"] or (float("nan"), float("nan"))
-            print(f"{kind} {mode.upper()}: {p['ratio']:.4f} ({lo:.4f}-{hi:.4f}), totals {p['ratio_of_totals']:.4f}, "
-                  f"{p['cycles']} cycles, CPU {(p.get('cpu') or {}).get('ratio', float('nan')):.4f}")
+            print(
+                f"{kind} {mode.upper()}: {p['ratio']:.4f} ({lo:.4f}-{hi:.4f}), totals {p['ratio_of_totals']:.4f}, "
+                f"{p['cycles']} cycles, CPU {(p.get('cpu') or {}).get('ratio', float('nan')):.4f}"
+            )
     for kind, modes in ((result["same_code"] or {}).get("pooled") or {}).items():
         for mode, p in modes.items():
             lo, hi = p["ci95"] or (float("nan"), float("nan"))
-            print(f"{kind} {mode.upper()}, every run of this code: {p['ratio']:.4f} ({lo:.4f}-{hi:.4f}), "
-                  f"{p['runs']} runs, {p['cycles']} cycles")
+            print(
+                f"{kind} {mode.upper()}, every run of this code: {p['ratio']:.4f} ({lo:.4f}-{hi:.4f}), "
+                f"{p['runs']} runs, {p['cycles']} cycles"
+            )
     print(f"wrote {path}")
     return 0
 

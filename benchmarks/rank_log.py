@@ -78,8 +78,11 @@ def measure(rounds: int, steps: int, seed: int = 0) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.rank_log", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.rank_log",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--rounds", type=int, default=60, help="on/off window pairs (default 60)")
     ap.add_argument("--steps", type=int, default=200, help="steps per window (default 200)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where the json goes")
@@ -91,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M:%S %z")
     res = measure(args.rounds, args.steps)
     path = save_result(args.out, "rank_log.json", "python -m benchmarks.rank_log", argv, started, res)
-    print(f"ctx.log every step: +{res['ctx_log_cpu_us']:.1f} us of CPU a step (+{res['ctx_log_wall_us']:.1f} us wall) "
-          f"on a {res['off_us_per_step']:.0f} us step: throughput ratio {res['wall_ratio']:.4f} "
-          f"(CPU {res['cpu_ratio']:.4f}), {res['rounds']} rounds")
+    print(
+        f"ctx.log every step: +{res['ctx_log_cpu_us']:.1f} us of CPU a step (+{res['ctx_log_wall_us']:.1f} us wall) "
+        f"on a {res['off_us_per_step']:.0f} us step: throughput ratio {res['wall_ratio']:.4f} "
+        f"(CPU {res['cpu_ratio']:.4f}), {res['rounds']} rounds"
+    )
     print(f"wrote {path}")
     return 0
 

@@ -138,7 +138,9 @@ class RawIpyparallelRunner(CellRunner):
         import ipyparallel as ipp
 
         t0 = time.perf_counter()
-        self.ipp_cluster = ipp.Cluster(n=self.n, log_level=30, cluster_id=f"bench-raw-{os.getpid()}-{time.time_ns() % 10**8}")
+        self.ipp_cluster = ipp.Cluster(
+            n=self.n, log_level=30, cluster_id=f"bench-raw-{os.getpid()}-{time.time_ns() % 10**8}"
+        )
         self.client = self.ipp_cluster.start_and_connect_sync()
         self.view = self.client[:]
         self.engines_s = time.perf_counter() - t0
@@ -209,8 +211,13 @@ class TorchrunRunner:
 
     def command(self, spec: dict[str, Any]) -> list[str]:
         return [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            str(self.script), json.dumps(spec),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(self.script),
+            json.dumps(spec),
         ]
 
     def launch(self, spec: dict[str, Any]) -> tuple[dict[str, Any], float]:
@@ -235,10 +242,18 @@ class TorchrunRunner:
         env = {**os.environ, "BENCH_T0": repr(time.time())}
         env.pop("OMP_NUM_THREADS", None)
         spec = {"mode": "serve", "port": port, "kinds": list(kinds), "job": job}
-        return subprocess.Popen(self.command(spec), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, cwd=self.dir)
+        return subprocess.Popen(
+            self.command(spec),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=self.dir,
+        )
 
-    def throughput_many(self, kinds: tuple[str, ...], warmup: dict[str, int], steps: dict[str, int]) -> dict[str, float]:
+    def throughput_many(
+        self, kinds: tuple[str, ...], warmup: dict[str, int], steps: dict[str, int]
+    ) -> dict[str, float]:
         out, _ = self.launch({"mode": "throughput", "kinds": list(kinds), "warmup": warmup, "steps": steps})
         return {k: float(v) for k, v in out["results"].items()}
 
@@ -317,7 +332,9 @@ class LaunchWorkerRunner:
             self.cold_starts.append(out["ready_s"])
         return out
 
-    def throughput_many(self, kinds: tuple[str, ...], warmup: dict[str, int], steps: dict[str, int]) -> dict[str, float]:
+    def throughput_many(
+        self, kinds: tuple[str, ...], warmup: dict[str, int], steps: dict[str, int]
+    ) -> dict[str, float]:
         out = self.request({"mode": "throughput", "kinds": list(kinds), "warmup": warmup, "steps": steps})
         return {k: float(v) for k, v in out["results"].items()}
 

@@ -185,9 +185,22 @@ class ColdStarts:
 
     def _spawn(self, rep: int, which: str) -> None:
         path = self.tmp / f"{which}-{rep}.json"
-        cmd = [sys.executable, "-m", "benchmarks.coldstart", which, str(path), "--steps", str(self.plan.coldstart_train_steps)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                cwd=str(Path(__file__).resolve().parent.parent))
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.coldstart",
+            which,
+            str(path),
+            "--steps",
+            str(self.plan.coldstart_train_steps),
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(Path(__file__).resolve().parent.parent),
+        )
         self.jobs.append((which, path, proc))
 
     def _collect(self) -> None:
@@ -244,8 +257,14 @@ def coldstart_summary(samples: dict[str, list[dict[str, Any]]], errors: list[str
         "ratio_vs_raw_ipyparallel": ratio(median(d), median(raw_engines)),
         "ratio_vs_raw_ipyparallel_ci95": bootstrap_ci(d, raw_engines),
         "ratio_vs_raw_ipyparallel_ddp": ratio(median(d), median(raw_ddp)),
-        "import_s": {"dtwork": median(col("dtwork", "import_s")), "ipyparallel": median(col("raw", "import_s"))},
-        "stop_s": {"dtwork": median(col("dtwork", "stop_s")), "raw_ipyparallel": median(col("raw", "stop_s"))},
+        "import_s": {
+            "dtwork": median(col("dtwork", "import_s")),
+            "ipyparallel": median(col("raw", "import_s")),
+        },
+        "stop_s": {
+            "dtwork": median(col("dtwork", "stop_s")),
+            "raw_ipyparallel": median(col("raw", "stop_s")),
+        },
         "errors": errors,
     }
     memory = {}
@@ -255,8 +274,11 @@ def coldstart_summary(samples: dict[str, list[dict[str, Any]]], errors: list[str
             rows = [s[f"memory_{phase}"] for s in samples[which] if f"memory_{phase}" in s]
             mem[phase] = {
                 "kernel_mb": median([r["kernel_mb"] for r in rows if r["kernel_mb"]]),
-                "engines_mb": [median([r["engines_mb"][i] for r in rows if r["engines_mb"][i]]) for i in range(2)]
-                if rows else [None, None],
+                "engines_mb": [
+                    median([r["engines_mb"][i] for r in rows if r["engines_mb"][i]]) for i in range(2)
+                ]
+                if rows
+                else [None, None],
             }
         memory[name] = mem
     ratios = {}
@@ -354,8 +376,11 @@ class Suite:
             if why is not None:
                 self.skipped[name] = why
                 _log(f"{name}: {why}")
-        return {"dtwork_in_driver_s": t_dt, "raw_ipyparallel_ddp_in_driver_s": t_raw,
-                "raw_ipyparallel_in_driver_s": self.raw.engines_s}
+        return {
+            "dtwork_in_driver_s": t_dt,
+            "raw_ipyparallel_ddp_in_driver_s": t_raw,
+            "raw_ipyparallel_in_driver_s": self.raw.engines_s,
+        }
 
     def stop(self) -> None:
         for r in self.optional.values():
@@ -389,10 +414,12 @@ class Suite:
             self.raw.round_trip()
         dq, dd, rw = [], [], []
         for i in range(self.plan.round_trips):
-            trio = [lambda: dq.append(self.dt.round_trip(quiet=True)),
-                    lambda: dd.append(self.dt.round_trip(quiet=False)),
-                    lambda: rw.append(self.raw.round_trip())]
-            for f in trio[i % 3:] + trio[: i % 3]:
+            trio = [
+                lambda: dq.append(self.dt.round_trip(quiet=True)),
+                lambda: dd.append(self.dt.round_trip(quiet=False)),
+                lambda: rw.append(self.raw.round_trip()),
+            ]
+            for f in trio[i % 3 :] + trio[: i % 3]:
                 f()
         return {
             "dtwork_quiet_s": summarize(dq),
@@ -446,15 +473,22 @@ class Suite:
 
             return go
 
-        order = [("dtwork", dtwork), ("dtwork_steps", dtwork_steps), ("raw_ipyparallel", raw),
-                 ("torchrun", launched("torchrun", self.torchrun))]
+        order = [
+            ("dtwork", dtwork),
+            ("dtwork_steps", dtwork_steps),
+            ("raw_ipyparallel", raw),
+            ("torchrun", launched("torchrun", self.torchrun)),
+        ]
         order += [(n, launched(n, r)) for n, r in self.optional.items()]
         rep = 0
         while rep < p.throughput_max_reps:
-            if rep >= p.throughput_reps and not self.clock.room_for(self.clock.per_round("throughput"),
-                                                                    self.clock.throughput_deadline):
+            if rep >= p.throughput_reps and not self.clock.room_for(
+                self.clock.per_round("throughput"), self.clock.throughput_deadline
+            ):
                 break
-            _log(f"steps/s, repetition {rep + 1} (at least {p.throughput_reps}, at most {p.throughput_max_reps})")
+            _log(
+                f"steps/s, repetition {rep + 1} (at least {p.throughput_reps}, at most {p.throughput_max_reps})"
+            )
             with self.clock.round("throughput"):
                 shift = rep % len(order)
                 for _name, fn in order[shift:] + order[:shift]:
@@ -473,10 +507,15 @@ class Suite:
 
         # The headline ratio: the median over repetitions of (alternative / torchrun) within a repetition,
         # whose runs were minutes apart at most; the ratio of the medians is kept beside it.
-        out["ratio_vs_torchrun"] = {a: {k: median(pairs(a, "torchrun", k)) for k in KINDS} for a in ALTERNATIVES}
-        out["ratio_vs_torchrun_ci95"] = {a: {k: bootstrap_ci(pairs(a, "torchrun", k)) for k in KINDS} for a in ALTERNATIVES}
+        out["ratio_vs_torchrun"] = {
+            a: {k: median(pairs(a, "torchrun", k)) for k in KINDS} for a in ALTERNATIVES
+        }
+        out["ratio_vs_torchrun_ci95"] = {
+            a: {k: bootstrap_ci(pairs(a, "torchrun", k)) for k in KINDS} for a in ALTERNATIVES
+        }
         out["ratio_of_medians_vs_torchrun"] = {
-            a: {k: ratio(out[a][k]["median"], out["torchrun"][k]["median"]) for k in KINDS} for a in ALTERNATIVES
+            a: {k: ratio(out[a][k]["median"], out["torchrun"][k]["median"]) for k in KINDS}
+            for a in ALTERNATIVES
         }
         out["ratio_vs_raw_ipyparallel"] = {
             a: {k: median(pairs(a, "raw_ipyparallel", k)) for k in KINDS} for a in ALTERNATIVES
@@ -502,9 +541,13 @@ class Suite:
         block_s: list[float] = []
         b = 0
         while b < p.turn_max_blocks:
-            if b >= p.turn_blocks and not self.clock.room_for(self.clock.per_round("turns"), self.clock.turn_deadline):
+            if b >= p.turn_blocks and not self.clock.room_for(
+                self.clock.per_round("turns"), self.clock.turn_deadline
+            ):
                 break
-            _log(f"dtwork and torchrun in turns, block {b + 1} (at least {p.turn_blocks}, at most {p.turn_max_blocks})")
+            _log(
+                f"dtwork and torchrun in turns, block {b + 1} (at least {p.turn_blocks}, at most {p.turn_max_blocks})"
+            )
             t0 = time.perf_counter()
             try:
                 with self.clock.round("turns"):
@@ -519,8 +562,11 @@ class Suite:
             b += 1
         assert self.features is not None
         self.features.setup()  # a restart left fresh engines: define the feature loops again
-        res: dict[str, Any] = {"errors": errors, "block_s": block_s,
-                               "plan": {"steps_per_window": p.turn_steps, "cycles_per_block": p.turn_cycles}}
+        res: dict[str, Any] = {
+            "errors": errors,
+            "block_s": block_s,
+            "plan": {"steps_per_window": p.turn_steps, "cycles_per_block": p.turn_cycles},
+        }
         if blocks:
             for k in KINDS:
                 res[k] = blocks_summary([blk[k] for blk in blocks], "dtwork", "torchrun", p.turn_steps[k])
@@ -598,8 +644,14 @@ class Suite:
             if name in first:
                 out[name]["first_step_s"] = summarize(first[name])
         d = median(res["dtwork"])
-        out["speedup_vs"] = {name: ratio(median(vals), d) for name, vals in res.items() if name not in ("dtwork", "dtwork_steps")}
-        out["dtwork_steps_speedup_vs_torchrun"] = ratio(median(res.get("torchrun", [])), median(res["dtwork_steps"]))
+        out["speedup_vs"] = {
+            name: ratio(median(vals), d)
+            for name, vals in res.items()
+            if name not in ("dtwork", "dtwork_steps")
+        }
+        out["dtwork_steps_speedup_vs_torchrun"] = ratio(
+            median(res.get("torchrun", [])), median(res["dtwork_steps"])
+        )
         out["speedup_vs_torchrun_first_step"] = ratio(median(first.get("torchrun", [])), d)
         out["speedup_vs_torchrun_ci95"] = bootstrap_ci(res.get("torchrun", []), res["dtwork"])
         out["note"] = (
@@ -638,12 +690,18 @@ class Suite:
         n = self.plan.long_cell_steps
         _log(f"one long cell with the live dashboard ({n} MLP steps)")
         with KernelCpu(0.05) as k:
-            self.dt.run(f"_res = feature_loop('mlp', warmup={self.plan.feature_warmup['mlp']}, steps={n}, log=True, "
-                        "gns=False, stamps=True)\n",
-                        quiet=False, live=True)
+            self.dt.run(
+                f"_res = feature_loop('mlp', warmup={self.plan.feature_warmup['mlp']}, steps={n}, log=True, "
+                "gns=False, stamps=True)\n",
+                quiet=False,
+                live=True,
+            )
         res = self.dt.pull("_res")
         t0, t1 = min(x[4] for x in res), max(x[5] for x in res)
-        quarters = [k.between(t0 + (t1 - t0) * i / 4, t0 + (t1 - t0) * (i + 1) / 4) / ((t1 - t0) / 4) for i in range(4)]
+        quarters = [
+            k.between(t0 + (t1 - t0) * i / 4, t0 + (t1 - t0) * (i + 1) / 4) / ((t1 - t0) / 4)
+            for i in range(4)
+        ]
         return {
             "steps": n,
             "seconds": t1 - t0,
@@ -678,7 +736,9 @@ class Suite:
         out: dict[str, Any] = {}
         for kind in KINDS:
             n, window = self.plan.live_cycles[kind], self.plan.live_window[kind]
-            _log(f"live dashboard + store on/off windows inside one loop ({kind}, {n} cycles of {window} steps)")
+            _log(
+                f"live dashboard + store on/off windows inside one loop ({kind}, {n} cycles of {window} steps)"
+            )
             out[kind] = self.features.live_interleaved(kind, self.plan.feature_warmup[kind], n, window)
         out["note"] = LIVE_NOTE
         return out
@@ -686,12 +746,16 @@ class Suite:
     def feature_overheads(self) -> dict[str, Any]:
         assert self.features is not None
         p = self.plan
-        _log(f"feature overheads on/off (at least {p.feature_reps}, at most {p.feature_max_reps} interleaved pairs each)")
+        _log(
+            f"feature overheads on/off (at least {p.feature_reps}, at most {p.feature_max_reps} interleaved pairs each)"
+        )
 
         def more(rep: int) -> bool:
             if rep >= p.feature_max_reps:
                 return False
-            return rep < p.feature_reps or self.clock.room_for(self.clock.per_round("features"), self.clock.final_deadline)
+            return rep < p.feature_reps or self.clock.room_for(
+                self.clock.per_round("features"), self.clock.final_deadline
+            )
 
         out = self.features.measure(more, p.feature_warmup, p.feature_steps, self.clock)
         out["plan"] = {"warmup": p.feature_warmup, "steps": p.feature_steps, "pairs": self.features.reps_done}
@@ -730,7 +794,9 @@ def run(plan: Plan, command: str) -> dict[str, Any]:
         "gpu": {"measured": False, "note": "not measured: no GPU in this session"},
     }
     if results["meta"]["machine"].get("gpu") == "present":
-        results["gpu"]["note"] = "not measured: this suite runs the CPU path (gloo) only; the GPU section is a placeholder"
+        results["gpu"]["note"] = (
+            "not measured: this suite runs the CPU path (gloo) only; the GPU section is a placeholder"
+        )
     cold = ColdStarts(plan)
     clock = Clock(plan)
     suite = Suite(plan, clock)
@@ -799,7 +865,9 @@ def alternatives_table(results: dict[str, Any], suite: Suite) -> dict[str, Any]:
         if err:
             rows[a]["error"] = err
     if suite.torchrun is not None and suite.torchrun.teardown_failures and "torchrun" in rows:
-        rows["torchrun"]["teardown_failures"] = suite.torchrun.teardown_failures  # measured, then crashed on exit
+        rows["torchrun"]["teardown_failures"] = (
+            suite.torchrun.teardown_failures
+        )  # measured, then crashed on exit
     rows["note"] = (
         "Cold start: from a fresh kernel with nothing imported to a ready process group on 2 ranks. dtwork: "
         "import dtwork + dtwork.start (engines up, torch imported there, process group formed and checked); raw "
@@ -811,16 +879,36 @@ def alternatives_table(results: dict[str, Any], suite: Suite) -> dict[str, Any]:
     return rows
 
 
-def _target(tid: str, issue: int, what: str, measured: float | None, target: str, ok: bool | None,
-            detail: str = "", ci95: list[float] | None = None, threshold: float | None = None,
-            higher_is_better: bool = True) -> dict[str, Any]:
+def _target(
+    tid: str,
+    issue: int,
+    what: str,
+    measured: float | None,
+    target: str,
+    ok: bool | None,
+    detail: str = "",
+    ci95: list[float] | None = None,
+    threshold: float | None = None,
+    higher_is_better: bool = True,
+) -> dict[str, Any]:
     """One target. ``conclusive``: the 95% interval lies wholly on one side of the threshold."""
     conclusive = None
     if ci95 is not None and threshold is not None:
         lo, hi = ci95
-        conclusive = (lo >= threshold or hi < threshold) if higher_is_better else (hi <= threshold or lo > threshold)
-    return {"id": tid, "issue": issue, "what": what, "measured": measured, "target": target,
-            "met": ok, "detail": detail, "ci95": ci95, "conclusive": conclusive}
+        conclusive = (
+            (lo >= threshold or hi < threshold) if higher_is_better else (hi <= threshold or lo > threshold)
+        )
+    return {
+        "id": tid,
+        "issue": issue,
+        "what": what,
+        "measured": measured,
+        "target": target,
+        "met": ok,
+        "detail": detail,
+        "ci95": ci95,
+        "conclusive": conclusive,
+    }
 
 
 def _r(x: float | None, nd: int = 2) -> float | None:
@@ -831,21 +919,37 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     cold = r.get("cold_start", {})
     c_ratio = cold.get("ratio_vs_raw_ipyparallel")
-    out.append(_target(
-        "2a", 2, "cold start to process group ready, N=2: dtwork / raw ipyparallel's own start",
-        c_ratio, "< 1.0", None if c_ratio is None else c_ratio < 1.0,
-        ci95=cold.get("ratio_vs_raw_ipyparallel_ci95"), threshold=1.0, higher_is_better=False,
-        detail=f"dtwork {_r(cold.get('dtwork_s', {}).get('median'))} s, raw ipyparallel {_r(cold.get('raw_ipyparallel_s', {}).get('median'))} s; "
-        f"raw ipyparallel + hand-written DDP setup {_r(cold.get('raw_ipyparallel_ddp_s', {}).get('median'))} s",
-    ))
+    out.append(
+        _target(
+            "2a",
+            2,
+            "cold start to process group ready, N=2: dtwork / raw ipyparallel's own start",
+            c_ratio,
+            "< 1.0",
+            None if c_ratio is None else c_ratio < 1.0,
+            ci95=cold.get("ratio_vs_raw_ipyparallel_ci95"),
+            threshold=1.0,
+            higher_is_better=False,
+            detail=f"dtwork {_r(cold.get('dtwork_s', {}).get('median'))} s, raw ipyparallel {_r(cold.get('raw_ipyparallel_s', {}).get('median'))} s; "
+            f"raw ipyparallel + hand-written DDP setup {_r(cold.get('raw_ipyparallel_ddp_s', {}).get('median'))} s",
+        )
+    )
     rt = r.get("round_trip", {})
-    out.append(_target(
-        "2b", 2, "round trip of a trivial %%dtrain cell / raw %px", rt.get("ratio_quiet"), "<= 1.2",
-        None if rt.get("ratio_quiet") is None else rt["ratio_quiet"] <= 1.2,
-        ci95=rt.get("ratio_quiet_ci95"), threshold=1.2, higher_is_better=False,
-        detail=f"dtwork {_r((rt.get('dtwork_quiet_s', {}).get('median') or 0) * 1000, 1)} ms, "
-        f"raw {_r((rt.get('raw_px_s', {}).get('median') or 0) * 1000, 1)} ms",
-    ))
+    out.append(
+        _target(
+            "2b",
+            2,
+            "round trip of a trivial %%dtrain cell / raw %px",
+            rt.get("ratio_quiet"),
+            "<= 1.2",
+            None if rt.get("ratio_quiet") is None else rt["ratio_quiet"] <= 1.2,
+            ci95=rt.get("ratio_quiet_ci95"),
+            threshold=1.2,
+            higher_is_better=False,
+            detail=f"dtwork {_r((rt.get('dtwork_quiet_s', {}).get('median') or 0) * 1000, 1)} ms, "
+            f"raw {_r((rt.get('raw_px_s', {}).get('median') or 0) * 1000, 1)} ms",
+        )
+    )
     tpr = r.get("throughput", {})
     tp = tpr.get("ratio_vs_torchrun", {}).get("dtwork", {})
     turns = r.get("turns", {})
@@ -853,32 +957,53 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         tk = turns.get(k) or {}
         if tk.get("ratio") is not None:
             wb = tk.get("within_block") or {}
-            out.append(_target(
-                f"2c-{k}", 2, f"steps/s under %%dtrain / torchrun --nproc_per_node=2, same code, in turns ({k})",
-                tk["ratio"], ">= 0.98", tk["ratio"] >= 0.98,
-                f"{tk['blocks']} launches of each, {tk['cycles']} cycles of {tk.get('steps_per_window')}-step windows; "
-                f"block ratios {[round(x, 3) for x in tk.get('block_ratios', [])]}; all cycles pooled "
-                f"{_r(wb.get('ratio_of_totals'), 3)}",
-                tk.get("ci95"), 0.98,
-            ))
+            out.append(
+                _target(
+                    f"2c-{k}",
+                    2,
+                    f"steps/s under %%dtrain / torchrun --nproc_per_node=2, same code, in turns ({k})",
+                    tk["ratio"],
+                    ">= 0.98",
+                    tk["ratio"] >= 0.98,
+                    f"{tk['blocks']} launches of each, {tk['cycles']} cycles of {tk.get('steps_per_window')}-step windows; "
+                    f"block ratios {[round(x, 3) for x in tk.get('block_ratios', [])]}; all cycles pooled "
+                    f"{_r(wb.get('ratio_of_totals'), 3)}",
+                    tk.get("ci95"),
+                    0.98,
+                )
+            )
         v = tp.get(k)
-        out.append(_target(
-            f"2c-{k}-runs" if tk.get("ratio") is not None else f"2c-{k}", 2,
-            f"steps/s under %%dtrain / torchrun --nproc_per_node=2, same code, whole runs in turn ({k})",
-            v, ">= 0.98", None if v is None else v >= 0.98,
-            f"median of the per-repetition ratios; ratio of the medians "
-            f"{_r(tpr.get('ratio_of_medians_vs_torchrun', {}).get('dtwork', {}).get(k), 3)}",
-            tpr.get("ratio_vs_torchrun_ci95", {}).get("dtwork", {}).get(k), 0.98,
-        ))
+        out.append(
+            _target(
+                f"2c-{k}-runs" if tk.get("ratio") is not None else f"2c-{k}",
+                2,
+                f"steps/s under %%dtrain / torchrun --nproc_per_node=2, same code, whole runs in turn ({k})",
+                v,
+                ">= 0.98",
+                None if v is None else v >= 0.98,
+                f"median of the per-repetition ratios; ratio of the medians "
+                f"{_r(tpr.get('ratio_of_medians_vs_torchrun', {}).get('dtwork', {}).get(k), 3)}",
+                tpr.get("ratio_vs_torchrun_ci95", {}).get("dtwork", {}).get(k),
+                0.98,
+            )
+        )
     lat = r.get("iteration_latency", {})
     sp = lat.get("speedup_vs", {}).get("torchrun")
-    out.append(_target(
-        "2d", 2, "iteration latency: torchrun relaunch / changed %%dtrain cell (x faster)", sp, ">= 10",
-        None if sp is None else sp >= 10, ci95=lat.get("speedup_vs_torchrun_ci95"), threshold=10.0,
-        detail=f"dtwork {_r(lat.get('dtwork', {}).get('wall_s', {}).get('median'), 3)} s, torchrun relaunch "
-        f"{_r(lat.get('torchrun', {}).get('wall_s', {}).get('median'))} s; against torchrun's launch-to-first-step "
-        f"alone: {_r(lat.get('speedup_vs_torchrun_first_step'), 1)}x",
-    ))
+    out.append(
+        _target(
+            "2d",
+            2,
+            "iteration latency: torchrun relaunch / changed %%dtrain cell (x faster)",
+            sp,
+            ">= 10",
+            None if sp is None else sp >= 10,
+            ci95=lat.get("speedup_vs_torchrun_ci95"),
+            threshold=10.0,
+            detail=f"dtwork {_r(lat.get('dtwork', {}).get('wall_s', {}).get('median'), 3)} s, torchrun relaunch "
+            f"{_r(lat.get('torchrun', {}).get('wall_s', {}).get('median'))} s; against torchrun's launch-to-first-step "
+            f"alone: {_r(lat.get('speedup_vs_torchrun_first_step'), 1)}x",
+        )
+    )
     inter = r.get("gns_interleaved", {})
     live = r.get("live_interleaved", {})
     for k in KINDS:
@@ -887,28 +1012,52 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         if v is None:
             continue
         cpu = lk.get("cpu") or {}
-        out.append(_target(
-            f"3-{k}", 3, f"throughput, live dashboard + store on / off, windows alternating inside one loop ({k})",
-            v, ">= 0.99", v >= 0.99,
-            f"{lk['cycles']} on/off cycles of {lk.get('steps_per_window')}-step windows; ratio of the totals "
-            f"{_r(lk.get('ratio_of_totals'), 3)}; in CPU seconds {_r(cpu.get('ratio'), 3)} "
-            f"({_r((cpu.get('ci95') or [None])[0], 3)}-{_r((cpu.get('ci95') or [None, None])[1], 3)})",
-            lk.get("ci95"), 0.99,
-        ))
+        out.append(
+            _target(
+                f"3-{k}",
+                3,
+                f"throughput, live dashboard + store on / off, windows alternating inside one loop ({k})",
+                v,
+                ">= 0.99",
+                v >= 0.99,
+                f"{lk['cycles']} on/off cycles of {lk.get('steps_per_window')}-step windows; ratio of the totals "
+                f"{_r(lk.get('ratio_of_totals'), 3)}; in CPU seconds {_r(cpu.get('ratio'), 3)} "
+                f"({_r((cpu.get('ci95') or [None])[0], 3)}-{_r((cpu.get('ci95') or [None, None])[1], 3)})",
+                lk.get("ci95"),
+                0.99,
+            )
+        )
     for k in KINDS:
         g = inter.get(k) or {}
         v = g.get("ratio")
         if v is None:
             continue
-        out.append(_target(
-            f"4-{k}", 4, f"step throughput, GNS measurement on / off, windows alternating inside one loop ({k})", v,
-            ">= 0.97", v >= 0.97, f"{g['cycles']} on/off cycles of {g.get('steps_per_window')}-step windows; ratio of "
-            f"the totals {_r(g.get('ratio_of_totals'), 3)}", g.get("ci95"), 0.97,
-        ))
+        out.append(
+            _target(
+                f"4-{k}",
+                4,
+                f"step throughput, GNS measurement on / off, windows alternating inside one loop ({k})",
+                v,
+                ">= 0.97",
+                v >= 0.97,
+                f"{g['cycles']} on/off cycles of {g.get('steps_per_window')}-step windows; ratio of "
+                f"the totals {_r(g.get('ratio_of_totals'), 3)}",
+                g.get("ci95"),
+                0.97,
+            )
+        )
     dur = r.get("meta", {}).get("duration_s")
     smoke = r.get("meta", {}).get("smoke")
-    out.append(_target(
-        "8-time", 8, "the full benchmark's wall time on this 2-core machine (s)" if not smoke else "smoke run wall time (s)",
-        dur, "< 900" if not smoke else "< 120", None if dur is None else dur < (900 if not smoke else 120),
-    ))
+    out.append(
+        _target(
+            "8-time",
+            8,
+            "the full benchmark's wall time on this 2-core machine (s)"
+            if not smoke
+            else "smoke run wall time (s)",
+            dur,
+            "< 900" if not smoke else "< 120",
+            None if dur is None else dur < (900 if not smoke else 120),
+        )
+    )
     return out

@@ -83,7 +83,9 @@ class Turns:
             times.append(float(reply[1]))
         return max(times)
 
-    def cycles(self, kind: str, steps: int, cycles: int, warmup_cycles: int = 2, seed: int = 0) -> dict[str, Any]:
+    def cycles(
+        self, kind: str, steps: int, cycles: int, warmup_cycles: int = 2, seed: int = 0
+    ) -> dict[str, Any]:
         """``cycles`` cycles of one window per job, each cycle in a random order; the windows' seconds."""
         rng = random.Random(seed)
         jobs = list(self.jobs)
@@ -142,8 +144,9 @@ def turns_summary(seconds: dict[str, list[float]], job: str, reference: str, ste
     }
 
 
-def run_in_turns(turns: Turns, plan: dict[str, tuple[int, int]], seed: int = 0,
-                 alive: Any = None, log: Any = None) -> tuple[threading.Thread, dict[str, Any]]:
+def run_in_turns(
+    turns: Turns, plan: dict[str, tuple[int, int]], seed: int = 0, alive: Any = None, log: Any = None
+) -> tuple[threading.Thread, dict[str, Any]]:
     """Drive ``turns`` in a thread (the caller's thread runs a job's blocking cell meanwhile).
 
     ``plan``: kind -> (steps per window, cycles). The returned dict fills in as it goes: per kind
@@ -169,7 +172,9 @@ def run_in_turns(turns: Turns, plan: dict[str, tuple[int, int]], seed: int = 0,
     return t, out
 
 
-def blocks_summary(blocks: list[dict[str, list[float]]], job: str, reference: str, steps: int) -> dict[str, Any]:
+def blocks_summary(
+    blocks: list[dict[str, list[float]]], job: str, reference: str, steps: int
+) -> dict[str, Any]:
     """Over blocks, each a fresh launch of every job: the block's ratio of totals, then their geometric mean.
 
     Launches differ: two launches of the *same* torchrun job on this machine have run at ratios of
@@ -243,8 +248,13 @@ def main(argv: list[str] | None = None) -> int:
                 runners.append(dt)
                 dt.start()
                 dt.setup()
-            thread, out = run_in_turns(turns, plan, seed=b, alive=lambda ps=procs: all(p.poll() is None for p in ps),
-                                       log=lambda m: print(m, file=sys.stderr, flush=True))
+            thread, out = run_in_turns(
+                turns,
+                plan,
+                seed=b,
+                alive=lambda ps=procs: all(p.poll() is None for p in ps),
+                log=lambda m: print(m, file=sys.stderr, flush=True),
+            )
             if dt is not None:
                 dt.run(W.turns_cell(turns.port, "dtwork"))
             thread.join()
@@ -263,16 +273,36 @@ def main(argv: list[str] | None = None) -> int:
         for k, (steps, _) in plan.items():
             for other in jobs[1:]:
                 s = turns_summary(out[k]["seconds"], jobs[0], other, steps)
-                print(json.dumps({"block": b, "kind": k, "ratio": f"{jobs[0]} / {other}",
-                                  "median": round(s["ratio"], 4), "ci95": [round(x, 4) for x in s["ci95"] or []],
-                                  "ratio_of_totals": round(s["ratio_of_totals"], 4)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "block": b,
+                            "kind": k,
+                            "ratio": f"{jobs[0]} / {other}",
+                            "median": round(s["ratio"], 4),
+                            "ci95": [round(x, 4) for x in s["ci95"] or []],
+                            "ratio_of_totals": round(s["ratio_of_totals"], 4),
+                        }
+                    ),
+                    flush=True,
+                )
     if args.blocks > 1:
         for k, (steps, _) in plan.items():
             for other in jobs[1:]:
                 s = blocks_summary([blk[k]["seconds"] for blk in blocks], jobs[0], other, steps)
-                print(json.dumps({"kind": k, "ratio": f"{jobs[0]} / {other}", "blocks": s["blocks"],
-                                  "geometric_mean": round(s["ratio"], 4), "ci95": [round(x, 4) for x in s["ci95"]],
-                                  "block_ratios": [round(x, 4) for x in s["block_ratios"]]}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "kind": k,
+                            "ratio": f"{jobs[0]} / {other}",
+                            "blocks": s["blocks"],
+                            "geometric_mean": round(s["ratio"], 4),
+                            "ci95": [round(x, 4) for x in s["ci95"]],
+                            "block_ratios": [round(x, 4) for x in s["block_ratios"]],
+                        }
+                    ),
+                    flush=True,
+                )
     return 0
 
 

@@ -68,8 +68,10 @@ class Kernel:
                 break
         line = next((ln for ln in "".join(text).splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
-            raise RuntimeError("the kernel did not report a result:\n" + ("\n".join(errors) or "".join(text))[-3000:])
-        return json.loads(line[len("RESULT "):]), counts
+            raise RuntimeError(
+                "the kernel did not report a result:\n" + ("\n".join(errors) or "".join(text))[-3000:]
+            )
+        return json.loads(line[len("RESULT ") :]), counts
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -114,9 +116,38 @@ def bootstrap_ci(
 
 
 # two-sided 95% quantiles of Student's t, by degrees of freedom (1-30)
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def geometric_mean_ci(ratios: Sequence[float]) -> tuple[float | None, list[float] | None]:
@@ -230,18 +261,34 @@ def versions() -> dict[str, Any]:
         "python_executable": sys.executable,
         **{
             pkg: version(pkg)
-            for pkg in ("dtwork", "torch", "ipyparallel", "pyzmq", "ipykernel", "plotly", "psutil", "accelerate", "lightning")
+            for pkg in (
+                "dtwork",
+                "torch",
+                "ipyparallel",
+                "pyzmq",
+                "ipykernel",
+                "plotly",
+                "psutil",
+                "accelerate",
+                "lightning",
+            )
         },
     }
 
 
-def save_result(out: Path, name: str, prog: str, argv: list[str] | None, started: str,
-                fields: dict[str, Any]) -> Path:
+def save_result(
+    out: Path, name: str, prog: str, argv: list[str] | None, started: str, fields: dict[str, Any]
+) -> Path:
     """Write a standalone benchmark's ``out/name``: its command line (``prog`` and ``argv``, or this
     process's arguments), when it started, the machine, the versions, then ``fields``; return the path."""
     args = sys.argv[1:] if argv is None else argv
-    result = {"command": prog + "".join(f" {a}" for a in args), "started": started,
-              "machine": machine(), "versions": versions(), **fields}
+    result = {
+        "command": prog + "".join(f" {a}" for a in args),
+        "started": started,
+        "machine": machine(),
+        "versions": versions(),
+        **fields,
+    }
     out.mkdir(parents=True, exist_ok=True)
     path = out / name
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")

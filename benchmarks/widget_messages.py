@@ -77,15 +77,20 @@ def in_a_kernel(redraws: int) -> dict[str, Any]:
 
     with Kernel(ROOT) as kernel:
         kernel.run(CODE + "\n_build()\nprint('RESULT null')\n", timeout=120)
-        res, counts = kernel.run(f"import json; print('RESULT', json.dumps(_measure({redraws})))", timeout=600)
+        res, counts = kernel.run(
+            f"import json; print('RESULT', json.dumps(_measure({redraws})))", timeout=600
+        )
     res["messages"] = counts.get("comm_msg", 0)
     res["widgets_opened"] = counts.get("comm_open", 0)
     return res
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.widget_messages", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.widget_messages",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--redraws", type=int, default=200, help="timed redraws on each side (default 200)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where the json goes")
     args = ap.parse_args(argv)
@@ -96,11 +101,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M:%S %z")
     plain = in_this_process(args.redraws)
     kernel = in_a_kernel(args.redraws)
-    path = save_result(args.out, "widget_messages.json", "python -m benchmarks.widget_messages", argv, started,
-                       {"plain": plain, "kernel": kernel})
-    print(f"redraw: {plain['redraw_ms']:.2f} ms of CPU in a plain process, {kernel['redraw_ms']:.2f} ms in a kernel "
-          f"(~{kernel['messages'] / args.redraws:.1f} widget messages a redraw); feeding: {plain['feed_ms']:.2f} / "
-          f"{kernel['feed_ms']:.2f} ms")
+    path = save_result(
+        args.out,
+        "widget_messages.json",
+        "python -m benchmarks.widget_messages",
+        argv,
+        started,
+        {"plain": plain, "kernel": kernel},
+    )
+    print(
+        f"redraw: {plain['redraw_ms']:.2f} ms of CPU in a plain process, {kernel['redraw_ms']:.2f} ms in a kernel "
+        f"(~{kernel['messages'] / args.redraws:.1f} widget messages a redraw); feeding: {plain['feed_ms']:.2f} / "
+        f"{kernel['feed_ms']:.2f} ms"
+    )
     print(f"wrote {path}")
     return 0
 

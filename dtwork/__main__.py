@@ -17,7 +17,9 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 900) -> Path:
     nb = nbformat.read(path, as_version=4)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / path.name
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path.cwd())}})
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path.cwd())}}
+    )
     t0 = time.monotonic()
     print(f"dtwork: executing {path} ({len(nb.cells)} cells) ...", flush=True)
     try:

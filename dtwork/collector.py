@@ -731,5 +731,7 @@ def pull_by_rank(cluster: Any, name: str, ranks: list[int] | None) -> list[Any]:
     except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
         ename, evalue = _first_error(exc)
         if ename == "NameError":
-            raise DtworkError(f"no variable {name!r} on every rank: define it in a %%dtrain cell first") from None
+            raise DtworkError(
+                f"no variable {name!r} on every rank: define it in a %%dtrain cell first"
+            ) from None
         raise DtworkError(f"could not fetch {name!r} from the ranks: {ename}: {evalue}") from None

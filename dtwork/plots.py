@@ -587,14 +587,21 @@ class StepTimeSeries(Series):
             means = self._part_means[name].update(steps, changed)  # every part: they share `changed`
             if self._parts[name].sums:
                 out.append(
-                    Trace(label, _take(steps, keep, array), _take(means, keep, array), {"stackgroup": "split"})
+                    Trace(
+                        label, _take(steps, keep, array), _take(means, keep, array), {"stackgroup": "split"}
+                    )
                 )
         measured = self._measured_steps.steps
         if measured:
             means = self._measured_means.update(measured, self._measured_steps.take_low())
             keep = _pick(len(measured), max_points)
             out.append(
-                Trace("step time", _take(measured, keep, array), _take(means, keep, array), {"line": {"dash": "dash"}})
+                Trace(
+                    "step time",
+                    _take(measured, keep, array),
+                    _take(means, keep, array),
+                    {"line": {"dash": "dash"}},
+                )
             )
         return out
 
@@ -730,7 +737,9 @@ def stacked_figure(series: Sequence[Series]) -> dict[str, Any]:
     key = tuple(type(s) for s in series)
     if key not in _STACKED:
         n = len(series)
-        fig = make_subplots(rows=n, cols=1, subplot_titles=[s.title for s in series], vertical_spacing=0.3 / n)
+        fig = make_subplots(
+            rows=n, cols=1, subplot_titles=[s.title for s in series], vertical_spacing=0.3 / n
+        )
         fig.update_layout(
             template=_template(),
             height=HEIGHT * n,
@@ -744,7 +753,9 @@ def stacked_figure(series: Sequence[Series]) -> dict[str, Any]:
             xa, ya = row_axes(row)
             fig.add_annotation(**{**no_data_note(), "xref": f"{xa} domain", "yref": f"{ya} domain"})
             # plotly draws no axes for a row without a trace: an empty one keeps every row on screen
-            fig.add_trace(go.Scatter(x=[], y=[], name="", xaxis=xa, yaxis=ya, showlegend=False, hoverinfo="skip"))
+            fig.add_trace(
+                go.Scatter(x=[], y=[], name="", xaxis=xa, yaxis=ya, showlegend=False, hoverinfo="skip")
+            )
         _STACKED[key] = fig.to_dict()
     return copy.deepcopy(_STACKED[key])
 

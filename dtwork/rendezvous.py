@@ -48,7 +48,9 @@ def validate_request(
     if gpus is None:
         return _validate_remote(n, backend, timeout, global_batch_size)
     if backend == "nccl" and gpus == 0:
-        raise DtworkError("--backend nccl needs GPUs, and NVML sees none on this machine: use --backend gloo (CPU)")
+        raise DtworkError(
+            "--backend nccl needs GPUs, and NVML sees none on this machine: use --backend gloo (CPU)"
+        )
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise DtworkError(f"the number of ranks must be a whole number >= 1, got {n!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (0 < timeout <= MAX_TIMEOUT):
@@ -74,7 +76,9 @@ def validate_request(
     return n, ("nccl" if use_gpus else "gloo")
 
 
-def _validate_remote(n: int | None, backend: str, timeout: float, global_batch_size: int | None) -> tuple[int, str]:
+def _validate_remote(
+    n: int | None, backend: str, timeout: float, global_batch_size: int | None
+) -> tuple[int, str]:
     if n is None:
         raise DtworkError("with --profile, say how many ranks to start: -n N (one per GPU on the hosts)")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -85,7 +89,11 @@ def _validate_remote(n: int | None, backend: str, timeout: float, global_batch_s
 
 def _check_batch(global_batch_size: int | None, n: int) -> None:
     if global_batch_size is not None:
-        if not isinstance(global_batch_size, int) or isinstance(global_batch_size, bool) or global_batch_size < 1:
+        if (
+            not isinstance(global_batch_size, int)
+            or isinstance(global_batch_size, bool)
+            or global_batch_size < 1
+        ):
             raise DtworkError(f"--global-batch-size must be a whole number >= 1, got {global_batch_size!r}")
         if global_batch_size < n:
             raise DtworkError(
@@ -94,13 +102,17 @@ def _check_batch(global_batch_size: int | None, n: int) -> None:
             )
 
 
-def assign_ranks(probes: dict[int, dict[str, Any]], use_gpus: bool, first_host: str | None = None) -> list[RankPlan]:
+def assign_ranks(
+    probes: dict[int, dict[str, Any]], use_gpus: bool, first_host: str | None = None
+) -> list[RankPlan]:
     """Order engines into ranks: the kernel's host first (when it runs engines), then hosts by
     their first engine id; engines by id within a host. Registration order between hosts is a
     race, so it never decides which host holds rank 0.
     """
     host_order: list[str] = (
-        [first_host] if first_host is not None and any(p["hostname"] == first_host for p in probes.values()) else []
+        [first_host]
+        if first_host is not None and any(p["hostname"] == first_host for p in probes.values())
+        else []
     )
     for eid in sorted(probes):
         host = probes[eid]["hostname"]
@@ -119,7 +131,10 @@ def assign_ranks(probes: dict[int, dict[str, Any]], use_gpus: bool, first_host: 
             gpu = gpus[local_rank] if use_gpus else None
             plans.append(RankPlan(len(plans), eid, host, local_rank, gpu, probes[eid]["pid"]))
     if use_gpus and len(host_order) > 1:
-        per_host = [len(probes[next(e for e in probes if probes[e]["hostname"] == h)].get("gpus", [])) for h in host_order]
+        per_host = [
+            len(probes[next(e for e in probes if probes[e]["hostname"] == h)].get("gpus", []))
+            for h in host_order
+        ]
         if len(set(per_host)) == 1 and len(plans) % per_host[0]:
             raise DtworkError(
                 f"{len(plans)} slots span {len(host_order)} hosts with {per_host[0]} GPUs each: "

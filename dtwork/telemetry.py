@@ -88,7 +88,13 @@ def gpu_inventory() -> list[GPUInfo]:
             h = nv.nvmlDeviceGetHandleByIndex(i)
             mem = nv.nvmlDeviceGetMemoryInfo(h)
             out.append(
-                GPUInfo(i, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)), mem.total / 2**20, driver)
+                GPUInfo(
+                    i,
+                    _text(nv.nvmlDeviceGetName(h)),
+                    _text(nv.nvmlDeviceGetUUID(h)),
+                    mem.total / 2**20,
+                    driver,
+                )
             )
     except nv.NVMLError:
         return out

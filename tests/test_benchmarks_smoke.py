@@ -32,7 +32,11 @@ def _run_smoke(out: Path, state: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DTWORK_HOME": str(state / "home"), "DTWORK_STORE": str(state / "runs.sqlite")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         stdout, stderr = proc.communicate(timeout=TIMEOUT)
@@ -145,9 +149,23 @@ def test_smoke_mode_writes_results_plots_and_summary(tmp_path: Path) -> None:
 
     # every target has a measured value and a verdict
     ids = {t["id"] for t in r["targets"]}
-    assert {"2a", "2b", "2c-mlp", "2c-convnet", "2c-mlp-runs", "2d", "3-mlp", "3-convnet", "4-mlp", "4-convnet"} <= ids
+    assert {
+        "2a",
+        "2b",
+        "2c-mlp",
+        "2c-convnet",
+        "2c-mlp-runs",
+        "2d",
+        "3-mlp",
+        "3-convnet",
+        "4-mlp",
+        "4-convnet",
+    } <= ids
     assert next(t for t in r["targets"] if t["id"] == "2c-mlp")["measured"] == turns["mlp"]["ratio"]
-    assert next(t for t in r["targets"] if t["id"] == "3-mlp")["measured"] == r["live_interleaved"]["mlp"]["ratio"]
+    assert (
+        next(t for t in r["targets"] if t["id"] == "3-mlp")["measured"]
+        == r["live_interleaved"]["mlp"]["ratio"]
+    )
     for t in r["targets"]:
         _positive(t["measured"], f"target {t['id']}")
         assert isinstance(t["met"], bool)
@@ -234,7 +252,9 @@ def test_turns_coordinator_drives_jobs_in_turns_over_real_sockets() -> None:
     assert "error" not in out, out
     res = out["mlp"]
     assert len(res["seconds"]["a"]) == len(res["seconds"]["b"]) == 4
-    assert res["seconds"]["a"] == pytest.approx([0.003] * 4) and res["seconds"]["b"] == pytest.approx([0.006] * 4)
+    assert res["seconds"]["a"] == pytest.approx([0.003] * 4) and res["seconds"]["b"] == pytest.approx(
+        [0.006] * 4
+    )
     # never two jobs at once: every window's start is followed by its own end
     assert all(busy[i] == busy[i + 1] for i in range(0, len(busy), 2)) and len(busy) == 2 * 2 * (4 + 2)
     assert all(sorted(o) == ["a", "b"] for o in res["orders"])
@@ -246,16 +266,33 @@ def test_long_live_runs_pool_their_cycles_and_reach_the_document(tmp_path: Path)
     from benchmarks.live import pool
 
     def run(pairs: list[float], on: float, off: float) -> dict[str, Any]:
-        cpu = {"pair_ratios": pairs, "on_total": on, "off_total": off, "ms_per_step": {"on_kernel": 0.3, "off_kernel": 0.2}}
-        return {"pair_ratios": pairs, "on_total": on, "off_total": off, "ratio": pairs[0], "ctx_log_ms": 0.02, "cpu": cpu}
+        cpu = {
+            "pair_ratios": pairs,
+            "on_total": on,
+            "off_total": off,
+            "ms_per_step": {"on_kernel": 0.3, "off_kernel": 0.2},
+        }
+        return {
+            "pair_ratios": pairs,
+            "on_total": on,
+            "off_total": off,
+            "ratio": pairs[0],
+            "ctx_log_ms": 0.02,
+            "cpu": cpu,
+        }
 
     p = pool([run([0.98, 1.0], 4.0, 3.9), run([1.02, 0.99, 1.01], 6.0, 6.1)])
     assert p["runs"] == 2 and p["cycles"] == 5
     assert p["ratio"] == pytest.approx(1.0)  # the median of all five cycles
     assert p["ratio_of_totals"] == pytest.approx(10.0 / 10.0)
     assert p["cpu"]["ms_per_step"]["on_kernel"] == pytest.approx(0.3)
-    long = {"command": "python -m benchmarks.live", "started": "now", "duration_s": 60.0,
-            "runs": [{}], "pooled": {"mlp": {"ab": p, "aa": {**p, "ratio": 1.003}}}}
+    long = {
+        "command": "python -m benchmarks.live",
+        "started": "now",
+        "duration_s": 60.0,
+        "runs": [{}],
+        "pooled": {"mlp": {"ab": p, "aa": {**p, "ratio": 1.003}}},
+    }
     text = report.long_live_section(long)
     assert "| mlp | 2 | 5 | 1.000 |" in text and "| mlp A/A | 2 | 5 | 1.003 |" in text
     (tmp_path / "results.json").write_text(json.dumps({"meta": {}}))
@@ -270,10 +307,24 @@ def test_a_long_live_run_keeps_the_readings_of_every_run_before_it(tmp_path: Pat
     from benchmarks.live import brief, earlier_runs
 
     def result(started: str, ab: float, aa: float) -> dict[str, Any]:
-        pooled = {"ab": {"runs": 2, "cycles": 30, "ratio": ab, "ci95": [ab - 0.01, ab + 0.01], "cpu": {"ratio": ab}},
-                  "aa": {"runs": 1, "cycles": 15, "ratio": aa, "ci95": [aa - 0.02, aa + 0.02]}}
-        return {"command": "python -m benchmarks.live", "started": started, "duration_s": 600.0, "runs": [{}],
-                "dtwork_commit": "abc1234", "pooled": {"mlp": pooled}}
+        pooled = {
+            "ab": {
+                "runs": 2,
+                "cycles": 30,
+                "ratio": ab,
+                "ci95": [ab - 0.01, ab + 0.01],
+                "cpu": {"ratio": ab},
+            },
+            "aa": {"runs": 1, "cycles": 15, "ratio": aa, "ci95": [aa - 0.02, aa + 0.02]},
+        }
+        return {
+            "command": "python -m benchmarks.live",
+            "started": started,
+            "duration_s": 600.0,
+            "runs": [{}],
+            "dtwork_commit": "abc1234",
+            "pooled": {"mlp": pooled},
+        }
 
     path = tmp_path / "live.json"
     assert earlier_runs(path) == []  # no file yet
@@ -283,10 +334,16 @@ def test_a_long_live_run_keeps_the_readings_of_every_run_before_it(tmp_path: Pat
     path.write_text(json.dumps(second))
     third = {**result("third", 0.990, 0.999), "earlier": earlier_runs(path)}
     assert [r["started"] for r in third["earlier"]] == ["first", "second"]
-    assert third["earlier"][0] == brief(first) and third["earlier"][0]["pooled"]["mlp"]["ab"]["cpu_ratio"] == 0.981
+    assert (
+        third["earlier"][0] == brief(first)
+        and third["earlier"][0]["pooled"]["mlp"]["ab"]["cpu_ratio"] == 0.981
+    )
     text = report.long_live_section(third)
     assert "- first (10 min, dtwork abc1234): mlp 0.981 (0.971-0.991, 30 cycles) [A/A 0.987]" in text
-    assert "- second (10 min, dtwork abc1234, from an ipykernel): mlp 0.994 (0.984-1.004, 30 cycles) [A/A 1.003]" in text
+    assert (
+        "- second (10 min, dtwork abc1234, from an ipykernel): mlp 0.994 (0.984-1.004, 30 cycles) [A/A 1.003]"
+        in text
+    )
     assert "| mlp | 2 | 30 | 0.990 |" in text  # the latest run's own table
 
 
@@ -296,21 +353,38 @@ def test_a_long_run_entered_by_hand_keeps_its_note_and_no_cycle_count(tmp_path: 
     from benchmarks import report
     from benchmarks.live import brief, earlier_runs, same_code
 
-    entered = {"started": "2026-11-22 04:53 +0000", "duration_s": 1620.0, "dtwork_tree": "cc5b359",
-               "driven_from": "ipykernel", "note": "read from that session's log",
-               "pooled": {"mlp": {"ab": {"cycles": None, "ratio": 0.981, "ci95": [0.966, 0.994]},
-                                  "aa": {"ratio": 0.991}}}}
+    entered = {
+        "started": "2026-11-22 04:53 +0000",
+        "duration_s": 1620.0,
+        "dtwork_tree": "cc5b359",
+        "driven_from": "ipykernel",
+        "note": "read from that session's log",
+        "pooled": {
+            "mlp": {"ab": {"cycles": None, "ratio": 0.981, "ci95": [0.966, 0.994]}, "aa": {"ratio": 0.991}}
+        },
+    }
     path = tmp_path / "live.json"
     path.write_text(json.dumps(entered))
     assert brief(entered)["note"] == "read from that session's log"
     assert "note" not in brief({**entered, "note": None})
-    later = {"started": "later", "duration_s": 60.0, "dtwork_tree": "cc5b359", "driven_from": "ipykernel",
-             "earlier": earlier_runs(path), "pooled": {"mlp": {"ab": {"runs": 1, "cycles": 2, "ratio": 0.99,
-                                                                        "ci95": [0.98, 1.0], "pair_ratios": [0.98, 1.0]}}}}
+    later = {
+        "started": "later",
+        "duration_s": 60.0,
+        "dtwork_tree": "cc5b359",
+        "driven_from": "ipykernel",
+        "earlier": earlier_runs(path),
+        "pooled": {
+            "mlp": {
+                "ab": {"runs": 1, "cycles": 2, "ratio": 0.99, "ci95": [0.98, 1.0], "pair_ratios": [0.98, 1.0]}
+            }
+        },
+    }
     assert same_code(later) is None  # nothing to pool with: the entered run has no cycles
     text = report.long_live_section(later)
-    assert ("- 2026-11-22 04:53 +0000 (27 min, from an ipykernel): mlp 0.981 (0.966-0.994) [A/A 0.991] "
-            "(read from that session's log)") in text
+    assert (
+        "- 2026-11-22 04:53 +0000 (27 min, from an ipykernel): mlp 0.981 (0.966-0.994) [A/A 0.991] "
+        "(read from that session's log)"
+    ) in text
 
 
 def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> None:
@@ -319,22 +393,49 @@ def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> Non
     from benchmarks import report
     from benchmarks.live import brief, earlier_code, earlier_runs, pool, same_code
 
-    def result(started: str, pairs: list[float], tree: str, where: str = "ipykernel", ranks: int = 2) -> dict[str, Any]:
-        run = {"pair_ratios": pairs, "on_total": 1.0, "off_total": 1.0, "ratio": pairs[0], "ctx_log_ms": 0.02,
-               "cpu": {"pair_ratios": [x + 0.001 for x in pairs], "on_total": 1.0, "off_total": 1.0,
-                       "ms_per_step": {"on_kernel": 0.3}}}
-        return {"command": "python -m benchmarks.live --kernel", "started": started, "duration_s": 600.0,
-                "dtwork_tree": tree, "driven_from": where, "ranks": ranks, "runs": [run],
-                "pooled": {"mlp": {"ab": pool([run])}}}
+    def result(
+        started: str, pairs: list[float], tree: str, where: str = "ipykernel", ranks: int = 2
+    ) -> dict[str, Any]:
+        run = {
+            "pair_ratios": pairs,
+            "on_total": 1.0,
+            "off_total": 1.0,
+            "ratio": pairs[0],
+            "ctx_log_ms": 0.02,
+            "cpu": {
+                "pair_ratios": [x + 0.001 for x in pairs],
+                "on_total": 1.0,
+                "off_total": 1.0,
+                "ms_per_step": {"on_kernel": 0.3},
+            },
+        }
+        return {
+            "command": "python -m benchmarks.live --kernel",
+            "started": started,
+            "duration_s": 600.0,
+            "dtwork_tree": tree,
+            "driven_from": where,
+            "ranks": ranks,
+            "runs": [run],
+            "pooled": {"mlp": {"ab": pool([run])}},
+        }
 
     path = tmp_path / "live.json"
-    for r in (result("a", [0.97, 0.98], "t1"), result("a2", [0.96], "t1"), result("b", [0.99, 1.0], "t2"),
-              result("c", [0.5], "t2", "plain process"), result("d", [0.4], "t2", ranks=1)):
+    for r in (
+        result("a", [0.97, 0.98], "t1"),
+        result("a2", [0.96], "t1"),
+        result("b", [0.99, 1.0], "t2"),
+        result("c", [0.5], "t2", "plain process"),
+        result("d", [0.4], "t2", ranks=1),
+    ):
         path.write_text(json.dumps({**r, "earlier": earlier_runs(path)}))
     assert brief(json.loads(path.read_text()))["pooled"]["mlp"]["ab"]["pair_ratios"] == [0.4]  # cycles kept
     latest = {**result("e", [1.01, 1.02, 0.995], "t2"), "earlier": earlier_runs(path)}
     same = same_code(latest)
-    assert same is not None and same["started"] == ["b", "e"]  # not t1's, not the plain process's, not 1 rank's
+    assert same is not None and same["started"] == [
+        "b",
+        "e",
+    ]  # not t1's, not the plain process's, not 1 rank's
     mlp = same["pooled"]["mlp"]["ab"]
     assert (mlp["runs"], mlp["cycles"]) == (2, 5) and mlp["ratio"] == pytest.approx(1.0)
     assert mlp["cpu_ratio"] == pytest.approx(1.001)
@@ -348,7 +449,10 @@ def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> Non
     assert "(d, from an ipykernel): mlp 0.400" in text
     # a new tree does not hide what the runs of earlier code read together: t1's two runs, not the lone ones
     assert [(g["dtwork_tree"], g["started"]) for g in earlier_code(latest)] == [("t1", ["a", "a2"])]
-    assert "**Earlier dtwork code** (package tree t1; ipykernel, 2 ranks), its cycles pooled: the 2 runs started a, a2" in text
+    assert (
+        "**Earlier dtwork code** (package tree t1; ipykernel, 2 ranks), its cycles pooled: the 2 runs started a, a2"
+        in text
+    )
     assert "| mlp | 2 | 3 | 0.970 |" in text
     newer = {**result("f", [1.0], "t3"), "earlier": [*latest["earlier"], brief(latest)]}
     assert [g["dtwork_tree"] for g in earlier_code(newer)] == ["t2", "t1"]  # the latest group first
@@ -356,13 +460,17 @@ def test_long_live_runs_of_the_same_code_are_pooled_again(tmp_path: Path) -> Non
     # a one-rank run shown first names the latest run on two ranks, which fill the cores
     alone = {**result("g", [0.9], "t3", ranks=1), "earlier": [*newer["earlier"], brief(newer)]}
     text = report.long_live_section(alone)
-    assert "On 2 ranks the same code fills this machine's cores with ranks, the kernel sharing them (f, " in text
+    assert (
+        "On 2 ranks the same code fills this machine's cores with ranks, the kernel sharing them (f, " in text
+    )
     assert "On one rank" not in text
     # the target's words say when the interval cannot tell met from not met
     assert report.interval_verdict({"ratio": 0.995, "ci95": [0.98, 1.01]}) == (
-        "**met** (within noise: the 95% interval spans the target)")
+        "**met** (within noise: the 95% interval spans the target)"
+    )
     assert report.interval_verdict({"ratio": 0.985, "ci95": [0.975, 0.995]}) == (
-        "**not met** (within noise: the 95% interval spans the target)")
+        "**not met** (within noise: the 95% interval spans the target)"
+    )
     assert report.interval_verdict({"ratio": 0.985, "ci95": [0.98, 0.989]}) == "**not met**"
     t1_row = next(line for line in text.splitlines() if line.startswith("| mlp | 2 | 3 | 0.970 |"))
     assert t1_row.endswith(">= 0.99: **not met** |")  # its interval lies below the target
@@ -378,13 +486,20 @@ def test_a_long_live_run_names_the_dtwork_code_it_measured() -> None:
     if tree is None:
         pytest.skip("not a git checkout")
     root = Path(live.ROOT)
-    expect = subprocess.run(["git", "rev-parse", "--short", "HEAD:dtwork"], cwd=root, capture_output=True, text=True,
-                            check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "dtwork"], cwd=root,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    expect = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD:dtwork"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", "dtwork"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert tree == expect + ("+" if dirty else "")
     assert (live.git_commit() or "").rstrip("+") == subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_the_long_live_windows_run_in_a_real_kernel_that_sends_the_dashboards_messages() -> None:
@@ -393,16 +508,28 @@ def test_the_long_live_windows_run_in_a_real_kernel_that_sends_the_dashboards_me
     from benchmarks import report
     from benchmarks.live import pool, take_runs_in_a_kernel
 
-    plan = {"kinds": ["mlp"], "window_steps": {"mlp": 10}, "cycles_per_run": {"mlp": 2}, "warmup": {"mlp": 5},
-            "aa_every": 3}
+    plan = {
+        "kinds": ["mlp"],
+        "window_steps": {"mlp": 10},
+        "cycles_per_run": {"mlp": 2},
+        "warmup": {"mlp": 5},
+        "aa_every": 3,
+    }
     runs, sent = take_runs_in_a_kernel(0.0, plan)  # one round: one A/B run of the MLP
     assert [(r["kind"], r["aa"], r["cycles"]) for r in runs] == [("mlp", False, 2)]
     assert runs[0]["switches"] == 4  # rank 0 told the kernel at each of the 4 windows
     assert runs[0]["cpu"]["ms_per_step"]["on_kernel"] > 0
     assert sent["messages"]["comm_open"] > 0  # the dashboard's widgets were made in the kernel...
     assert sent["messages"]["comm_msg"] > 0  # ...and their updates sent to, and read by, this client
-    long = {"command": "python -m benchmarks.live --kernel", "started": "now", "duration_s": sent["seconds"],
-            "driven_from": "ipykernel", "kernel": sent, "runs": runs, "pooled": {"mlp": {"ab": pool(runs)}}}
+    long = {
+        "command": "python -m benchmarks.live --kernel",
+        "started": "now",
+        "duration_s": sent["seconds"],
+        "driven_from": "ipykernel",
+        "kernel": sent,
+        "runs": runs,
+        "pooled": {"mlp": {"ab": pool(runs)}},
+    }
     text = report.long_live_section(long)
     assert f"({sent['messages']['comm_msg']:,} in all" in text and "| mlp | 1 | 2 |" in text
 

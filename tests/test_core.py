@@ -82,7 +82,10 @@ def test_run_push_pull_and_functions(cluster) -> None:
     assert cluster.pull("per_class") == [{0: 0, "total": 1.5}, {0: 1, "total": 1.5}]
     assert cluster.run(lambda: {1: "a", "b": 2}) == [{1: "a", "b": 2}] * 2
     # a variable that exists but cannot be sent says so, not "no variable"
-    cluster.run("class _NoPickle:\n    def __reduce__(self):\n        raise TypeError('not picklable')\nheld = _NoPickle()", quiet=True)
+    cluster.run(
+        "class _NoPickle:\n    def __reduce__(self):\n        raise TypeError('not picklable')\nheld = _NoPickle()",
+        quiet=True,
+    )
     with pytest.raises(DtworkError, match="could not fetch 'held' from the ranks: TypeError: not picklable"):
         cluster.pull("held")
     with pytest.raises(DtworkError, match="no rank 5: this cluster has ranks 0-1"):
@@ -174,7 +177,9 @@ def test_bad_start_input_fails_at_once_and_starts_nothing(line: str, message: st
 
 
 def test_more_ranks_than_gpus_is_refused_with_what_is_there() -> None:
-    with pytest.raises(DtworkError, match=r"asked for 4 ranks but this machine has 2 GPUs .*use -n 2 or fewer"):
+    with pytest.raises(
+        DtworkError, match=r"asked for 4 ranks but this machine has 2 GPUs .*use -n 2 or fewer"
+    ):
         validate_request(4, "auto", 2, timeout=10, global_batch_size=None)
     assert validate_request(None, "auto", 2, timeout=10, global_batch_size=None) == (2, "nccl")
     assert validate_request(None, "auto", 0, timeout=10, global_batch_size=None) == (2, "gloo")
@@ -193,7 +198,10 @@ def test_multi_host_rank_assignment_and_interface_choice() -> None:
     probes = {0: _probe("b", 10, 2), 1: _probe("a", 11, 2), 2: _probe("b", 12, 2), 3: _probe("a", 13, 2)}
     plans = assign_ranks(probes, use_gpus=True)
     assert [(p.rank, p.hostname, p.local_rank, p.gpu) for p in plans] == [
-        (0, "b", 0, 0), (1, "b", 1, 1), (2, "a", 0, 0), (3, "a", 1, 1)
+        (0, "b", 0, 0),
+        (1, "b", 1, 1),
+        (2, "a", 0, 0),
+        (3, "a", 1, 1),
     ]
     assert choose_interface(probes, None) == "eth0"
     kernel_first = assign_ranks(probes, use_gpus=True, first_host="a")
@@ -202,8 +210,10 @@ def test_multi_host_rank_assignment_and_interface_choice() -> None:
         choose_interface(probes, "ib0")
     with pytest.raises(DtworkError, match="3 slots span 2 hosts with 2 GPUs each: use a multiple of 2"):
         assign_ranks({0: _probe("a", 1, 2), 1: _probe("a", 2, 2), 2: _probe("b", 3, 2)}, use_gpus=True)
-    lonely = {0: _probe("a", 1, addrs={"lo": ["127.0.0.1"], "eth0": ["10.0.0.1"]}),
-              1: _probe("b", 2, addrs={"lo": ["127.0.0.1"], "ib0": ["10.1.0.1"]})}
+    lonely = {
+        0: _probe("a", 1, addrs={"lo": ["127.0.0.1"], "eth0": ["10.0.0.1"]}),
+        1: _probe("b", 2, addrs={"lo": ["127.0.0.1"], "ib0": ["10.1.0.1"]}),
+    }
     with pytest.raises(DtworkError, match="share no network interface"):
         choose_interface(lonely, None)
 
@@ -216,7 +226,9 @@ def _cluster_pids(c: dtwork.Cluster) -> list[int]:
 def _gone(pids: list[int], within: float) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
         if not alive:
             return True
         time.sleep(0.2)
@@ -251,7 +263,9 @@ def test_kernel_exit_or_crash_leaves_no_process(how: str, tmp_path) -> None:
 
     script = tmp_path / "kernel.py"
     script.write_text(KERNEL)
-    proc = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), how], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
     line = proc.stdout.readline()  # type: ignore[union-attr]
     pids = json.loads(line)
     assert len(pids) >= 3
@@ -283,7 +297,10 @@ def test_two_kernels_run_clusters_at_once(tmp_path) -> None:
         "    c.run('import torch, torch.distributed as dist; t = torch.ones(1); dist.all_reduce(t)', quiet=True)\n"
         "    print(c.master_port, c.pull('t')[0].item())\n"
     )
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert [o[1] for o in outs] == ["2.0", "2.0"]

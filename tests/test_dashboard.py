@@ -110,8 +110,12 @@ def test_progress_sets_bars_value_max_and_label() -> None:
     shown = dash._header.value
     assert shown.count("dtwork-rank-bar") == 2
     assert shown.index("rank 0: step 20/100 · 250 samples/s · ETA 1 min 20 s") < shown.index("width:20.0%")
-    assert shown.index("rank 1: step 20 · 240 samples/s") < shown.index("width:100.0%")  # no total: full at its step
-    assert dash.children[0] is dash._header and not any(isinstance(c, widgets.IntProgress) for c in dash.children)
+    assert shown.index("rank 1: step 20 · 240 samples/s") < shown.index(
+        "width:100.0%"
+    )  # no total: full at its step
+    assert dash.children[0] is dash._header and not any(
+        isinstance(c, widgets.IntProgress) for c in dash.children
+    )
     dash.close()
 
 
@@ -241,8 +245,12 @@ def test_a_drawer_reads_and_draws_what_is_fed_in_its_own_thread_at_idle_priority
     if sys.platform.startswith("linux"):
         assert {policy for _, policy in drawn_in} == {os.SCHED_IDLE}
     dash.feed([log(40, loss=40.0)])
-    dash.finish(CellResult(seq=1, ranks=[0], status="ok", seconds=1.0))  # stops the drawer, then draws what it had not read
-    assert dash._drawer is None and not any(t.name == "dtwork-dashboard" and t.is_alive() for t in threading.enumerate())
+    dash.finish(
+        CellResult(seq=1, ranks=[0], status="ok", seconds=1.0)
+    )  # stops the drawer, then draws what it had not read
+    assert dash._drawer is None and not any(
+        t.name == "dtwork-dashboard" and t.is_alive() for t in threading.enumerate()
+    )
     assert drawn_in[-1][0] == threading.current_thread().name
     assert list(trace(dash.figures["metrics"], "loss").x) == list(range(41))
     assert "step 40/40" in dash._header.value
@@ -419,7 +427,9 @@ def test_a_cells_logged_steps_reach_its_live_dashboard(cluster: Any) -> None:
     cluster.session.live = True
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # display() outside IPython prints a repr
-            cluster.run("for step, _ in ctx.steps(range(12), max_steps=12):\n    ctx.log(loss=float(step + ctx.rank))\n")
+            cluster.run(
+                "for step, _ in ctx.steps(range(12), max_steps=12):\n    ctx.log(loss=float(step + ctx.rank))\n"
+            )
         loss = trace(cluster.session.dashboard.figures["metrics"], "loss")
         assert list(loss.x) == list(range(12))
         assert list(loss.y) == [s + 0.5 for s in range(12)]  # averaged over the ranks
@@ -452,7 +462,9 @@ def test_switching_live_off_mid_cell_pauses_the_dashboard_but_not_the_store(clus
         with contextlib.redirect_stdout(io.StringIO()):
             cluster.run(source, bg=True)
             deadline = time.monotonic() + 30
-            while (session.dashboard is None or session.dashboard.rows_fed == 0) and time.monotonic() < deadline:
+            while (
+                session.dashboard is None or session.dashboard.rows_fed == 0
+            ) and time.monotonic() < deadline:
                 time.sleep(0.02)
             session.live = False
             # a batch fed at the switch lands (the dashboard's drawer reads what was fed once per interval)
@@ -508,8 +520,9 @@ def test_a_starting_cluster_loads_the_dashboard_while_its_engines_start_only_wit
     import json
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-c", WARM_PROBE], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", WARM_PROBE], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.split("RESULT ", 1)[1])
     assert out["started"]
@@ -518,7 +531,6 @@ def test_a_starting_cluster_loads_the_dashboard_while_its_engines_start_only_wit
     else:
         assert not out["loaded_at_start"]  # ~1.5 s of imports still running in the background
     assert out["loaded_after_cell"]
-
 
 
 def test_the_three_base_figures_are_rows_of_one_widget_updated_in_one_restyle(dash: Dashboard) -> None:
@@ -556,8 +568,10 @@ def test_a_restyle_is_one_widget_message_that_stays_until_the_next_one_and_the_e
     fig = panel.figure
     sent: list[set[str]] = []
     send_state = fig.send_state
-    fig.send_state = lambda key=None: (sent.append(set([key] if isinstance(key, str) else key or ())),
-                                       send_state(key))[1]
+    fig.send_state = lambda key=None: (
+        sent.append(set([key] if isinstance(key, str) else key or ())),
+        send_state(key),
+    )[1]
     for step in range(4):
         dash.feed([log(step, loss=10.0 - step), *(perf(step, r, 100.0) for r in (0, 1))])
         dash.flush()
@@ -566,7 +580,9 @@ def test_a_restyle_is_one_widget_message_that_stays_until_the_next_one_and_the_e
     restyles = [keys for keys in sent if "_py2js_restyle" in keys]
     assert restyles == [{"_py2js_restyle", "_last_layout_edit_id", "_last_trace_edit_id"}] * 3, sent
     msg = fig._py2js_restyle
-    assert msg["trace_edit_id"] == fig._last_trace_edit_id and msg["layout_edit_id"] == fig._last_layout_edit_id
+    assert (
+        msg["trace_edit_id"] == fig._last_trace_edit_id and msg["layout_edit_id"] == fig._last_layout_edit_id
+    )
     at = [t.name for t in fig.data].index("loss")
     assert list(msg["restyle_data"]["y"][msg["restyle_traces"].index(at)]) == [10.0, 9.0, 8.0, 7.0]
     dash.finish(CellResult(seq=1, ranks=[0, 1], status="ok"))
@@ -595,7 +611,10 @@ def test_a_redraw_leaves_the_figure_as_plotlys_own_restyle_would(dash: Dashboard
     try:
         for step in range(8):
             extra = {"acc": 0.1 * step} if step >= 5 else {}  # a metric that comes later
-            records = [log(step, loss=2.0 - step / 10, **extra), *(perf(step, r, 50.0 + r + step) for r in (0, 1))]
+            records = [
+                log(step, loss=2.0 - step / 10, **extra),
+                *(perf(step, r, 50.0 + r + step) for r in (0, 1)),
+            ]
             for d in (dash, other):
                 d.feed(records)
                 d.flush()

@@ -33,9 +33,9 @@ def test_watchdog_names_a_stalled_rank(cluster, capsys) -> None:
     cluster.run(SETUP, quiet=True)
     try:
         cluster.run(
-            LOOP.replace("time.sleep(0.005)", "time.sleep(4 if (step == 20 and ctx.rank == 1) else 0.001)").replace(
-                "100000", "40"
-            ),
+            LOOP.replace(
+                "time.sleep(0.005)", "time.sleep(4 if (step == 20 and ctx.rank == 1) else 0.001)"
+            ).replace("100000", "40"),
             quiet=True,
         )
     finally:
@@ -73,7 +73,9 @@ def test_killed_rank_is_detected_named_and_the_cluster_recovers(cluster, capsys)
     threading.Timer(3.0, kill).start()
     with pytest.raises(RankFailure) as info:
         cluster.run(LOOP, quiet=True)
-    failure = next(e for e in cluster.session.store.events(cluster.session.run_id) if e["kind"] == "rank_failure")
+    failure = next(
+        e for e in cluster.session.store.events(cluster.session.run_id) if e["kind"] == "rank_failure"
+    )
     assert failure["time"] - killed_at[0] < 10.0  # detected and named within 10 s
     text = str(info.value) + capsys.readouterr().err
     assert "rank 1" in text and "died" in text
@@ -100,7 +102,12 @@ params = [p.detach().clone() for p in model.module.parameters()]
 def test_max_restarts_resumes_the_trial_and_matches_an_uninterrupted_run(cluster, tmp_path) -> None:
     import torch
 
-    cfg = {"global_batch_size": 8, "lr": 0.05, "max_restarts": 1, "checkpoint": {"every": 10, "directory": str(tmp_path / "a")}}
+    cfg = {
+        "global_batch_size": 8,
+        "lr": 0.05,
+        "max_restarts": 1,
+        "checkpoint": {"every": 10, "directory": str(tmp_path / "a")},
+    }
     cluster.configure(cfg)
     cluster.run(TRIAL.replace("time.sleep(0.05)", "pass"), quiet=True)
     reference = cluster.pull("params")[0]

@@ -37,8 +37,12 @@ def _fixed_parameter_run(cluster, every: int) -> tuple[list[float], float, list[
     """Train 1500 steps with the parameters held fixed and gns.every = ``every``; return the
     ranks' estimates, rank 0's per-sample EMA decay and the stored B_simple rows."""
     cluster.configure(
-        {"global_batch_size": 32, "lr": 1e-12, "optimizer": {"type": "sgd", "momentum": 0.0},
-         "gns": {"enabled": True, "ema_decay": 0.998, "every": every}}
+        {
+            "global_batch_size": 32,
+            "lr": 1e-12,
+            "optimizer": {"type": "sgd", "momentum": 0.0},
+            "gns": {"enabled": True, "ema_decay": 0.998, "every": every},
+        }
     )
     cluster.run(
         DATA
@@ -90,7 +94,9 @@ def test_gns_every_nth_step_samples_those_steps_and_keeps_the_span(cluster) -> N
 
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_gns_hook_measures_without_changing_training(cluster, accumulation: int) -> None:
-    cluster.configure({"global_batch_size": 16, "lr": 0.05, "optimizations": {"aggregation_frequency": accumulation}})
+    cluster.configure(
+        {"global_batch_size": 16, "lr": 0.05, "optimizations": {"aggregation_frequency": accumulation}}
+    )
     cluster.run(TRAIN.replace("GNS", "False"), quiet=True)
     without = cluster.pull("params")[0]
     cluster.run(TRAIN.replace("GNS", "True") + "\nestimate = ctx.gns", quiet=True)

@@ -24,8 +24,13 @@ estimate = ctx.gns
 """
 
 
-@pytest.mark.parametrize(("precision", "dtype", "scaler"), [("bf16", "torch.bfloat16", None), ("fp16", "torch.float16", "GradScaler")])
-def test_mixed_precision_autocasts_and_trains(cluster, precision: str, dtype: str, scaler: str | None) -> None:
+@pytest.mark.parametrize(
+    ("precision", "dtype", "scaler"),
+    [("bf16", "torch.bfloat16", None), ("fp16", "torch.float16", "GradScaler")],
+)
+def test_mixed_precision_autocasts_and_trains(
+    cluster, precision: str, dtype: str, scaler: str | None
+) -> None:
     cluster.configure({"global_batch_size": 32, "lr": 0.02, "mixed_precision": precision})
     cluster.run(TRAIN.replace("GNS", "False"), quiet=True)
     assert cluster.pull("dtype") == [dtype, dtype]

@@ -34,8 +34,14 @@ def _net() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
 
 def test_aggregation_frequency_equals_one_process_with_the_whole_batch(cluster) -> None:
     b, k, steps = 4, 2, 3
-    cluster.configure({"global_batch_size": 2 * b, "optimizations": {"aggregation_frequency": k}, "lr": 0.05,
-                       "optimizer": {"type": "sgd", "momentum": 0.0}})
+    cluster.configure(
+        {
+            "global_batch_size": 2 * b,
+            "optimizations": {"aggregation_frequency": k},
+            "lr": 0.05,
+            "optimizer": {"type": "sgd", "momentum": 0.0},
+        }
+    )
     cluster.run(
         LINEAR
         + f"""
@@ -63,7 +69,9 @@ params = [p.detach().clone() for p in model.module.parameters()]
 
 @pytest.mark.parametrize("compression", ["fp16", "bf16", "powersgd"])
 def test_compression_hooks_train(cluster, compression: str) -> None:
-    cluster.configure({"global_batch_size": 32, "optimizations": {"gradient_compression": compression}, "lr": 0.05})
+    cluster.configure(
+        {"global_batch_size": 32, "optimizations": {"gradient_compression": compression}, "lr": 0.05}
+    )
     cluster.run(
         LINEAR
         + """
@@ -81,9 +89,13 @@ for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=40):
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
 
-@pytest.mark.parametrize(("rule", "expected"), [("linear", 0.1 * 64 / 16), ("sqrt", 0.1 * math.sqrt(64 / 16)), ("none", 0.1)])
+@pytest.mark.parametrize(
+    ("rule", "expected"), [("linear", 0.1 * 64 / 16), ("sqrt", 0.1 * math.sqrt(64 / 16)), ("none", 0.1)]
+)
 def test_lr_after_warmup_follows_the_scaling_rule(cluster, rule: str, expected: float) -> None:
-    cluster.configure({"global_batch_size": 64, "lr": {"base": 0.1, "scaling": rule, "base_batch_size": 16, "warmup": 5}})
+    cluster.configure(
+        {"global_batch_size": 64, "lr": {"base": 0.1, "scaling": rule, "base_batch_size": 16, "warmup": 5}}
+    )
     cluster.run(
         LINEAR
         + """
@@ -117,13 +129,17 @@ preds = ctx.evaluate(model, odd)
         ref = ((net(X[:37]) - Y[:37]) ** 2).mean(dim=1).double().mean().item()  # the one-process metric
         ref_preds = net(X[:37])
     for mse in cluster.pull("mse"):
-        assert mse == pytest.approx(ref, rel=1e-6)  # float32 forward in other batch shapes; a padded duplicate moves it by ~3%
+        assert mse == pytest.approx(
+            ref, rel=1e-6
+        )  # float32 forward in other batch shapes; a padded duplicate moves it by ~3%
     for preds in cluster.pull("preds"):
         assert preds.shape == (37, 1)
         assert torch.allclose(preds, ref_preds)
 
 
-RESUMABLE = LINEAR + """
+RESUMABLE = (
+    LINEAR
+    + """
 model = ctx.wrap(net)
 opt = ctx.optimizer(model.parameters())
 drop = nn.Dropout(0.2)
@@ -131,6 +147,7 @@ for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=MAX, resume=RESUME):
     ctx.backward(F.mse_loss(model(drop(x)), y)); ctx.step(opt)
 params = [p.detach().clone() for p in model.module.parameters()]
 """
+)
 
 
 def test_checkpoint_and_resume_is_bitwise_equal(cluster, tmp_path) -> None:
@@ -140,7 +157,9 @@ def test_checkpoint_and_resume_is_bitwise_equal(cluster, tmp_path) -> None:
     cluster.run(RESUMABLE.replace("MAX", "10").replace("RESUME", "False"), quiet=True)
     full = cluster.pull("params")[0]
     cluster.configure({**base, "checkpoint": {"every": 3, "directory": ck}})
-    cluster.run(RESUMABLE.replace("MAX", "7").replace("RESUME", "False"), quiet=True)  # stops after a checkpoint at 6
+    cluster.run(
+        RESUMABLE.replace("MAX", "7").replace("RESUME", "False"), quiet=True
+    )  # stops after a checkpoint at 6
     cluster.run(RESUMABLE.replace("MAX", "10").replace("RESUME", "True"), quiet=True)
     resumed = cluster.pull("params")[0]
     assert sorted(os.listdir(ck))[-1] == "step-00000009.pt"
@@ -212,7 +231,11 @@ def test_logged_numbers_and_tensors_mix_and_average_over_ranks_and_calls(fresh_r
         quiet=True,
     )
     store, run = c.session.store, c.session.run_id
-    for name, expect in (("mix_a", lambda s: s + 0.5), ("mix_b", lambda s: 2.0 * s), ("mix_c", lambda s: s + 1.0)):
+    for name, expect in (
+        ("mix_a", lambda s: s + 0.5),
+        ("mix_b", lambda s: 2.0 * s),
+        ("mix_c", lambda s: s + 1.0),
+    ):
         rows = store.metrics(run, name)
         assert [r["step"] for r in rows] == list(range(6)), name
         assert [r["value"] for r in rows] == [expect(s) for s in range(6)], name
@@ -230,8 +253,11 @@ def test_ctx_log_reads_a_cpu_tensor_at_once_and_refuses_a_vector() -> None:
         ctx.log(loss=torch.tensor(2.0, requires_grad=True) * 1.5, one=torch.tensor([4.0]), n=3)
         seen.append({k: list(v) for k, v in ctx.loop._logs.items()})
         if _step == 2:
-            with pytest.raises(DtworkError, match=r"ctx.log\(acc=...\) takes a number or a one-element tensor, "
-                               r"got a tensor of shape \(2,\): log a reduction of it"):
+            with pytest.raises(
+                DtworkError,
+                match=r"ctx.log\(acc=...\) takes a number or a one-element tensor, "
+                r"got a tensor of shape \(2,\): log a reduction of it",
+            ):
                 ctx.log(acc=torch.ones(2))
     assert seen == [{"loss": [3.0], "one": [4.0], "n": [3.0]}] * 3
     assert all(type(v) is float for logs in seen for vs in logs.values() for v in vs)
@@ -258,13 +284,17 @@ def test_records_outside_an_engine_stay_local_and_leave_the_shell_alone() -> Non
         "p.record('log', 0, {'loss': 1.0}); p.progress(step=1); p.flush()\n"
         "print(ZMQInteractiveShell.initialized(), p._buf)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.split() == ["False", "[]"]
 
 
 def test_background_cell_and_wait(cluster) -> None:
     cluster.configure(None)
-    result = cluster.run("import time\nfor i in range(5):\n    time.sleep(0.2)\ndone = ctx.rank", bg=True, quiet=True)
+    result = cluster.run(
+        "import time\nfor i in range(5):\n    time.sleep(0.2)\ndone = ctx.rank", bg=True, quiet=True
+    )
     assert result.status == "running"
     t0 = time.monotonic()
     cluster.session.wait_background()
@@ -292,7 +322,9 @@ def test_store_survives_a_killed_kernel(tmp_path) -> None:
     script = tmp_path / "kernel.py"
     script.write_text(KILLED_KERNEL)
     env = {**os.environ, "DTWORK_STORE": str(store_path)}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path, env=env
+    )
     run_id = int(proc.stdout.readline())  # type: ignore[union-attr]
     deadline = time.monotonic() + 60
     seen = 0

@@ -108,7 +108,9 @@ finally:
 """
 
 
-def test_two_hosts_train_over_the_named_interface_and_a_cut_link_is_a_rank_failure(namespaces, tmp_path) -> None:
+def test_two_hosts_train_over_the_named_interface_and_a_cut_link_is_a_rank_failure(
+    namespaces, tmp_path
+) -> None:
     ns_a, ns_b, master = namespaces
     ipdir = tmp_path / "ipython"
     profile = ipdir / "profile_dtnet"
@@ -131,9 +133,20 @@ def test_two_hosts_train_over_the_named_interface_and_a_cut_link_is_a_rank_failu
         "DTWORK_HOME": str(tmp_path / "home"),
         "DTWORK_STORE": str(tmp_path / "runs.sqlite"),
     }
-    cmd = ["ip", "netns", "exec", ns_a, "unshare", "--uts", "sh", "-c",
-           f"hostname dthosta; exec {sys.executable} {tmp_path / 'kernel.py'}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        ns_a,
+        "unshare",
+        "--uts",
+        "sh",
+        "-c",
+        f"hostname dthosta; exec {sys.executable} {tmp_path / 'kernel.py'}",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env
+    )
     try:
         first = json.loads(proc.stdout.readline() or "{}")  # type: ignore[union-attr]
         assert first, proc.stderr.read()  # type: ignore[union-attr]

@@ -48,7 +48,11 @@ class Context:
         self.global_batch_size: int | None = None
         self.per_slot_batch_size: int | None = None
         self.publisher = Publisher(rank)
-        self._registered: dict[str, list[weakref.ref[Any]]] = {"models": [], "optimizers": [], "schedulers": []}
+        self._registered: dict[str, list[weakref.ref[Any]]] = {
+            "models": [],
+            "optimizers": [],
+            "schedulers": [],
+        }
         self.loop: Any = None  # the running StepLoop, if any
         self.gns: float | None = None
         self.gns_state: Any = None
@@ -153,7 +157,9 @@ class Context:
         self.register("models", wrapped)
         return wrapped
 
-    def loader(self, dataset: Any, batch_size: int | None = None, **kwargs: Any) -> torch.utils.data.DataLoader:
+    def loader(
+        self, dataset: Any, batch_size: int | None = None, **kwargs: Any
+    ) -> torch.utils.data.DataLoader:
         """DataLoader over this rank's shard (DistributedSampler) with the per-slot batch size."""
         from dtwork.runtime.data import make_loader
 
@@ -181,7 +187,9 @@ class Context:
         self.register("schedulers", sched)
         return sched
 
-    def steps(self, loader: Iterable[Any], max_steps: int | None = None, **kwargs: Any) -> Iterator[tuple[int, Any]]:
+    def steps(
+        self, loader: Iterable[Any], max_steps: int | None = None, **kwargs: Any
+    ) -> Iterator[tuple[int, Any]]:
         """Iterate ``(step, batch)``: accumulation, AMP, checkpoints, metrics and a consistent stop."""
         return iter(_loop.StepLoop(self, loader, max_steps=max_steps, **kwargs))
 
@@ -202,7 +210,11 @@ class Context:
             _loop.log_scalars(self, scalars)
 
     def evaluate(
-        self, model: torch.nn.Module, loader_or_dataset: Any, metric_fn: Callable[..., Any] | None = None, **kw: Any
+        self,
+        model: torch.nn.Module,
+        loader_or_dataset: Any,
+        metric_fn: Callable[..., Any] | None = None,
+        **kw: Any,
     ) -> Any:
         """Distributed evaluation: each rank its shard, gathered once, no padded duplicates."""
         from dtwork.runtime.evaluate import evaluate

@@ -18,10 +18,17 @@ class SyntheticDataset(Dataset):  # type: ignore[type-arg]
     """
 
     def __init__(
-        self, *shapes: Any, size: int = 1024, classes: int | None = None, seed: int = 0, dtype: torch.dtype = torch.float32
+        self,
+        *shapes: Any,
+        size: int = 1024,
+        classes: int | None = None,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         if not shapes:
-            raise DtworkError("ctx.synthetic needs at least one sample shape, e.g. ctx.synthetic((3, 32, 32), classes=10)")
+            raise DtworkError(
+                "ctx.synthetic needs at least one sample shape, e.g. ctx.synthetic((3, 32, 32), classes=10)"
+            )
         if size < 1:
             raise DtworkError(f"ctx.synthetic: size must be >= 1, got {size}")
         gen = torch.Generator().manual_seed(seed)

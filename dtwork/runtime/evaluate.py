@@ -26,7 +26,9 @@ def _shard(ctx: Any, loader_or_dataset: Any, batch_size: int | None) -> DataLoad
         dataset, collate = loader_or_dataset, None
     indices = list(range(ctx.rank, len(cast(Sized, dataset)), ctx.world_size))
     kwargs: dict[str, Any] = {"collate_fn": collate} if collate is not None else {}
-    return DataLoader(Subset(dataset, indices), batch_size=batch_size or ctx.batch_size(), shuffle=False, **kwargs)
+    return DataLoader(
+        Subset(dataset, indices), batch_size=batch_size or ctx.batch_size(), shuffle=False, **kwargs
+    )
 
 
 def _forward(model: torch.nn.Module, batch: Any) -> Any:
@@ -67,7 +69,7 @@ def evaluate(
                 outputs.append(out.detach().cpu())
                 continue
             values = metric_fn(out, batch)
-            for name, v in (values.items() if isinstance(values, dict) else [("value", values)]):
+            for name, v in values.items() if isinstance(values, dict) else [("value", values)]:
                 total = torch.as_tensor(v, dtype=torch.float64, device=ctx.device).sum()
                 sums[name] = sums.get(name, torch.zeros((), dtype=torch.float64, device=ctx.device)) + total
     model.train(was_training)
@@ -95,5 +97,5 @@ def _gather_outputs(ctx: Any, outputs: list[torch.Tensor]) -> torch.Tensor:
         return mine
     out = torch.empty((total, *shards[0].shape[1:]) if len(shards[0]) else (total,), dtype=shards[0].dtype)
     for rank, shard in enumerate(shards):
-        out[rank::ctx.world_size] = shard
+        out[rank :: ctx.world_size] = shard
     return out

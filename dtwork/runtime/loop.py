@@ -373,11 +373,16 @@ class StepLoop:
         else:
             stacked = _stack_scalars([logs[i] for i in tensor_at], ctx.device)
             if len(tensor_at) < len(logs):
-                part = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in logs],
-                                    dtype=torch.float64, device=ctx.device)
+                part = torch.tensor(
+                    [0.0 if isinstance(v, torch.Tensor) else v for v in logs],
+                    dtype=torch.float64,
+                    device=ctx.device,
+                )
                 part[torch.tensor(tensor_at, device=ctx.device)] = stacked
                 stacked = part
-            vec = torch.cat([torch.tensor([per_step, *heads], dtype=torch.float64, device=ctx.device), stacked])
+            vec = torch.cat(
+                [torch.tensor([per_step, *heads], dtype=torch.float64, device=ctx.device), stacked]
+            )
         work = dist.all_reduce(vec, async_op=True) if ctx.world_size > 1 else None
         self._pending = (work, vec, entries)
 
@@ -494,7 +499,9 @@ def _mean(values: list[Any], device: torch.device) -> Any:
         return values[0]
     if not any(isinstance(v, torch.Tensor) for v in values):
         return sum(values) / len(values)
-    return torch.stack([torch.as_tensor(v, device=device).to(torch.float64).reshape(()) for v in values]).mean()
+    return torch.stack(
+        [torch.as_tensor(v, device=device).to(torch.float64).reshape(()) for v in values]
+    ).mean()
 
 
 def _stack_scalars(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:

@@ -17,9 +17,16 @@ class LARS(torch.optim.Optimizer):
     """
 
     def __init__(
-        self, params: Any, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, trust_coefficient: float = 0.001
+        self,
+        params: Any,
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
     ) -> None:
-        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": trust_coefficient})
+        super().__init__(
+            params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": trust_coefficient}
+        )
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -65,21 +72,33 @@ def make_optimizer(ctx: Any, params: Any, **overrides: Any) -> torch.optim.Optim
         opts = {"betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
         return cls(params, lr=lr, **{**opts, **overrides})
     if kind == "lars":
-        opts = {"momentum": o.momentum, "weight_decay": o.weight_decay, "trust_coefficient": o.trust_coefficient}
+        opts = {
+            "momentum": o.momentum,
+            "weight_decay": o.weight_decay,
+            "trust_coefficient": o.trust_coefficient,
+        }
         return LARS(params, lr=lr, **{**opts, **overrides})
     from dtwork.errors import DtworkError
 
     raise DtworkError(f"unknown optimizer {kind!r}: use sgd, adam, adamw or lars")
 
 
-def make_scheduler(ctx: Any, optimizer: torch.optim.Optimizer, **overrides: Any) -> torch.optim.lr_scheduler.LambdaLR:
+def make_scheduler(
+    ctx: Any, optimizer: torch.optim.Optimizer, **overrides: Any
+) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR: linear warmup over ``lr.warmup`` steps, then the configured decay."""
     cfg = ctx.config
     s = cfg.lr_schedule
     warmup = int(overrides.pop("warmup", cfg.lr.warmup))
     kind = overrides.pop("type", s.type)
     total = overrides.pop("total_steps", cfg.schedule_total_steps())
-    params = {"step_size": s.step_size, "gamma": s.gamma, "power": s.power, "min_factor": s.min_factor, **overrides}
+    params = {
+        "step_size": s.step_size,
+        "gamma": s.gamma,
+        "power": s.power,
+        "min_factor": s.min_factor,
+        **overrides,
+    }
     decay_total = None if total is None else max(1, total - warmup)
 
     def factor(step: int) -> float:

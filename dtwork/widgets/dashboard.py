@@ -56,8 +56,12 @@ KIND_SERIES = {"log": ("metrics",), "perf": ("throughput", "step_time"), "gpu": 
 STATUS_WORDS = {"ok": "finished", "error": "failed", "interrupted": "interrupted", "running": "running"}
 STATUS_COLOURS = {"running": "#1565c0", "finished": "#2e7d32", "failed": "#c62828", "interrupted": "#ef6c00"}
 BAR_STYLES = {"finished": "success", "failed": "danger", "interrupted": "warning"}
-BAR_COLOURS = {"": STATUS_COLOURS["running"], "success": STATUS_COLOURS["finished"],
-               "danger": STATUS_COLOURS["failed"], "warning": STATUS_COLOURS["interrupted"]}
+BAR_COLOURS = {
+    "": STATUS_COLOURS["running"],
+    "success": STATUS_COLOURS["finished"],
+    "danger": STATUS_COLOURS["failed"],
+    "warning": STATUS_COLOURS["interrupted"],
+}
 
 
 def idle_priority() -> bool:
@@ -267,7 +271,9 @@ class RowsPanel(FigurePanel):
             rows = {key: [_plain_trace(t) for t in traces] for key, traces in rows.items()}
         fig = self.figure
         have = {key: [name for k, name in self.order if k == key] for key in rows}
-        again = {key for key, traces in rows.items() if [t.name for t in traces][: len(have[key])] != have[key]}
+        again = {
+            key for key, traces in rows.items() if [t.name for t in traces][: len(have[key])] != have[key]
+        }
         if again:  # drop those rows' traces (rare: a trace that belongs before others appeared)
             fig.data = tuple(t for t, (k, _) in zip(fig.data, self.order, strict=True) if k not in again)
             self.order = [o for o in self.order if o[0] not in again]
@@ -293,8 +299,13 @@ class RowsPanel(FigurePanel):
 
     def _scatter(self, key: str, trace: plots.Trace) -> go.Scatter:
         xa, ya = plots.row_axes(self.keys.index(key) + 1)
-        style = {**trace.style, "xaxis": xa, "yaxis": ya, "legendgroup": key,
-                 "legendgrouptitle": {"text": self.titles[key]}}
+        style = {
+            **trace.style,
+            "xaxis": xa,
+            "yaxis": ya,
+            "legendgroup": key,
+            "legendgrouptitle": {"text": self.titles[key]},
+        }
         return trace._replace(style=style).scatter()
 
     def _row_notes(self, empty: Mapping[str, bool]) -> None:
@@ -304,7 +315,9 @@ class RowsPanel(FigurePanel):
         if noted == self._noted:
             return
         refs = {f"{plots.row_axes(i + 1)[0]} domain": key for i, key in enumerate(self.keys)}
-        notes = [a for a in self.figure.layout.annotations if not (a.name == plots.NO_DATA_NAME and a.xref in refs)]
+        notes = [
+            a for a in self.figure.layout.annotations if not (a.name == plots.NO_DATA_NAME and a.xref in refs)
+        ]
         for ref, key in refs.items():
             if key in noted:
                 notes.append({**plots.no_data_note(), "xref": ref, "yref": ref.replace("x", "y", 1)})
@@ -411,7 +424,12 @@ class Dashboard(widgets.VBox):
 
     @classmethod
     def for_cell(
-        cls, session: Any, run_id: int, ranks: list[int], display: bool = True, trailing: bool = True,
+        cls,
+        session: Any,
+        run_id: int,
+        ranks: list[int],
+        display: bool = True,
+        trailing: bool = True,
         drawer: bool = False,
     ) -> Dashboard:
         """Create the dashboard of a new cell (title from the session) and display it.
@@ -443,8 +461,10 @@ class Dashboard(widgets.VBox):
     def figures(self) -> dict[str, Any]:
         """The figures on screen by key ("metrics", "throughput", "step_time", "gpu", "gns"): the first
         three are rows of one figure widget, read through a :class:`RowView` (``data``, ``layout``)."""
-        return {key: panel.row(key) if isinstance(panel, RowsPanel) else panel.figure
-                for key, panel in self.panels.items()}
+        return {
+            key: panel.row(key) if isinstance(panel, RowsPanel) else panel.figure
+            for key, panel in self.panels.items()
+        }
 
     def feed(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Add rank records (or store rows); redraw if ``min_interval`` has passed. Thread-safe.
@@ -550,8 +570,9 @@ class Dashboard(widgets.VBox):
         if self._drawer is not None:
             return
         self._stop_drawer.clear()
-        self._drawer = threading.Thread(target=self._drawer_loop, args=(idle,), name="dtwork-dashboard",
-                                        daemon=True)
+        self._drawer = threading.Thread(
+            target=self._drawer_loop, args=(idle,), name="dtwork-dashboard", daemon=True
+        )
         self._drawer.start()
 
     def _drawer_loop(self, idle: bool) -> None:
@@ -648,7 +669,9 @@ class Dashboard(widgets.VBox):
             self._arrange()
         self._draw_bars(snap["progress"], snap["rates"], snap["etas"])
         # one widget message for the header line and every rank's bar (sent only when it changed)
-        self._header.value = self._header_html(snap["progress"], snap["etas"], snap["total"]) + self._bars_html()
+        self._header.value = (
+            self._header_html(snap["progress"], snap["etas"], snap["total"]) + self._bars_html()
+        )
         self.redraws += 1
         self._last_draw = self._clock()
         # A redraw that built widgets (the first, a new figure) pays once for what later ones reuse
@@ -708,8 +731,10 @@ class Dashboard(widgets.VBox):
 
     def _bars_html(self) -> str:
         """Every rank's bar, labels in one column so that the bars line up."""
-        return ("<div style='display:grid;grid-template-columns:max-content 1fr;gap:3px 8px;align-items:center;"
-                "margin-top:4px'>" + "".join(self._bars[r].html() for r in sorted(self._bars)) + "</div>")
+        return (
+            "<div style='display:grid;grid-template-columns:max-content 1fr;gap:3px 8px;align-items:center;"
+            "margin-top:4px'>" + "".join(self._bars[r].html() for r in sorted(self._bars)) + "</div>"
+        )
 
     def _header_html(
         self,
