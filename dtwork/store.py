@@ -349,18 +349,6 @@ class RunStore:
         else:
             self._update_run(run_id, "UPDATE runs SET status = ? WHERE id = ?", (status,))
 
-    def update_summary(self, run_id: int | str, **fields: Any) -> None:
-        """Merge ``fields`` into the run's summary (one transaction)."""
-        rid = self._run_id(run_id)
-        with self._write() as cur:
-            row = cur.execute("SELECT summary_json FROM runs WHERE id = ?", (rid,)).fetchone()
-            if row is not None:
-                summary = _loads(row[0], {})
-                summary.update(fields)
-                cur.execute("UPDATE runs SET summary_json = ? WHERE id = ?", (_dumps(summary), rid))
-        if row is None:
-            raise self._unknown_run(rid)
-
     def add_cell(self, run_id: int | str, source: str, *, ranks: Iterable[int] | None = None) -> int:
         """Record a cell started now with status ``running``; returns its seq (1, 2, ... per run)."""
         rid = self._run_id(run_id)

@@ -73,7 +73,7 @@ def dtwork_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Pat
 
 @pytest.fixture
 def store(dtwork_env: dict[str, Path]) -> dict[str, int]:
-    """A real store: run 1 completed with a loss curve and summary figures, run 2 running, empty."""
+    """A real store: run 1 completed with a loss curve and the panel's figures, run 2 running, empty."""
     with RunStore(dtwork_env["store"]) as s:
         done = s.create_run(name="mlp", world_size=2, backend="gloo", cluster_id="dtwork-1-abcdef")
         s.add_cell(done, "print(ctx.rank)")
@@ -87,10 +87,10 @@ def store(dtwork_env: dict[str, Path]) -> dict[str, int]:
         records += [
             {"step": 99, "name": "samples_per_sec", "value": 1234.5},
             {"step": 99, "name": "b_simple", "value": 321.0},
+            {"step": 99, "name": "scaling_efficiency", "value": 0.93},
             {"step": 99, "name": "grad_norm", "value": math.nan},
         ]
         s.add_metrics(done, records)
-        s.update_summary(done, scaling_efficiency=0.93, weird=math.inf)
         s.set_run_status(done, "completed", ended=True)
         running = s.create_run(name=None, world_size=2, backend="gloo")
     return {"done": done, "running": running}
@@ -242,7 +242,14 @@ async def test_runs_limit_and_fresh_figures(
 async def test_run_detail(jp_fetch: Any, store: dict[str, int]) -> None:
     run = (await get_json(jp_fetch, "runs", str(store["done"])))["run"]
     assert run["id"] == store["done"] and run["name"] == "mlp"
-    assert run["metric_names"] == ["b_simple", "grad_norm", "loss", "samples_per_s", "samples_per_sec"]
+    assert run["metric_names"] == [
+        "b_simple",
+        "grad_norm",
+        "loss",
+        "samples_per_s",
+        "samples_per_sec",
+        "scaling_efficiency",
+    ]
     assert run["last_metrics"]["grad_norm"] is None  # NaN travels as null: valid JSON
     assert run["last_metrics"]["samples_per_sec"] == 1234.5
     assert len(run["sparkline"]) == 100

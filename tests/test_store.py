@@ -172,19 +172,12 @@ def test_run_round_trip(store: RunStore) -> None:
     with pytest.raises(DtworkError, match="no run 99"):
         store.set_run_status(99, "stopped")
 
-    store.update_summary(rid, steps_per_s=12.5, final_loss=0.3)
-    store.update_summary(rid, final_loss=0.2, note="ok")
-    assert store.get_run(rid)["summary"] == {"steps_per_s": 12.5, "final_loss": 0.2, "note": "ok"}
-    with pytest.raises(DtworkError, match="no run 99"):
-        store.update_summary(99, x=1)
-
 
 def test_list_runs_and_latest(store: RunStore) -> None:
     assert store.list_runs() == []
     assert store.latest_run_id() is None
     r1 = _run(store, name="first")
     r2 = _run(store, name="second", world_size=2)
-    store.update_summary(r1, throughput=100.0, status="should-not-override")
     store.add_cell(r1, "a")
     store.add_cell(r1, "b")
     store.add_metrics(r1, [{"step": s, "name": "loss", "value": 1.0 / (s + 1)} for s in range(5)])
@@ -195,7 +188,6 @@ def test_list_runs_and_latest(store: RunStore) -> None:
     first = runs[1]
     assert first["name"] == "first" and first["status"] == "running"
     assert first["n_cells"] == 2 and first["last_step"] == 7
-    assert first["throughput"] == 100.0
     assert runs[0]["n_cells"] == 0 and runs[0]["last_step"] is None and runs[0]["world_size"] == 2
     for key in ("id", "name", "status", "created_at", "ended_at", "world_size", "backend"):
         assert key in first

@@ -247,11 +247,3 @@ def set_config(config: dict[str, Any] | None, global_batch_size: int | None) -> 
     ctx = runtime.current()
     ctx.configure(config, global_batch_size)
     return {"per_slot_batch_size": ctx.per_slot_batch_size, "global_batch_size": ctx.global_batch_size}
-
-
-def shutdown() -> None:
-    """Leave the process group cleanly (before the engine stops)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
