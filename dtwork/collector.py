@@ -20,6 +20,7 @@ import ipyparallel as ipp
 import psutil
 
 from dtwork.errors import DtworkError, RankFailure
+from dtwork.records import Kind, to_rows
 
 POLL_SECONDS = 0.1
 INTERRUPT_GRACE = 10.0  # seconds for ranks to stop after a consistent stop is asked
@@ -380,6 +381,7 @@ class Session:
         self.dashboard: Any = None
         self.last: CellResult | None = None
         self.restarts_used = 0
+        self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
         self._procs: dict[int, psutil.Process] = {}  # engine PID -> its process, identity checked once
 
     # -- store -----------------------------------------------------------------------------
@@ -418,24 +420,12 @@ class Session:
         self.restarts_used = 0
 
     def persist(self, records: list[dict[str, Any]], seq: int | None) -> None:
-        """Write records to the store (first), flattened to metric rows."""
+        """Write records to the store (first), as rows; events go to the events table."""
         if self.run_id is None:
             return
-        rows = []
+        rows: list[dict[str, Any]] = [{**row, "cell_seq": seq} for row in to_rows(records)]
         for rec in records:
-            rank = None if rec.get("kind") in ("log", "gns") else rec.get("rank")
-            for name, value in rec.get("values", {}).items():
-                rows.append(
-                    {
-                        "step": rec.get("step"),
-                        "rank": rank,
-                        "name": name,
-                        "value": value,
-                        "time": rec.get("time"),
-                        "cell_seq": seq,
-                    }
-                )
-            if rec.get("kind") == "event":
+            if rec.get("kind") == Kind.EVENT:
                 self.store.add_event(self.run_id, rec.get("event", "rank"), rec.get("message", ""), rec)
         if rows:
             self.store.add_metrics(self.run_id, rows)
@@ -507,6 +497,13 @@ class Session:
     def on_restart(self) -> None:
         """Called by the cluster after a restart (fresh engines)."""
         self._procs.clear()
+        self._ranks_run = None
+
+    def _tell_ranks(self, run_id: int) -> None:
+        """Set ``ctx.run_id`` on the ranks (it names the run's checkpoint folder) when it changed."""
+        if self._ranks_run != run_id:
+            self.cluster._call(_set_run_id, (run_id,), {}, None)
+            self._ranks_run = run_id
 
     # -- running cells ---------------------------------------------------------------------
 
@@ -516,6 +513,7 @@ class Session:
         if self.background is not None and not self.background.done.is_set():
             raise DtworkError("a background cell is still training: %dtrain wait (or attach) first")
         run_id = self.ensure_run()
+        self._tell_ranks(run_id)
         seq = self.store.add_cell(run_id, source, ranks=ranks)
         rank_list = list(range(self.cluster.world_size)) if ranks is None else list(ranks)
         if not quiet:
@@ -614,6 +612,7 @@ class Session:
             file=sys.stderr,
         )
         self.cluster._call(_set_auto_resume, (True,), {}, None)
+        self._tell_ranks(self.run_id)
         try:
             result = None
             for cell in self.store.cells(self.run_id):
@@ -690,6 +689,12 @@ def _set_auto_resume(on: bool) -> None:
     from dtwork.runtime import current
 
     current().auto_resume = on
+
+
+def _set_run_id(run_id: int) -> None:
+    from dtwork.runtime import current
+
+    current().run_id = run_id
 
 
 def _boxed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:

@@ -5,10 +5,9 @@ run looks the same while it trains and afterwards: each training figure is a *se
 (:class:`MetricsSeries`, :class:`ThroughputSeries`, ...) that takes rows as they come and gives
 the figure's traces; the report builds one from all of a run's rows, the dashboard keeps one per
 figure for a cell and redraws from it in time bounded by the points drawn, not the rows seen.
-Every figure function takes *rows*
-(``{"step", "rank", "name", "value", "time"}``, as ``RunStore.metrics(..., rank="all")``
-returns them); :func:`rows_from_records` turns rank records into rows the way the store does
-("log" and "gns" records become aggregated rows with rank None, the others per-rank rows).
+Every figure function takes *rows* (:class:`dtwork.records.Row`, as
+``RunStore.metrics(..., rank="all")`` returns them and :func:`dtwork.records.to_rows` makes them
+from rank records); rows without a finite value are skipped.
 
 Every figure is titled, has labelled axes, keeps its traces' x/y as plain lists of numbers (the
 dashboard's thinned traces are numpy arrays) and
@@ -57,8 +56,6 @@ __all__ = [
     "gpu_figure",
     "metrics_figure",
     "no_data_note",
-    "row_kind",
-    "rows_from_records",
     "scaling_figure",
     "stacked_figure",
     "step_time_figure",
@@ -66,19 +63,14 @@ __all__ = [
     "tradeoff_figure",
 ]
 
-Row = dict[str, Any]
 
 NO_DATA = "no data yet"
 NO_DATA_NAME = "dtwork-no-data"  # the name of the "no data yet" annotation
-AGGREGATED_KINDS = ("log", "gns")  # record kinds stored with rank None
 GNS_NAMES = ("b_simple", "g2", "trace_sigma")
 PERF_NAMES = ("samples_per_s", "step_time", "compute_time", "comm_time", "data_time")
 GPU_NAMES = ("utilization", "memory_used_mb", "memory_total_mb")
 STEP_PARTS = (("compute_time", "compute"), ("comm_time", "communication wait"), ("data_time", "data loading"))
 HEIGHT = 320
-
-
-# -- rows ----------------------------------------------------------------------------------------
 
 
 def _number(value: Any) -> float | None:
@@ -88,50 +80,6 @@ def _number(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return out if math.isfinite(out) else None
-
-
-def _row(step: Any, rank: Any, name: Any, value: Any, time: Any) -> Row | None:
-    number = _number(value)
-    if step is None or name is None or number is None:
-        return None
-    return {
-        "step": int(step),
-        "rank": None if rank is None else int(rank),
-        "name": str(name),
-        "value": number,
-        "time": _number(time),
-    }
-
-
-def _rows_of(item: Mapping[str, Any]) -> list[Row | None]:
-    if "values" in item:
-        rank = None if item.get("kind") in AGGREGATED_KINDS else item.get("rank")
-        values = item.get("values") or {}
-        return [_row(item.get("step"), rank, k, v, item.get("time")) for k, v in values.items()]
-    if "name" in item:
-        return [_row(item.get("step"), item.get("rank"), item["name"], item.get("value"), item.get("time"))]
-    return []
-
-
-def rows_from_records(records: Iterable[Mapping[str, Any]]) -> list[Row]:
-    """Flatten rank records (or pass store rows through) to rows ``{step, rank, name, value, time}``.
-
-    A record ``{"kind", "step", "rank", "time", "values": {name: value}}`` gives one row per
-    value; "log" and "gns" records get rank None (aggregated over ranks), as in the store.
-    Items that already are rows (they have a ``name``) are normalised. Records without values
-    (events) and non-finite or missing values are left out, so traces hold plain numbers.
-    """
-    out: list[Row] = []
-    for item in records:
-        out.extend(r for r in _rows_of(item) if r is not None)
-    return out
-
-
-def row_kind(row: Mapping[str, Any]) -> str:
-    """Return the record kind a row came from: "log", "gns", "perf" or "gpu" (by rank and name)."""
-    if row.get("rank") is None:
-        return "gns" if row.get("name") in GNS_NAMES else "log"
-    return "gpu" if row.get("name") in GPU_NAMES else "perf"
 
 
 def global_throughput(rows: Iterable[Mapping[str, Any]]) -> tuple[list[int], list[float]]:
@@ -360,10 +308,11 @@ class Series(abc.ABC):
         self.version = 0  # bumped by every add that changed something
 
     def add(self, rows: Iterable[Mapping[str, Any]]) -> Self:
-        """Take rows ``{step, rank, name, value}`` (others are ignored); return self."""
+        """Take rows (those of other figures, and those without a value, are ignored); return self."""
         changed = False
         for r in rows:
-            changed = self._add(r) or changed
+            if r["value"] is not None:
+                changed = self._add(r) or changed
         if changed:
             self.version += 1
         return self
@@ -414,7 +363,11 @@ class MetricsSeries(Series):
 
     def _add(self, row: Mapping[str, Any]) -> bool:
         name = row["name"]
-        if row["rank"] is not None or (name in GNS_NAMES if self.names is None else name not in self.names):
+        if (
+            row["kind"] != "log"
+            if self.names is None
+            else (row["rank"] is not None or name not in self.names)
+        ):
             return False
         xs, ys = self._data.get(name) or self._data.setdefault(name, (_steps(), _values()))
         xs.append(row["step"])

@@ -160,7 +160,7 @@ def show(fig: Any) -> None:
 
 def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The embedded metric rows as :mod:`dtwork.plots` takes them."""
-    return plots.rows_from_records(dict(zip(data["columns"], r, strict=True)) for r in data["rows"])
+    return [dict(zip(data["columns"], r, strict=True)) for r in data["rows"]]
 
 
 def _last(data: dict[str, Any], name: str) -> float | None:
@@ -202,7 +202,7 @@ from dtwork import plots
 rows = report.rows(RECORDED)
 for fig in (plots.metrics_figure(rows), plots.throughput_figure(rows), plots.step_time_figure(rows)):
     report.show(fig)
-if any(plots.row_kind(r) == "gpu" for r in rows):
+if any(r["kind"] == "gpu" for r in rows):
     report.show(plots.gpu_figure(rows))"""
 ANALYSIS_CELL = """result, advice = report.scaling(RECORDED), report.advice(RECORDED)
 print(result.headline() if result else "No scaling sweep was recorded for this run.")
@@ -359,7 +359,7 @@ def _notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
     data = {"run_id": run_id, "world_size": run["world_size"], "global_batch_size": run["global_batch_size"]}
     data["lr"] = lr
     data["results"] = [{"kind": r["kind"], "data": r["data"]} for r in store.results(run_id)]
-    data["columns"] = ["step", "rank", "name", "value", "time"]
+    data["columns"] = ["kind", "step", "rank", "name", "value", "time"]
     data["rows"] = [[r[c] for c in data["columns"]] for r in store.metrics(run_id, rank="all")]
     ns: dict[str, Any] = {"RECORDED": data}
     _js_sent = False

@@ -42,7 +42,7 @@ __all__ = [
     "format_runs_table",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RUN_STATUSES = ("running", "completed", "failed", "interrupted", "stopped")
 RankSelector = Literal["aggregated", "all"] | int
 
@@ -80,7 +80,8 @@ CREATE TABLE IF NOT EXISTS metrics (
     rank INT,
     name TEXT NOT NULL,
     value REAL,
-    time REAL
+    time REAL,
+    kind TEXT NOT NULL DEFAULT 'log'
 );
 CREATE INDEX IF NOT EXISTS metrics_run_name_step ON metrics (run_id, name, step);
 CREATE INDEX IF NOT EXISTS metrics_run_step ON metrics (run_id, step);
@@ -111,7 +112,16 @@ _RUN_COLUMNS = (
     "id, name, status, created_at, ended_at, world_size, backend, cluster_id, notebook, "
     "config_yaml, global_batch_size, per_slot_batch_size, summary_json"
 )
-_METRIC_COLUMNS = ("run_id", "cell_seq", "step", "rank", "name", "value", "time")
+_METRIC_COLUMNS = ("run_id", "cell_seq", "kind", "step", "rank", "name", "value", "time")
+# Version 1 stored no kind; its rows get the kind their names and ranks imply, once.
+_MIGRATE_1_TO_2 = """
+ALTER TABLE metrics ADD COLUMN kind TEXT NOT NULL DEFAULT 'log';
+UPDATE metrics SET kind = CASE
+    WHEN rank IS NULL AND name IN ('b_simple', 'g2', 'trace_sigma') THEN 'gns'
+    WHEN rank IS NULL THEN 'log'
+    WHEN name IN ('utilization', 'memory_used_mb', 'memory_total_mb') THEN 'gpu'
+    ELSE 'perf' END
+"""
 
 
 def default_store_path() -> Path:
@@ -213,6 +223,11 @@ class RunStore:
             )
         if version == SCHEMA_VERSION:
             return
+        if self._readonly and version:
+            raise DtworkError(
+                f"{self._path} was written by an older dtwork (schema version {version}): "
+                "open it once with write access (e.g. RunStore(path)) to upgrade it"
+            )
         if self._readonly:
             raise DtworkError(
                 f"{self._path} holds no dtwork runs yet (schema version {version}): "
@@ -220,7 +235,12 @@ class RunStore:
             )
         with self._write() as cur:
             # Re-check inside the write lock: another process may have created the schema.
-            if cur.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            found = cur.execute("PRAGMA user_version").fetchone()[0]
+            if found == 1:
+                for statement in _MIGRATE_1_TO_2.split(";"):
+                    if statement.strip():
+                        cur.execute(statement)
+            if found < SCHEMA_VERSION:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         cur.execute(statement)
@@ -383,9 +403,10 @@ class RunStore:
             raise DtworkError(f"run {rid} has no cell {seq} in {self._path}")
 
     def add_metrics(self, run_id: int | str, records: Iterable[Mapping[str, Any]]) -> int:
-        """Insert metric records (keys step, name, value; optional rank, time, cell_seq).
+        """Insert metric rows (keys step, name, value; optional kind, rank, time, cell_seq).
 
-        ``rank`` None (or absent) means aggregated over ranks. NaN values are stored as NULL.
+        ``rank`` None (or absent) means aggregated over ranks; ``kind`` defaults to "log" (a
+        user metric). NaN values are stored as NULL.
         All records go in one transaction; returns how many were written.
         """
         rid = self._run_id(run_id)
@@ -398,6 +419,7 @@ class RunStore:
                     (
                         rid,
                         _int_or_none(rec.get("cell_seq")),
+                        str(rec.get("kind") or "log"),
                         int(step),
                         _int_or_none(rec.get("rank")),
                         str(name),
@@ -414,8 +436,8 @@ class RunStore:
         if rows:
             with self._write() as cur:
                 cur.executemany(
-                    "INSERT INTO metrics (run_id, cell_seq, step, rank, name, value, time) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO metrics (run_id, cell_seq, kind, step, rank, name, value, time) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
         return len(rows)

@@ -18,6 +18,7 @@ import pytest
 
 from dtwork import plots
 from dtwork.collector import CellResult
+from dtwork.records import to_rows
 from dtwork.widgets.dashboard import BAR_COLOURS, Dashboard, format_duration
 
 
@@ -308,13 +309,6 @@ def test_gpu_and_gns_figures_appear_with_their_records(dash: Dashboard) -> None:
     assert all(v in dash.children for v in views)
 
 
-def test_store_rows_can_be_fed_too(dash: Dashboard) -> None:
-    dash.feed([{"step": 5, "rank": None, "name": "loss", "value": 0.1, "time": 1.0, "cell_seq": 2}])
-    dash.flush()
-    assert list(trace(dash.figures["metrics"], "loss").x) == [5]
-    assert dash.rows_fed == 1
-
-
 @pytest.mark.parametrize(
     ("status", "word", "bar_style"),
     [("ok", "finished", "success"), ("error", "failed", "danger"), ("interrupted", "interrupted", "warning")],
@@ -387,9 +381,7 @@ def test_a_trace_that_belongs_earlier_redraws_the_figure_in_report_order(dash: D
         == [
             t.name
             for t in plots.throughput_figure(
-                plots.rows_from_records(
-                    [perf(0, 1, 50.0), perf(0, 0, 40.0), perf(1, 1, 60.0), perf(1, 0, 45.0)]
-                )
+                to_rows([perf(0, 1, 50.0), perf(0, 0, 40.0), perf(1, 1, 60.0), perf(1, 0, 45.0)])
             ).data
         ]
         == ["global", "rank 0", "rank 1"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import plotly.graph_objects as go
@@ -10,6 +9,7 @@ import pytest
 
 from dtwork import plots
 from dtwork.analysis.scaling import ScalingPoint, ScalingResult
+from dtwork.records import to_rows
 from dtwork.store import RunStore
 
 
@@ -45,48 +45,11 @@ def annotations(fig: go.Figure) -> list[str]:
     return [a.text for a in fig.layout.annotations]
 
 
-# -- rows ----------------------------------------------------------------------------------------
-
-
-def test_rows_from_records_flattens_like_the_store() -> None:
-    records = [
-        {"kind": "log", "step": 3, "rank": 0, "time": 1.5, "values": {"loss": 0.5}},
-        {"kind": "perf", "step": 3, "rank": 1, "time": 1.6, "values": {"samples_per_s": 10}},
-        {"kind": "gns", "step": 3, "rank": 0, "time": 1.7, "values": {"b_simple": 64.0}},
-        {"kind": "event", "event": "warning", "message": "hi"},
-    ]
-    assert plots.rows_from_records(records) == [
-        {"step": 3, "rank": None, "name": "loss", "value": 0.5, "time": 1.5},
-        {"step": 3, "rank": 1, "name": "samples_per_s", "value": 10.0, "time": 1.6},
-        {"step": 3, "rank": None, "name": "b_simple", "value": 64.0, "time": 1.7},
-    ]
-
-
-def test_rows_from_records_passes_store_rows_and_drops_non_finite() -> None:
-    rows = [
-        {"step": 1, "rank": None, "name": "loss", "value": 0.25, "time": None, "cell_seq": 1},
-        {"step": 2, "rank": None, "name": "loss", "value": None, "time": None, "cell_seq": 1},
-        {"step": 3, "rank": 0, "name": "loss", "value": math.nan, "time": None},
-        {"kind": "log", "step": 4, "rank": 0, "values": {"loss": math.inf, "acc": 0.5}},
-    ]
-    assert plots.rows_from_records(rows) == [
-        {"step": 1, "rank": None, "name": "loss", "value": 0.25, "time": None},
-        {"step": 4, "rank": None, "name": "acc", "value": 0.5, "time": None},
-    ]
-
-
-def test_row_kind() -> None:
-    kinds = [plots.row_kind(r) for r in plots.rows_from_records(log_records(1) + perf_records(1, 1))]
-    assert set(kinds) == {"log", "perf"}
-    assert plots.row_kind({"rank": None, "name": "b_simple"}) == "gns"
-    assert plots.row_kind({"rank": 2, "name": "utilization"}) == "gpu"
-
-
 # -- training figures ----------------------------------------------------------------------------
 
 
 def test_metrics_figure_one_trace_per_metric_with_exact_values() -> None:
-    fig = plots.metrics_figure(plots.rows_from_records(log_records(50)))
+    fig = plots.metrics_figure(to_rows(log_records(50)))
     assert [t.name for t in fig.data] == ["loss", "lr"]
     loss = trace(fig, "loss")
     assert list(loss.x) == list(range(50))
@@ -96,14 +59,14 @@ def test_metrics_figure_one_trace_per_metric_with_exact_values() -> None:
 
 def test_metrics_figure_names_and_gns_excluded_by_default() -> None:
     records = log_records(3) + [{"kind": "gns", "step": 2, "rank": 0, "values": {"b_simple": 5.0}}]
-    rows = plots.rows_from_records(records)
+    rows = to_rows(records)
     assert [t.name for t in plots.metrics_figure(rows).data] == ["loss", "lr"]
     assert [t.name for t in plots.metrics_figure(rows, names=["lr", "b_simple"]).data] == ["lr", "b_simple"]
     assert annotations(plots.metrics_figure(rows, names=["missing"])) == [plots.NO_DATA]
 
 
 def test_throughput_figure_sums_ranks_per_step() -> None:
-    rows = plots.rows_from_records(perf_records(6, 3))
+    rows = to_rows(perf_records(6, 3))
     fig = plots.throughput_figure(rows)
     assert [t.name for t in fig.data] == ["global", "rank 0", "rank 1", "rank 2"]
     assert list(trace(fig, "global").x) == list(range(6))
@@ -112,14 +75,14 @@ def test_throughput_figure_sums_ranks_per_step() -> None:
 
 
 def test_throughput_global_skips_steps_not_every_rank_reported() -> None:
-    rows = plots.rows_from_records(perf_records(3, 2) + perf_records(4, 1)[-1:])
+    rows = to_rows(perf_records(3, 2) + perf_records(4, 1)[-1:])
     steps, total = plots.global_throughput(rows)
     assert steps == [0, 1, 2]
     assert list(trace(plots.throughput_figure(rows), "rank 0").x) == [0, 1, 2, 3]
 
 
 def test_step_time_figure_stacks_means_over_ranks() -> None:
-    fig = plots.step_time_figure(plots.rows_from_records(perf_records(4, 2)))
+    fig = plots.step_time_figure(to_rows(perf_records(4, 2)))
     assert [t.name for t in fig.data] == ["compute", "communication wait", "data loading", "step time"]
     assert {t.stackgroup for t in fig.data[:3]} == {"split"}
     assert trace(fig, "step time").stackgroup is None
@@ -132,7 +95,7 @@ def test_step_time_figure_leaves_out_unmeasured_comm() -> None:
     records = perf_records(3, 2)
     for rec in records:
         del rec["values"]["comm_time"]
-    fig = plots.step_time_figure(plots.rows_from_records(records))
+    fig = plots.step_time_figure(to_rows(records))
     assert "communication wait" not in [t.name for t in fig.data]
 
 
@@ -152,7 +115,7 @@ def test_gpu_figure_per_rank_traces() -> None:
         for s in range(3)
         for r in range(2)
     ]
-    fig = plots.gpu_figure(plots.rows_from_records(records))
+    fig = plots.gpu_figure(to_rows(records))
     assert list(trace(fig, "rank 1 utilization").y) == [51.0] * 3
     assert list(trace(fig, "rank 0 memory").y) == [1000.0] * 3
     assert list(trace(fig, "memory total").y) == [8000.0, 8000.0]
@@ -163,7 +126,7 @@ def test_gns_figure_b_simple_and_global_batch() -> None:
     records = [
         {"kind": "gns", "step": s, "rank": 0, "values": {"b_simple": 10.0 * s, "g2": 1.0}} for s in range(4)
     ]
-    fig = plots.gns_figure(plots.rows_from_records(records), global_batch=64)
+    fig = plots.gns_figure(to_rows(records), global_batch=64)
     assert list(trace(fig, "B_simple").x) == [0, 1, 2, 3]
     assert list(trace(fig, "B_simple").y) == [0.0, 10.0, 20.0, 30.0]
     assert list(trace(fig, "global batch").y) == [64.0, 64.0]
@@ -244,7 +207,7 @@ def test_tradeoff_curve_satisfies_identity_and_marks_current_batch() -> None:
 
 
 def all_figures() -> list[go.Figure]:
-    rows = plots.rows_from_records(log_records(5) + perf_records(5, 2))
+    rows = to_rows(log_records(5) + perf_records(5, 2))
     return [
         plots.metrics_figure(rows),
         plots.throughput_figure(rows),
@@ -266,7 +229,7 @@ def test_figures_are_titled_and_hold_plain_numbers() -> None:
 
 def test_records_and_store_rows_draw_the_same_figure(tmp_path: Any) -> None:
     records = log_records(10) + perf_records(10, 2)
-    live = plots.rows_from_records(records)
+    live = to_rows(records)
     with RunStore(tmp_path / "runs.sqlite") as store:
         run = store.create_run(world_size=2, backend="gloo")
         store.add_metrics(run, [{**r, "cell_seq": 1} for r in live])

@@ -141,8 +141,22 @@ FOCUS = {
 }
 
 
+def kind_of(rank: int | None, name: str) -> str:
+    """The kind a record of this rank and name has when training sends it."""
+    if rank is None:
+        return "gns" if name in plots.GNS_NAMES else "log"
+    return "gpu" if name in plots.GPU_NAMES else "perf"
+
+
 def make_row(step: int, rank: int | None, name: str, value: float) -> Row:
-    return {"step": step, "rank": rank, "name": name, "value": value, "time": None}
+    return {
+        "kind": kind_of(rank, name),
+        "step": step,
+        "rank": rank,
+        "name": name,
+        "value": value,
+        "time": None,
+    }
 
 
 @st.composite
@@ -168,9 +182,9 @@ def in_order_stream(ranks: int, steps: int, seed: int) -> list[Row]:
         queue = []
         for step in sorted(rng.choice(steps, size=steps // 3, replace=False).tolist()):
             for name in (*plots.PERF_NAMES, *plots.GPU_NAMES):
-                queue.append({"step": step, "rank": rank, "name": name, "value": float(rng.integers(1, 999))})
+                queue.append(make_row(step, rank, name, float(rng.integers(1, 999))))
         queues.append(queue)
-    rows = [{"step": s, "rank": None, "name": "loss", "value": 1.0 / (s + 1)} for s in range(steps)]
+    rows = [make_row(s, None, "loss", 1.0 / (s + 1)) for s in range(steps)]
     while any(queues):
         queue = queues[int(rng.integers(len(queues)))]
         if queue:
@@ -239,9 +253,9 @@ def test_thinned_traces_are_bounded_numpy_arrays_keeping_the_first_and_last_poin
 
 def test_version_moves_only_when_a_row_concerns_the_series() -> None:
     live = plots.ThroughputSeries()
-    live.add([{"step": 1, "rank": None, "name": "loss", "value": 1.0}])
+    live.add([make_row(1, None, "loss", 1.0)])
     assert live.version == 0
-    live.add([{"step": 1, "rank": 0, "name": "samples_per_s", "value": 10.0}])
+    live.add([make_row(1, 0, "samples_per_s", 10.0)])
     assert live.version == 1
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from dtwork.records import Kind, Record, make_record
+
 FLUSH_SECONDS = 0.2
 
 
@@ -35,14 +37,13 @@ class Publisher:
     def __init__(self, rank: int, interval: float = FLUSH_SECONDS) -> None:
         self.rank = rank
         self.interval = interval
-        self._buf: list[dict[str, Any]] = []
+        self._buf: list[Record] = []
         self._seq = 0
         self._last = 0.0
         self._progress: dict[str, Any] | None = None
 
-    def record(self, kind: str, step: int | None, values: dict[str, float], **extra: Any) -> None:
-        rec = {"kind": kind, "step": step, "rank": self.rank, "time": time.time(), "values": values, **extra}
-        self._buf.append(rec)
+    def record(self, kind: Kind | str, step: int | None, values: dict[str, float], **extra: Any) -> None:
+        self._buf.append(make_record(kind, step, self.rank, values, **extra))
         self.maybe_flush()
 
     def progress(self, **fields: Any) -> None:

@@ -40,10 +40,10 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from dtwork import plots
+from dtwork.records import Row, to_rows
 
 __all__ = ["Dashboard", "FigurePanel", "format_duration"]
 
-Row = dict[str, Any]
 MIN_INTERVAL = 0.5  # seconds between redraws while records flow
 DRAW_SHARE = 0.01  # of a core, at most, spent redrawing (the interval grows with a redraw's cost)
 MAX_POINTS = 1000  # per trace on screen (a plot is ~800 px wide): redraws stay cheap however long the run
@@ -478,12 +478,12 @@ class Dashboard(widgets.VBox):
 
     def _add(self, records: Iterable[Mapping[str, Any]]) -> bool:
         """Put the records' rows in the series; return whether there were any."""
-        rows = plots.rows_from_records(records)
+        rows = to_rows(records)
         if not rows:
             return False
         by_kind: dict[str, list[Row]] = {}
         for row in rows:
-            by_kind.setdefault(plots.row_kind(row), []).append(row)
+            by_kind.setdefault(row["kind"], []).append(row)
         with self._lock:
             for kind, kind_rows in by_kind.items():
                 for key in KIND_SERIES[kind]:

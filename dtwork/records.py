@@ -1,0 +1,103 @@
+"""The records that flow ranks -> kernel -> store -> views, and the one rule that turns them into rows.
+
+A rank publishes *records*: one per kind and step, ``{"kind", "step", "rank", "time", "values"}``
+(events add ``event`` and ``message``). The kernel stores each value as a *row*
+``{"kind", "step", "rank", "name", "value", "time"}``; the dashboard, the report, the server and
+the exports read rows. Logged metrics and GNS estimates are agreed across ranks by the loop's sync,
+so their rows carry rank None (aggregated); throughput and GPU rows stay per rank.
+
+This module imports nothing but the standard library: the ranks and the kernel both use it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any, TypedDict
+
+__all__ = ["AGGREGATED_KINDS", "Kind", "Record", "Row", "make_record", "to_rows"]
+
+
+class Kind(str, Enum):
+    """What a record holds; its value is the string that travels and is stored."""
+
+    LOG = "log"  # user metrics from ctx.log, averaged over ranks
+    GNS = "gns"  # gradient noise scale estimates, agreed over ranks
+    PERF = "perf"  # a rank's throughput and step-time split
+    GPU = "gpu"  # a rank's NVML telemetry
+    EVENT = "event"  # something that happened on a rank (a warning, a checkpoint)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value})
+
+
+class Record(TypedDict, total=False):
+    """One rank's values of one kind at one step, as published."""
+
+    kind: str
+    step: int | None
+    rank: int
+    time: float
+    values: dict[str, float]
+    event: str
+    message: str
+
+
+class Row(TypedDict):
+    """One stored value: what the store's ``metrics`` table holds and every view reads."""
+
+    kind: str
+    step: int
+    rank: int | None
+    name: str
+    value: float | None  # None for a missing, NaN or infinite value
+    time: float | None
+
+
+def make_record(
+    kind: Kind | str, step: int | None, rank: int, values: dict[str, float], **extra: Any
+) -> Record:
+    """Build a record stamped with the current time."""
+    rec: Record = {"kind": str(kind), "step": step, "rank": rank, "time": time.time(), "values": values}
+    rec.update(extra)  # type: ignore[typeddict-item]
+    return rec
+
+
+def _number(value: Any) -> float | None:
+    """Return ``value`` as a finite float, or None (NaN, infinite)."""
+    out = float(value)
+    return out if math.isfinite(out) else None
+
+
+def to_rows(records: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Flatten records into rows: one per value, rank None for aggregated kinds.
+
+    Records without a step (events) give no rows; a value that is not a number, or a record that is
+    not a mapping of the expected shape, is left out, so one malformed record never stops the rest.
+    """
+    rows: list[Row] = []
+    for rec in records:
+        try:
+            kind, step, values = str(rec.get("kind", Kind.LOG.value)), rec.get("step"), rec.get("values")
+            if step is None or not isinstance(values, Mapping):
+                continue
+            rank = None if kind in AGGREGATED_KINDS or rec.get("rank") is None else int(rec["rank"])
+            stamp = rec.get("time")
+            when = None if stamp is None else float(stamp)
+            step = int(step)
+        except (AttributeError, TypeError, ValueError):
+            continue
+        for name, value in values.items():
+            try:
+                number = _number(value)
+            except (TypeError, ValueError):
+                continue
+            rows.append(
+                {"kind": kind, "step": step, "rank": rank, "name": str(name), "value": number, "time": when}
+            )
+    return rows
