@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -162,7 +163,12 @@ def test_checkpoint_and_resume_is_bitwise_equal(cluster, tmp_path) -> None:
     )  # stops after a checkpoint at 6
     cluster.run(RESUMABLE.replace("MAX", "10").replace("RESUME", "True"), quiet=True)
     resumed = cluster.pull("params")[0]
-    assert sorted(os.listdir(ck))[-1] == "step-00000009.pt"
+    # this run's folder only; the loop's end (7, then 10) checkpoints too
+    assert sorted(os.listdir(Path(ck) / f"run-{cluster.session.run_id}")) == [
+        "step-00000007.pt",
+        "step-00000009.pt",
+        "step-00000010.pt",
+    ]
     for a, b in zip(full, resumed, strict=True):
         assert torch.equal(a, b)
 

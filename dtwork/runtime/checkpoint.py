@@ -1,15 +1,27 @@
 """Checkpoints of a trial: models, optimizers, schedulers, scaler, loop position and RNG.
 
-Rank 0 writes ``<directory>/step-XXXXXXXX.pt`` (atomically: a temp file then rename) and
-keeps the newest K; every rank reads the same file on resume (a shared file system across
-hosts). The RNG states of every rank are gathered into it, so a resumed run continues
+Each run keeps its own folder, ``<checkpoint directory>/<run>/step-XXXXXXXX.pt``, where
+``<run>`` is ``run-<id>`` for a run of the kernel's store (``ctx.run_id``), else the config's
+name (or ``default``). Rank 0 writes a checkpoint atomically (a temp file, then rename) and
+keeps the newest K of its own run; other runs' folders are never touched. Every rank reads
+the same file on resume (a shared file system across hosts).
+
+A resume loads the newest checkpoint of the same run, or the one named: a ``step-*.pt`` file,
+a run folder, or a run (``7``, ``"run-7"``, a folder name under the checkpoint directory).
+Files load with ``weights_only=True``: a payload holds only tensors and plain containers (the
+numpy RNG state is stored as a tensor), so no code runs from a checkpoint. Everything loads
+onto the CPU first; ``load_state_dict`` moves model and optimizer state to the parameters'
+device, and the RNG states, which torch only accepts as CPU tensors, stay there. The RNG
+states of every rank are gathered into the file, so a resumed run continues
 bitwise-identically on CPU.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,24 +29,71 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dtwork.errors import DtworkError
+
+STEP_FILE = re.compile(r"step-(\d+)\.pt")
+RUN_REF = re.compile(r"(?:run-)?(\d+)")
+FORMAT = 2  # payload layout; 1 had the numpy RNG state as an ndarray and no "run"
+
 
 def directory(ctx: Any) -> Path:
+    """The checkpoint directory of the config (holding one folder per run)."""
     return Path(ctx.config.checkpoint.directory)
 
 
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
+def run_name(ctx: Any) -> str:
+    """This run's folder name: ``run-<id>`` when the kernel named the run, else the config's name."""
+    run_id = getattr(ctx, "run_id", None)
+    if run_id is not None:
+        return f"run-{int(run_id)}"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", ctx.config.name or "").strip(".-")
+    return name or "default"
+
+
+def run_directory(ctx: Any) -> Path:
+    return directory(ctx) / run_name(ctx)
+
+
+# -- RNG -------------------------------------------------------------------------------------
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)  # the legacy (MT19937) form: a tuple
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+    }
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        state["cuda"] = {index: torch.cuda.get_rng_state(index)}
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+def restore_rng(state: dict[str, Any]) -> None:
+    """Apply a rank's saved RNG states; CUDA ones per device index, skipped where absent."""
+    torch.set_rng_state(state["torch"].cpu())
+    python = state["python"]
+    random.setstate((python[0], tuple(python[1]), python[2]))
+    n = state["numpy"]
+    keys = n["keys"].cpu().numpy().astype(np.uint32)
+    np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["gauss"]))
+    cuda = state.get("cuda")
+    if cuda is None or not torch.cuda.is_available():
+        return  # a GPU checkpoint resumed without CUDA: only the CPU generators matter
+    for index, rng in cuda.items():
+        if int(index) < torch.cuda.device_count():
+            torch.cuda.set_rng_state(rng.cpu(), int(index))
+
+
+# -- save ------------------------------------------------------------------------------------
 
 
 def _module(model: torch.nn.Module) -> torch.nn.Module:
@@ -44,10 +103,12 @@ def _module(model: torch.nn.Module) -> torch.nn.Module:
 def save(ctx: Any, loop_state: dict[str, Any]) -> Path | None:
     """Write a checkpoint of everything the trial registered on ``ctx``; return its path (rank 0)."""
     rngs: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(rngs, _rng_state())
-    path = directory(ctx) / f"step-{loop_state['step']:08d}.pt"
+    dist.all_gather_object(rngs, _rng_state(ctx.device))
+    path = run_directory(ctx) / f"step-{loop_state['step']:08d}.pt"
     if ctx.rank == 0:
         payload = {
+            "format": FORMAT,
+            "run": run_name(ctx),
             "loop": loop_state,
             "rng": rngs,
             "models": [_module(m).state_dict() for m in ctx.models],
@@ -58,22 +119,97 @@ def save(ctx: Any, loop_state: dict[str, Any]) -> Path | None:
             "world_size": ctx.world_size,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".{path.name}.tmp")
         torch.save(payload, tmp)
         os.replace(tmp, path)
-        _prune(path.parent, ctx.config.checkpoint.keep)
+        _after_the_others(path)
+        prune(path.parent, ctx.config.checkpoint.keep)
     dist.barrier()
     return path if ctx.rank == 0 else None
 
 
-def _prune(folder: Path, keep: int) -> None:
-    for old in sorted(folder.glob("step-*.pt"))[:-keep]:
+def _after_the_others(path: Path) -> None:
+    """Give a new checkpoint a modification time after every other one of its run (written order)."""
+    others = [p.stat().st_mtime_ns for p in checkpoints(path.parent) if p != path]
+    if others and path.stat().st_mtime_ns <= max(others):
+        os.utime(path, ns=(max(others) + 1, max(others) + 1))
+
+
+def checkpoints(folder: Path) -> list[Path]:
+    """A run folder's checkpoints, oldest first: in the order written, then by step."""
+    found = []
+    for path in folder.glob("step-*.pt"):
+        match = STEP_FILE.fullmatch(path.name)
+        try:
+            if match:
+                found.append((path.stat().st_mtime_ns, int(match.group(1)), path))
+        except FileNotFoundError:  # pruned by rank 0 meanwhile
+            continue
+    return [path for _, _, path in sorted(found)]
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest checkpoints of one run folder."""
+    for old in checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
 
 
+# -- find and load ---------------------------------------------------------------------------
+
+
 def latest(ctx: Any) -> Path | None:
-    found = sorted(directory(ctx).glob("step-*.pt"))
+    """The newest checkpoint of this run, None when it has none."""
+    found = checkpoints(run_directory(ctx))
     return found[-1] if found else None
+
+
+def find(ctx: Any, resume: Any) -> Path | None:
+    """The checkpoint a ``resume=`` argument names; None for ``True`` when this run has none yet.
+
+    ``True``: this run's newest. An int or ``"run-N"``: run N's newest. A path: that file, or the
+    newest in that folder. Another string: the folder of that name under the checkpoint directory.
+    """
+    if resume is True:
+        return latest(ctx)
+    root = directory(ctx)
+    if isinstance(resume, int) and not isinstance(resume, bool):
+        folder = root / f"run-{resume}"
+    elif isinstance(resume, str) and RUN_REF.fullmatch(resume):
+        folder = root / f"run-{RUN_REF.fullmatch(resume).group(1)}"  # type: ignore[union-attr]
+    elif isinstance(resume, (str, os.PathLike)):
+        given = Path(resume).expanduser()
+        if given.is_file():
+            return given
+        folder = given if given.is_dir() else root / given
+    else:
+        raise DtworkError(
+            f"resume={resume!r}: pass True (this run), a run id, a run folder or a step-*.pt file"
+        )
+    found = checkpoints(folder)
+    if not found:
+        runs = sorted(p.name for p in root.glob("*") if p.is_dir()) if root.is_dir() else []
+        raise DtworkError(
+            f"resume={resume!r}: no checkpoint in {folder}; runs with a folder in {root}: "
+            f"{', '.join(runs) or 'none'}"
+        )
+    return found[-1]
+
+
+def read(path: Path) -> dict[str, Any]:
+    """Load a checkpoint file onto the CPU with ``weights_only=True``; one clear error if refused."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise DtworkError(
+            f"checkpoint {path} holds objects that weights_only loading refuses ({str(exc).splitlines()[0]}); "
+            f"if you trust the file, allow them with torch.serialization.add_safe_globals([...]) on every rank"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise DtworkError(
+            f"{path} is not a dtwork checkpoint of format {FORMAT}: resume from a checkpoint this "
+            f"dtwork version wrote"
+        )
+    return payload
 
 
 def load(ctx: Any, path: Path) -> dict[str, Any]:
@@ -82,10 +218,8 @@ def load(ctx: Any, path: Path) -> dict[str, Any]:
     The RNG state is returned (not applied) so the loop applies it once the data iterator is
     positioned exactly where the checkpoint was taken.
     """
-    payload = torch.load(path, map_location=ctx.device, weights_only=False)
+    payload = read(path)
     if payload["world_size"] != ctx.world_size:
-        from dtwork.errors import DtworkError
-
         raise DtworkError(
             f"checkpoint {path} was written by {payload['world_size']} ranks, this cluster has {ctx.world_size}: "
             f"resume on the same world size"
@@ -93,7 +227,7 @@ def load(ctx: Any, path: Path) -> dict[str, Any]:
     for m, sd in zip(ctx.models, payload["models"], strict=False):
         _module(m).load_state_dict(sd)
     for o, sd in zip(ctx.optimizers, payload["optimizers"], strict=False):
-        o.load_state_dict(sd)
+        o.load_state_dict(sd)  # moves the state to each parameter's device
     for s, sd in zip(ctx.schedulers, payload["schedulers"], strict=False):
         s.load_state_dict(sd)
     if ctx._scaler is not None and payload["scaler"] is not None:
@@ -101,7 +235,3 @@ def load(ctx: Any, path: Path) -> dict[str, Any]:
     if ctx.gns_state is not None and payload.get("gns"):
         ctx.gns_state.load_state_dict(payload["gns"])
     return {**payload["loop"], "rng": payload["rng"][ctx.rank]}
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    _set_rng_state(state)

@@ -59,6 +59,7 @@ class Context:
         self._scaler: Any = None
         self.gpu_index: int | None = None
         self.auto_resume = False  # set when the cluster restarts a failed trial
+        self.run_id: int | None = None  # the kernel's run (names its checkpoint folder), set per run
         self._set_batch(global_batch_size)
         control.install()
 
@@ -190,7 +191,16 @@ class Context:
     def steps(
         self, loader: Iterable[Any], max_steps: int | None = None, **kwargs: Any
     ) -> Iterator[tuple[int, Any]]:
-        """Iterate ``(step, batch)``: accumulation, AMP, checkpoints, metrics and a consistent stop."""
+        """Iterate ``(step, batch)``: accumulation, AMP, checkpoints, metrics and a consistent stop.
+
+        Options: ``max_steps`` / ``max_epochs`` (default: the config's, else one epoch);
+        ``checkpoint_every=N`` writes a checkpoint every N steps and when the loop ends (default:
+        the config's ``checkpoint.every``) into ``<checkpoint.directory>/run-<id>/``, keeping the
+        newest ``checkpoint.keep`` of this run only; ``resume=True`` continues from this run's
+        newest checkpoint (from step 0 when it has none), ``resume=7`` or ``"run-7"`` from run 7's
+        newest, ``resume="path/step-00000040.pt"`` (or a run folder) from that file; a named
+        checkpoint that is missing is an error.
+        """
         return iter(_loop.StepLoop(self, loader, max_steps=max_steps, **kwargs))
 
     def backward(self, loss: torch.Tensor) -> None:

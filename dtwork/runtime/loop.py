@@ -46,7 +46,7 @@ class StepLoop:
         *,
         max_steps: int | None = None,
         max_epochs: int | None = None,
-        resume: bool = False,
+        resume: Any = False,
         checkpoint_every: int | None = None,
     ) -> None:
         cfg = ctx.config
@@ -59,6 +59,7 @@ class StepLoop:
             self.max_epochs = 1
         self.resume = resume or getattr(ctx, "auto_resume", False)
         self.every = checkpoint_every if checkpoint_every is not None else cfg.checkpoint.every
+        self._saved_step: int | None = None  # the step of the last checkpoint taken or resumed from
         self.step = 0
         self.epoch = 0
         self.micro = 0  # micro-batches seen in this epoch
@@ -101,6 +102,8 @@ class StepLoop:
         ctx.publisher.flush()
         try:
             yield from self._epochs(resume_state)
+            if self.every and self.step and self._saved_step != self.step:
+                self.save_checkpoint()  # the loop's end, also between two `every`
         finally:
             self._drain_pending()
             self._publish_unsynced()
@@ -467,6 +470,7 @@ class StepLoop:
     def save_checkpoint(self) -> None:
         self.ctx.forget_dropped()  # a checkpoint holds the live models only
         path = checkpoint.save(self.ctx, self.state())
+        self._saved_step = self.step
         if path is not None:
             self.ctx.publisher.record(
                 "event", self.step, {}, event="checkpoint", message=f"checkpoint {path}"
@@ -474,12 +478,13 @@ class StepLoop:
 
     def _load_resume(self) -> dict[str, Any] | None:
         self.ctx.forget_dropped()
-        path = checkpoint.latest(self.ctx)
+        path = checkpoint.find(self.ctx, self.resume)
         if path is None:
             if self.ctx.rank == 0:
                 print("dtwork: resume=True but no checkpoint yet: starting from step 0")
             return None
         state = checkpoint.load(self.ctx, path)
+        self._saved_step = state["step"]
         if self.ctx.rank == 0:
             print(f"dtwork: resumed from {path} (step {state['step']})")
         return state

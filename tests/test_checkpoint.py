@@ -1,0 +1,234 @@
+"""Checkpoints per run: folders, pruning, resume targets, safe loading, RNG restore on any device.
+
+The file-level tests use a real one-rank gloo group in this process; the scenario of two
+experiments sharing one checkpoint directory runs on the shared 2-rank cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from dtwork.config import load_config
+from dtwork.errors import DtworkError
+from dtwork.runtime import checkpoint
+from dtwork.runtime.context import Context
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A real gloo process group of one rank in this process."""
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def make_ctx(
+    directory: Path, run_id: int | None = None, keep: int = 3, device: str = "cpu"
+) -> tuple[Context, torch.nn.Module, torch.optim.Optimizer]:
+    cfg = load_config({"checkpoint": {"directory": str(directory), "keep": keep}})
+    ctx = Context(rank=0, world_size=1, local_rank=0, device=torch.device(device), backend="gloo", config=cfg)
+    ctx.run_id = run_id
+    torch.manual_seed(run_id or 0)
+    model = torch.nn.Linear(4, 2).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(3, 4, device=device)).sum().backward()
+    opt.step()
+    ctx.register("models", model)
+    ctx.register("optimizers", opt)
+    return ctx, model, opt
+
+
+def steps_in(folder: Path) -> list[int]:
+    return [int(p.stem.split("-")[1]) for p in checkpoint.checkpoints(folder)]
+
+
+def save_at(ctx: Context, *steps: int) -> None:
+    for step in steps:
+        checkpoint.save(ctx, {"step": step, "epoch": 0, "micro": 0})
+
+
+def test_each_run_prunes_only_its_own_folder(group: None, tmp_path: Path) -> None:
+    earlier, *_keep_a = make_ctx(tmp_path, run_id=1)
+    save_at(earlier, 30, 40, 50)
+    later, *_keep_b = make_ctx(tmp_path, run_id=2, keep=2)
+    save_at(later, 10, 20)
+    assert steps_in(tmp_path / "run-1") == [30, 40, 50]
+    assert steps_in(tmp_path / "run-2") == [10, 20]
+    save_at(later, 30)
+    assert steps_in(tmp_path / "run-2") == [20, 30]
+    assert steps_in(tmp_path / "run-1") == [30, 40, 50]
+    assert sorted(os.listdir(tmp_path)) == ["run-1", "run-2"]  # no temp files left behind
+
+
+def test_a_later_loop_of_the_same_run_is_newest_even_at_lower_steps(group: None, tmp_path: Path) -> None:
+    ctx, *_keep = make_ctx(tmp_path, run_id=3)
+    save_at(ctx, 30, 40, 50, 10, 20)
+    assert steps_in(tmp_path / "run-3") == [50, 10, 20]
+    assert checkpoint.latest(ctx) == tmp_path / "run-3" / "step-00000020.pt"
+
+
+def test_a_run_without_a_kernel_run_id_uses_the_config_name(group: None, tmp_path: Path) -> None:
+    ctx, *_keep = make_ctx(tmp_path)
+    assert checkpoint.run_name(ctx) == "default"
+    ctx.config = load_config({"name": "my exp/../x", "checkpoint": {"directory": str(tmp_path)}})
+    assert checkpoint.run_name(ctx) == "my-exp-..-x"
+    save_at(ctx, 4)
+    assert steps_in(tmp_path / "my-exp-..-x") == [4]
+
+
+def test_resume_targets(group: None, tmp_path: Path) -> None:
+    other, *_keep_a = make_ctx(tmp_path, run_id=7)
+    save_at(other, 30, 40, 50)
+    ctx, *_keep_b = make_ctx(tmp_path, run_id=8)
+    assert checkpoint.find(ctx, True) is None  # this run has none yet: start from step 0
+    save_at(ctx, 10, 20)
+    run7, run8 = tmp_path / "run-7", tmp_path / "run-8"
+    assert checkpoint.find(ctx, True) == run8 / "step-00000020.pt"
+    for ref in (7, "7", "run-7", str(run7), run7, "run-7/"):
+        assert checkpoint.find(ctx, ref) == run7 / "step-00000050.pt", ref
+    assert checkpoint.find(ctx, run7 / "step-00000040.pt") == run7 / "step-00000040.pt"
+    with pytest.raises(DtworkError, match=r"resume=9: no checkpoint in .*run-9; .*: run-7, run-8"):
+        checkpoint.find(ctx, 9)
+    with pytest.raises(DtworkError, match="no checkpoint"):
+        checkpoint.find(ctx, str(tmp_path / "nowhere"))
+    with pytest.raises(DtworkError, match="pass True"):
+        checkpoint.find(ctx, 1.5)
+
+
+def test_load_restores_model_optimizer_and_every_rng(group: None, tmp_path: Path) -> None:
+    ctx, model, opt = make_ctx(tmp_path, run_id=1)
+    random.seed(5)
+    np.random.seed(6)
+    save_at(ctx, 1)
+    expected = (torch.rand(3), random.random(), np.random.rand(2))
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = opt.state_dict()["state"][0]["exp_avg"].clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    state = checkpoint.load(ctx, tmp_path / "run-1" / "step-00000001.pt")
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], moments)
+    assert state["step"] == 1 and state["rng"]["torch"].device.type == "cpu"
+    checkpoint.restore_rng(state["rng"])
+    again = (torch.rand(3), random.random(), np.random.rand(2))
+    assert torch.equal(again[0], expected[0]) and again[1] == expected[1]
+    assert np.array_equal(again[2], expected[2])
+
+
+def test_a_checkpoint_with_cuda_rng_entries_restores(group: None, tmp_path: Path) -> None:
+    """A GPU run's checkpoint (its CUDA RNG states, one per device index) restores its ranks."""
+    ctx, *_keep = make_ctx(tmp_path, run_id=1)
+    save_at(ctx, 2)
+    expected = torch.rand(4)
+    path = tmp_path / "run-1" / "step-00000002.pt"
+    payload = torch.load(path, weights_only=True)
+    cuda_states = {i: torch.arange(16, dtype=torch.uint8) + i for i in (0, 1)}  # Philox: seed, offset
+    payload["rng"][0]["cuda"] = cuda_states
+    torch.save(payload, path)
+    torch.rand(10)
+    state = checkpoint.load(ctx, path)
+    assert {i: t.device.type for i, t in state["rng"]["cuda"].items()} == {0: "cpu", 1: "cpu"}
+    checkpoint.restore_rng(state["rng"])
+    assert torch.equal(torch.rand(4), expected)
+    if torch.cuda.is_available():  # each device that exists got its own state
+        assert torch.equal(torch.cuda.get_rng_state(0), cuda_states[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_resume_on_the_gpu_restores_cuda_rng_and_device_state(group: None, tmp_path: Path) -> None:
+    ctx, model, opt = make_ctx(tmp_path, run_id=1, device="cuda:0")
+    save_at(ctx, 1)
+    expected = torch.rand(4, device="cuda:0")
+    torch.rand(100, device="cuda:0")
+    state = checkpoint.load(ctx, tmp_path / "run-1" / "step-00000001.pt")
+    assert model.weight.device.type == "cuda"
+    assert opt.state_dict()["state"][0]["exp_avg"].device.type == "cuda"
+    checkpoint.restore_rng(state["rng"])
+    assert torch.equal(torch.rand(4, device="cuda:0"), expected)
+
+
+class _RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(group: None, tmp_path: Path) -> None:
+    ctx, *_keep = make_ctx(tmp_path, run_id=1)
+    marker = tmp_path / "pwned"
+    folder = tmp_path / "run-1"
+    folder.mkdir()
+    torch.save({"format": checkpoint.FORMAT, "loop": _RunsCode(marker)}, folder / "step-00000005.pt")
+    path = checkpoint.find(ctx, True)
+    assert path is not None
+    with pytest.raises(DtworkError, match="weights_only loading refuses .*add_safe_globals"):
+        checkpoint.load(ctx, path)
+    assert not marker.exists()
+    torch.save({"loop": {"step": 1}}, folder / "step-00000006.pt")
+    with pytest.raises(DtworkError, match="not a dtwork checkpoint"):
+        checkpoint.load(ctx, folder / "step-00000006.pt")
+
+
+# -- two experiments sharing one checkpoint directory, on the 2-rank cluster ------------------
+
+TRAIN = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+g = torch.Generator().manual_seed(3)
+X = torch.randn(64, 6, generator=g); Y = X @ torch.randn(6, 1, generator=g)
+model = ctx.wrap(net)
+opt = ctx.optimizer(model.parameters())
+first = None
+for step, (x, y) in ctx.steps(ctx.loader(TensorDataset(X, Y)), max_steps=MAX, resume=RESUME):
+    first = step if first is None else first
+    ctx.backward(F.mse_loss(model(x), y)); ctx.step(opt)
+params = [p.detach().clone() for p in model.module.parameters()]
+""".replace("TensorDataset", "torch.utils.data.TensorDataset")
+
+
+def train(cluster: Any, max_steps: int, resume: object = False) -> list[Any]:
+    result = cluster.run(TRAIN.replace("MAX", str(max_steps)).replace("RESUME", repr(resume)), quiet=True)
+    assert result.ok, result.errors
+    return cluster.pull("first")
+
+
+def test_two_experiments_in_one_folder_keep_their_checkpoints_and_resume_their_own(
+    cluster: Any, tmp_path: Path
+) -> None:
+    cfg = {
+        "global_batch_size": 8,
+        "lr": 0.05,
+        "checkpoint": {"every": 10, "keep": 3, "directory": str(tmp_path)},
+    }
+    cluster.configure(cfg)
+    train(cluster, 50)
+    run_a = cluster.session.run_id
+    params_a = cluster.pull("params")[0]
+    cluster.configure(cfg)  # a new experiment: a new run, the same folder
+    train(cluster, 20)
+    run_b = cluster.session.run_id
+    folder_a, folder_b = tmp_path / f"run-{run_a}", tmp_path / f"run-{run_b}"
+    assert run_a != run_b
+    assert steps_in(folder_a) == [30, 40, 50] and steps_in(folder_b) == [10, 20]
+
+    assert train(cluster, 25, resume=True) == [20, 20]  # this run's newest, not the other's 50
+    assert steps_in(folder_b) == [10, 20, 25]  # a final checkpoint where the loop ended
+    assert train(cluster, 50, resume=run_a) == [None, None]  # named: run A's step 50, nothing left
+    assert all(torch.equal(a, b) for a, b in zip(params_a, cluster.pull("params")[0], strict=True))
+    assert steps_in(folder_a) == [30, 40, 50] and steps_in(folder_b) == [10, 20, 25]
