@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dtwork.config import (
-    EXAMPLE_YAML,
     CheckpointConfig,
     Compression,
     ExperimentConfig,
     GNSConfig,
+    Length,
     LRConfig,
     OptimizerConfig,
     ScheduleConfig,
@@ -26,6 +26,7 @@ from dtwork.config import (
 from dtwork.errors import ConfigError
 
 EXAMPLE_FILE = Path(__file__).resolve().parents[1] / "docs" / "example-experiment.yaml"
+EXAMPLE_YAML = EXAMPLE_FILE.read_text(encoding="utf-8")
 
 
 def message(source: Any) -> str:
@@ -250,7 +251,7 @@ def test_global_batch_smaller_than_slots() -> None:
 
 def test_cosine_needs_total_steps() -> None:
     assert message({"lr_schedule": "cosine"}) == (
-        "config: lr_schedule.total_steps: cosine needs total_steps or max_steps"
+        "config: lr_schedule.total_steps: cosine needs total_steps, max_steps or searcher.max_length"
     )
     cfg = load_config({"lr_schedule": "cosine", "max_steps": 100})
     assert cfg.lr_schedule.total_steps is None and cfg.schedule_total_steps() == 100
@@ -371,8 +372,7 @@ def test_effective_lr() -> None:
 # --------------------------------------------------------------------------- example file and field list
 
 
-def test_example_file_matches_and_loads() -> None:
-    assert EXAMPLE_FILE.read_text(encoding="utf-8") == EXAMPLE_YAML
+def test_example_file_loads() -> None:
     cfg = load_config(EXAMPLE_FILE)
     assert cfg == load_config(EXAMPLE_YAML)
     assert cfg.optimizations.gradient_compression.type == "powersgd"
@@ -471,3 +471,147 @@ def test_property_edits_round_trip(path: str, value: Any) -> None:
         return
     assert load_config(cfg.to_dict()) == cfg
     assert load_config(cfg.to_yaml()) == cfg
+
+
+# --------------------------------------------------------------------------- YAML limits
+
+
+def _alias_bomb() -> str:
+    """The billion-laughs pattern: nine levels of nine aliases each, 9**9 values once expanded."""
+    lines = ["# x", "hyperparameters:", "  a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol]"]
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"  {name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_fails_fast_with_one_line(tmp_path: Path) -> None:
+    bomb = _alias_bomb()
+    assert len(bomb.encode()) == 363
+    path = tmp_path / "bomb.yaml"
+    path.write_text(bomb, encoding="utf-8")
+    for source, label in ((bomb, "config"), (path, "bomb.yaml")):
+        text = message(source)  # without the limit this ran for minutes and filled memory
+        assert text == (
+            f"{label}: the YAML expands to more than 100000 values through aliases (*name): "
+            "write the values out instead of nesting aliases"
+        )
+
+
+def test_modest_aliases_still_load() -> None:
+    cfg = load_config("hyperparameters:\n  base: &b {depth: 50, width: 2}\n  copy: *b\n")
+    assert cfg.hyperparameters["copy"] == {"depth": 50, "width": 2}
+
+
+def test_oversized_text_is_refused() -> None:
+    text = "name: x\n" + "# " + "x" * (1 << 20) + "\n"
+    assert (
+        message(text) == f"config: {len(text)} bytes is more than a config may hold (1048576): split the file"
+    )
+
+
+# --------------------------------------------------------------------------- Determined fields
+
+
+def test_searcher_max_length_sets_the_default_stop() -> None:
+    cfg = load_config(
+        {"searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": 117}}}
+    )
+    assert cfg.searcher.max_length == Length("batches", 117)
+    assert cfg.searcher.metric == "validation_loss" and cfg.searcher.smaller_is_better is True
+    assert cfg.stop(512) == (117, None)
+    assert cfg.with_path("max_steps", 5).stop(512) == (5, None)  # dtwork's own field wins
+    records = load_config({"global_batch_size": 100, "searcher": {"max_length": {"records": 1050}}})
+    assert records.stop(100) == (11, None)
+    epochs = load_config({"searcher": {"max_length": {"epochs": 3}}})
+    assert epochs.stop(64) == (None, 3)
+    counted = epochs.replace(records_per_epoch=640)
+    assert counted.stop(64) == (30, None)
+
+
+def test_searcher_refuses_searches_and_bad_lengths() -> None:
+    assert message({"searcher": {"name": "adaptive_asha"}}) == (
+        "config: searcher.name: 'adaptive_asha' is a hyperparameter search, which dtwork does not support "
+        "yet: use name: single with constant hyperparameters"
+    )
+    assert message({"searcher": {"max_length": {"steps": 3}}}).startswith(
+        "config: searcher.max_length: expected a length like {batches: 100}"
+    )
+    assert message({"searcher": {"max_length": {"records": 3}}}) == (
+        "config: searcher.max_length: a length in records needs global_batch_size "
+        "(or hyperparameters.global_batch_size)"
+    )
+    assert message({"min_validation_period": {"epochs": 1}}) == (
+        "config: min_validation_period: a period in epochs needs records_per_epoch and global_batch_size"
+    )
+
+
+def test_hyperparameters_hold_the_global_batch_and_constants() -> None:
+    cfg = load_config(
+        {
+            "hyperparameters": {
+                "global_batch_size": 512,
+                "lr": {"type": "const", "val": 0.5},
+                "model": {"type": "resnet"},
+            }
+        }
+    )
+    assert cfg.global_batch_size == 512
+    assert cfg.hyperparameters == {"global_batch_size": 512, "lr": 0.5, "model": {"type": "resnet"}}
+    assert load_config(cfg.to_yaml()) == cfg
+    assert message({"hyperparameters": {"lr": {"type": "double", "minval": 0.1, "maxval": 1.0}}}) == (
+        "config: hyperparameters.lr: a searched hyperparameter (type: double) is not supported yet: "
+        "use a constant, e.g. lr: <value>"
+    )
+    assert message({"global_batch_size": 64, "hyperparameters": {"global_batch_size": 512}}) == (
+        "config: global_batch_size: 64 differs from hyperparameters.global_batch_size 512: keep one of them"
+    )
+
+
+def test_periods_checkpoint_storage_and_data() -> None:
+    cfg = load_config(
+        {
+            "global_batch_size": 100,
+            "records_per_epoch": 1000,
+            "min_validation_period": {"epochs": 1},
+            "min_checkpoint_period": {"records": 450},
+            "checkpoint_storage": {"type": "shared_fs", "host_path": "/mnt/ckpt", "storage_path": "mnist"},
+            "data": {"url": "https://example.com/mnist.tar.gz"},
+        }
+    )
+    assert cfg.steps_in(cfg.min_validation_period, 100) == 10
+    assert cfg.steps_in(cfg.min_checkpoint_period, 100) == 5
+    assert cfg.checkpoint.directory == "/mnt/ckpt/mnist"
+    assert cfg.data == {"url": "https://example.com/mnist.tar.gz"}
+    directory = load_config({"checkpoint_storage": {"type": "directory", "container_path": "/ckpt"}})
+    assert directory.checkpoint.directory == "/ckpt"
+    assert message({"checkpoint_storage": {"type": "s3", "bucket": "b"}}) == (
+        "config: checkpoint_storage.type: 's3' is not supported yet: use shared_fs (host_path) or directory "
+        "(container_path)"
+    )
+
+
+def test_ignored_fields_are_noted_in_one_line() -> None:
+    cfg = load_config(
+        "entrypoint: model_def:MNistTrial\nresources: {slots_per_trial: 2, resource_pool: gpu}\n"
+        "checkpoint_storage: {type: shared_fs, host_path: /tmp, save_trial_best: 1}\n"
+    )
+    assert cfg.notes == (
+        "config: dtwork ignores checkpoint_storage.save_trial_best, entrypoint, resources.resource_pool "
+        "(it runs notebook cells on its own cluster)",
+    )
+    assert cfg == load_config(cfg.to_dict())  # notes are not part of the config's value
+    assert "notes" not in cfg.to_dict()
+    assert message({"entrypoint_x": 1}).startswith("config: entrypoint_x: unknown key")
+
+
+def test_determined_boolean_compression() -> None:
+    assert (
+        load_config({"optimizations": {"gradient_compression": True}}).optimizations.gradient_compression.type
+        == "fp16"
+    )
+    assert (
+        load_config(
+            {"optimizations": {"gradient_compression": False}}
+        ).optimizations.gradient_compression.type
+        == "none"
+    )
