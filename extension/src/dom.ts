@@ -48,7 +48,7 @@ const SVG_NS = 'http://www.w3.org/2000/svg';
 
 /** Create an SVG element with attributes. */
 export function svg(tag: string, attrs: Record<string, string>, ...children: Element[]): SVGElement {
-  const node = document.createElementNS(SVG_NS, tag) as SVGElement;
+  const node = document.createElementNS(SVG_NS, tag);
   for (const [key, value] of Object.entries(attrs)) {
     node.setAttribute(key, value);
   }

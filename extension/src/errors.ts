@@ -32,8 +32,6 @@ export function apiErrorFrom(status: number, body: string): ApiError {
 
 function isErrorReply(value: unknown): value is { error: string } {
   return (
-    typeof value === 'object' &&
-    value !== null &&
-    typeof (value as { error?: unknown }).error === 'string'
+    typeof value === 'object' && value !== null && typeof (value as { error?: unknown }).error === 'string'
   );
 }

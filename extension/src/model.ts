@@ -10,9 +10,7 @@ import type { IClusterInfo, IGpusReply, IRunsReply, SparkPoint } from './types';
 export const DASH = '—';
 
 /** What went wrong when the panel could not read a route. */
-export type Problem =
-  | { kind: 'server-missing'; message: string }
-  | { kind: 'error'; message: string };
+export type Problem = { kind: 'server-missing'; message: string } | { kind: 'error'; message: string };
 
 /**
  * Classify a failed request. A 404 that is not dtwork's own JSON error means the
@@ -67,7 +65,9 @@ export function formatLoss(loss: number | null | undefined): string {
   if (!isNumber(loss)) {
     return DASH;
   }
-  return Math.abs(loss) >= 1e-3 || loss === 0 ? Number(loss.toPrecision(4)).toString() : loss.toExponential(2);
+  return Math.abs(loss) >= 1e-3 || loss === 0
+    ? Number(loss.toPrecision(4)).toString()
+    : loss.toExponential(2);
 }
 
 export function formatStep(step: number | null | undefined): string {

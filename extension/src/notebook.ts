@@ -18,7 +18,8 @@ export function insertStartCell(tracker: INotebookTracker): boolean {
   }
   const notebook = panel.content;
   const active = notebook.activeCell;
-  const reuse = active !== null && active.model.type === 'code' && active.model.sharedModel.getSource().trim() === '';
+  const reuse =
+    active !== null && active.model.type === 'code' && active.model.sharedModel.getSource().trim() === '';
   if (!reuse) {
     NotebookActions.insertBelow(notebook);
   }

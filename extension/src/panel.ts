@@ -53,7 +53,14 @@ export class DtworkPanel extends Widget {
       onClick: () => this._options.insertStartCell()
     });
     const header = el('header', { className: 'dtwork-Header' }, el('h2', { text: PANEL_TITLE }), insert);
-    this.node.append(header, this._banner, this._clusters.node, this._runs.node, this._gpus.node, el('footer', {}, this._version));
+    this.node.append(
+      header,
+      this._banner,
+      this._clusters.node,
+      this._runs.node,
+      this._gpus.node,
+      el('footer', {}, this._version)
+    );
   }
 
   /** Read clusters and runs (and the server's version, once) and show them. */
@@ -65,7 +72,9 @@ export class DtworkPanel extends Widget {
     ]);
     const problems: Problem[] = [];
     if (clusters.status === 'fulfilled') {
-      this._clusters.show(JSON.stringify(clusters.value), () => renderClusters(clusters.value, c => void this._stop(c)));
+      this._clusters.show(JSON.stringify(clusters.value), () =>
+        renderClusters(clusters.value, c => void this._stop(c))
+      );
     } else {
       problems.push(this._fail(this._clusters, clusters.reason));
     }
@@ -114,8 +123,12 @@ export class DtworkPanel extends Widget {
       return;
     }
     try {
-      const reply = await requestAPI<IStopReply>(`clusters/${encodeURIComponent(cluster.id)}/stop`, { method: 'POST' });
-      Notification.success(`Stopped ${reply.stopped}: ${reply.killed.length} process(es) ended`, { autoClose: 4000 });
+      const reply = await requestAPI<IStopReply>(`clusters/${encodeURIComponent(cluster.id)}/stop`, {
+        method: 'POST'
+      });
+      Notification.success(`Stopped ${reply.stopped}: ${reply.killed.length} process(es) ended`, {
+        autoClose: 4000
+      });
     } catch (error) {
       Notification.error(`Could not stop ${cluster.id}: ${describeFailure(error).message}`);
     }
@@ -126,7 +139,12 @@ export class DtworkPanel extends Widget {
     const id = Notification.emit(`Exporting run #${run.id}…`, 'in-progress', { autoClose: false });
     try {
       const reply = await requestAPI<IReportReply>(`runs/${run.id}/report`, { method: 'POST' });
-      Notification.update({ id, message: `Run #${run.id} exported to ${reply.path}`, type: 'success', autoClose: 4000 });
+      Notification.update({
+        id,
+        message: `Run #${run.id} exported to ${reply.path}`,
+        type: 'success',
+        autoClose: 4000
+      });
       await this._options.openNotebook(reply.path);
     } catch (error) {
       const message = `Report of run #${run.id} failed: ${describeFailure(error).message}`;

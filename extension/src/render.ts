@@ -35,8 +35,7 @@ export function emptyState(message: string): HTMLElement {
 }
 
 export function renderProblem(problem: Problem): HTMLElement {
-  const heading =
-    problem.kind === 'server-missing' ? 'Server extension missing' : 'Cannot read dtwork data';
+  const heading = problem.kind === 'server-missing' ? 'Server extension missing' : 'Cannot read dtwork data';
   return el(
     'div',
     { className: `dtwork-Problem dtwork-mod-${problem.kind}`, attrs: { role: 'alert' } },
@@ -80,7 +79,14 @@ function clusterCard(cluster: IClusterInfo, onStop: (c: IClusterInfo) => void): 
     el(
       'thead',
       {},
-      el('tr', {}, el('th', { text: 'rank' }), el('th', { text: 'host' }), el('th', { text: 'device' }), el('th', { text: 'pid' }))
+      el(
+        'tr',
+        {},
+        el('th', { text: 'rank' }),
+        el('th', { text: 'host' }),
+        el('th', { text: 'device' }),
+        el('th', { text: 'pid' })
+      )
     ),
     el('tbody', {}, ...cluster.ranks.map(rankRow))
   );
@@ -94,10 +100,7 @@ function clusterCard(cluster: IClusterInfo, onStop: (c: IClusterInfo) => void): 
   );
 }
 
-export function renderClusters(
-  reply: IClustersReply,
-  onStop: (cluster: IClusterInfo) => void
-): HTMLElement {
+export function renderClusters(reply: IClustersReply, onStop: (cluster: IClusterInfo) => void): HTMLElement {
   if (!reply.clusters.length) {
     return emptyState(NO_CLUSTERS);
   }
@@ -178,17 +181,30 @@ export function renderRuns(reply: IRunsReply, onReport: (run: IRunSummary) => vo
     'div',
     { className: 'dtwork-List' },
     ...shown.map(r => runCard(r, onReport)),
-    more > 0 ? el('p', { className: 'dtwork-Meta', text: `${more} older run(s): %dtrain runs lists them all` }) : null
+    more > 0
+      ? el('p', { className: 'dtwork-Meta', text: `${more} older run(s): %dtrain runs lists them all` })
+      : null
   );
 }
 
 function gpuCard(gpu: IGpuInfo): HTMLElement {
   const util = gpu.utilization ?? 0;
-  const bar = el('div', { className: 'dtwork-Bar' }, el('div', { className: 'dtwork-Bar-fill', attrs: { style: `width: ${Math.min(100, Math.max(0, util))}%` } }));
+  const bar = el(
+    'div',
+    { className: 'dtwork-Bar' },
+    el('div', {
+      className: 'dtwork-Bar-fill',
+      attrs: { style: `width: ${Math.min(100, Math.max(0, util))}%` }
+    })
+  );
   return el(
     'div',
     { className: 'dtwork-Card dtwork-Gpu', data: { gpuIndex: String(gpu.index) } },
-    el('div', { className: 'dtwork-Card-head' }, el('span', { className: 'dtwork-Card-title', text: `GPU ${gpu.index} · ${gpu.name ?? 'unknown'}` })),
+    el(
+      'div',
+      { className: 'dtwork-Card-head' },
+      el('span', { className: 'dtwork-Card-title', text: `GPU ${gpu.index} · ${gpu.name ?? 'unknown'}` })
+    ),
     bar,
     el(
       'div',

@@ -8,10 +8,7 @@ import { ApiError, apiErrorFrom } from './errors';
  * Call a dtwork REST route (relative to <base_url>/dtwork/) and parse its JSON answer.
  * Raises ApiError on any failure: status 0 when the server cannot be reached.
  */
-export async function requestAPI<T>(
-  endPoint: string,
-  init: RequestInit = {}
-): Promise<T> {
+export async function requestAPI<T>(endPoint: string, init: RequestInit = {}): Promise<T> {
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, API_NAMESPACE, endPoint);
   let response: Response;

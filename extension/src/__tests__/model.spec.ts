@@ -78,7 +78,17 @@ describe('sparkline points', () => {
   });
 
   it('respects the padding', () => {
-    const xy = parse(sparklinePoints([[0, 1], [1, 0]], 100, 20, 2));
+    const xy = parse(
+      sparklinePoints(
+        [
+          [0, 1],
+          [1, 0]
+        ],
+        100,
+        20,
+        2
+      )
+    );
     expect(xy[0]).toEqual([2, 2]);
     expect(xy[1]).toEqual([98, 18]);
   });
@@ -86,11 +96,31 @@ describe('sparkline points', () => {
   it('draws nothing for fewer than two finite points', () => {
     expect(sparklinePoints([], 100, 20)).toBe('');
     expect(sparklinePoints([[1, 1]], 100, 20)).toBe('');
-    expect(sparklinePoints([[1, 1], [2, NaN]], 100, 20)).toBe('');
+    expect(
+      sparklinePoints(
+        [
+          [1, 1],
+          [2, NaN]
+        ],
+        100,
+        20
+      )
+    ).toBe('');
   });
 
   it('draws a flat curve at mid-height', () => {
-    const xy = parse(sparklinePoints([[0, 3], [1, 3], [2, 3]], 100, 20, 0));
+    const xy = parse(
+      sparklinePoints(
+        [
+          [0, 3],
+          [1, 3],
+          [2, 3]
+        ],
+        100,
+        20,
+        0
+      )
+    );
     expect(xy.map(p => p[1])).toEqual([10, 10, 10]);
   });
 
@@ -140,7 +170,9 @@ describe('failure states', () => {
       message: 'report export is not available'
     });
     expect(describeFailure(apiErrorFrom(502, 'Bad gateway')).message).toBe('the server answered HTTP 502');
-    expect(describeFailure(new ApiError(0, 'the Jupyter server cannot be reached', false)).kind).toBe('error');
+    expect(describeFailure(new ApiError(0, 'the Jupyter server cannot be reached', false)).kind).toBe(
+      'error'
+    );
     expect(describeFailure(new TypeError('boom'))).toEqual({ kind: 'error', message: 'boom' });
   });
 });
@@ -177,7 +209,9 @@ describe('clusters', () => {
 
   it('names the owning notebook and kernel', () => {
     expect(clusterOwner(cluster)).toBe('notebook train.ipynb · kernel 4242 on host-a');
-    expect(clusterOwner({ ...cluster, kernel_alive: false, notebook: null })).toBe('kernel 4242 on host-a (gone)');
+    expect(clusterOwner({ ...cluster, kernel_alive: false, notebook: null })).toBe(
+      'kernel 4242 on host-a (gone)'
+    );
   });
 
   it('maps states to CSS modifiers', () => {

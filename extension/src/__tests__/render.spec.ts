@@ -30,7 +30,9 @@ const run = (id: number, extra: Partial<IRunSummary> = {}): IRunSummary => ({
 describe('rendering', () => {
   it('shows empty states that say what to do', () => {
     expect(renderClusters({ clusters: [] }, vi.fn()).textContent).toMatch(/%dtrain start/);
-    expect(renderRuns({ store_exists: false, total: 0, runs: [] }, vi.fn()).textContent).toMatch(/No runs yet/);
+    expect(renderRuns({ store_exists: false, total: 0, runs: [] }, vi.fn()).textContent).toMatch(
+      /No runs yet/
+    );
     expect(renderGpus({ available: false, reason: null, gpus: [] }).textContent).toMatch(/CPU mode/);
   });
 
@@ -46,7 +48,19 @@ describe('rendering', () => {
       {
         store_exists: true,
         total: 1,
-        runs: [run(3, { last_step: 99, throughput: 1234.5, scaling_efficiency: 0.93, b_simple: 321, loss: 0.5, sparkline: [[0, 2], [99, 0.5]] })]
+        runs: [
+          run(3, {
+            last_step: 99,
+            throughput: 1234.5,
+            scaling_efficiency: 0.93,
+            b_simple: 321,
+            loss: 0.5,
+            sparkline: [
+              [0, 2],
+              [99, 0.5]
+            ]
+          })
+        ]
       },
       onReport
     );
@@ -67,11 +81,33 @@ describe('rendering', () => {
 
   it('renders a cluster with one row per rank and a stop button', () => {
     const onStop = vi.fn();
-    const ranks = [0, 1].map(r => ({ rank: r, hostname: 'h', local_rank: r, device: 'cuda:' + r, gpu_name: 'H100', pid: 7 + r, engine_id: r }));
+    const ranks = [0, 1].map(r => ({
+      rank: r,
+      hostname: 'h',
+      local_rank: r,
+      device: 'cuda:' + r,
+      gpu_name: 'H100',
+      pid: 7 + r,
+      engine_id: r
+    }));
     const node = renderClusters(
       {
         clusters: [
-          { id: 'dtwork-1-abcdef', state: 'running', n: 2, backend: 'nccl', profile: null, master: null, kernel_pid: 1, kernel_host: 'h', kernel_alive: true, notebook: null, started_at: null, ranks, pids: [] }
+          {
+            id: 'dtwork-1-abcdef',
+            state: 'running',
+            n: 2,
+            backend: 'nccl',
+            profile: null,
+            master: null,
+            kernel_pid: 1,
+            kernel_host: 'h',
+            kernel_alive: true,
+            notebook: null,
+            started_at: null,
+            ranks,
+            pids: []
+          }
         ]
       },
       onStop
@@ -86,7 +122,19 @@ describe('rendering', () => {
     const node = renderGpus({
       available: true,
       reason: null,
-      gpus: [{ index: 0, name: 'H100', uuid: null, driver: null, utilization: 87, memory_used_mb: 1024, memory_total_mb: 81920, temperature_c: 61, power_w: null }]
+      gpus: [
+        {
+          index: 0,
+          name: 'H100',
+          uuid: null,
+          driver: null,
+          utilization: 87,
+          memory_used_mb: 1024,
+          memory_total_mb: 81920,
+          temperature_c: 61,
+          power_w: null
+        }
+      ]
     });
     expect(node.textContent).toContain('GPU 0 · H100');
     expect(node.querySelector('[data-stat="memory"]')?.textContent).toContain('1.0 / 80.0 GiB');

@@ -42,7 +42,10 @@ function isAlive(pid: number): boolean {
 
 test.describe('dtwork sidebar', () => {
   test('shows GPUs (CPU mode without any) and helpful empty states', async ({ page, request }, testInfo) => {
-    const gpus = (await (await request.get('/dtwork/gpus')).json()) as { available: boolean; gpus: unknown[] };
+    const gpus = (await (await request.get('/dtwork/gpus')).json()) as {
+      available: boolean;
+      gpus: unknown[];
+    };
     await openPanel(page);
     if (gpus.available) {
       await expect(section(page, 'gpus').locator('.dtwork-Gpu')).toHaveCount(gpus.gpus.length);
@@ -77,8 +80,9 @@ test.describe('dtwork sidebar', () => {
     // the fill), so opening, filling and choosing the entry are retried together.
     await expect(async () => {
       await page.evaluate(async () => {
-        const app = (window as unknown as { jupyterapp: { commands: { execute(id: string): Promise<unknown> } } })
-          .jupyterapp;
+        const app = (
+          window as unknown as { jupyterapp: { commands: { execute(id: string): Promise<unknown> } } }
+        ).jupyterapp;
         await app.commands.execute('apputils:activate-command-palette');
       });
       await expect(input).toBeVisible({ timeout: 2_000 });
@@ -90,7 +94,10 @@ test.describe('dtwork sidebar', () => {
     await expect.poll(() => page.notebook.getCellTextInput(0)).toBe('%load_ext dtwork\n%dtrain start');
   });
 
-  test('a cluster and its run appear, and the panel stops the cluster', async ({ page, request }, testInfo) => {
+  test('a cluster and its run appear, and the panel stops the cluster', async ({
+    page,
+    request
+  }, testInfo) => {
     await openPanel(page);
     await page.notebook.createNew('cluster.ipynb');
     await page.locator(`${PANEL} .dtwork-InsertButton`).click();
@@ -108,7 +115,9 @@ test.describe('dtwork sidebar', () => {
     const listed = (await (await request.get('/dtwork/clusters')).json()) as { clusters: IClusterWire[] };
     expect(listed.clusters).toHaveLength(1);
     const { id } = listed.clusters[0];
-    const pids = [...new Set([...listed.clusters[0].pids, ...listed.clusters[0].ranks.map(r => r.pid ?? 0)])].filter(p => p > 0);
+    const pids = [
+      ...new Set([...listed.clusters[0].pids, ...listed.clusters[0].ranks.map(r => r.pid ?? 0)])
+    ].filter(p => p > 0);
     expect(pids.length).toBeGreaterThanOrEqual(2);
     expect(pids.every(isAlive)).toBe(true);
 
@@ -130,10 +139,11 @@ test.describe('dtwork sidebar', () => {
     );
     const lossPoints = () =>
       page.evaluate(() => {
-        const cells = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell');
+        const cells = document.querySelectorAll(
+          '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell'
+        );
         const plot = cells[cells.length - 1]?.querySelector('.js-plotly-plot') as
-          | (HTMLElement & { data?: { name?: string; y?: ArrayLike<number> }[] })
-          | null;
+          (HTMLElement & { data?: { name?: string; y?: ArrayLike<number> }[] }) | null;
         const loss = plot?.data?.find(t => t.name === 'loss');
         return loss?.y ? Array.from(loss.y) : null;
       });
@@ -154,7 +164,10 @@ test.describe('dtwork sidebar', () => {
     await running;
     expect(points).toEqual(Array.from({ length: steps }, (_, i) => i));
     const partial = [...seen].filter(n => n > 0 && n < steps).sort((a, b) => a - b);
-    expect(partial.length, `partial lengths drawn while it trained: ${partial.join(', ')}`).toBeGreaterThanOrEqual(3);
+    expect(
+      partial.length,
+      `partial lengths drawn while it trained: ${partial.join(', ')}`
+    ).toBeGreaterThanOrEqual(3);
     await page.screenshot({ path: testInfo.outputPath('live-dashboard.png') });
 
     // the Report link exports the run (POST .../report) and opens the notebook it wrote
@@ -166,7 +179,9 @@ test.describe('dtwork sidebar', () => {
     expect(report.status()).toBe(200);
     const { path } = (await report.json()) as { path: string };
     const reportName = path.split('/').pop() ?? path;
-    const reportTab = page.locator('#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current', { hasText: reportName });
+    const reportTab = page.locator('#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current', {
+      hasText: reportName
+    });
     await expect(reportTab).toBeVisible({ timeout: 60_000 });
     await expect(page.locator('.jp-NotebookPanel:visible .jp-Cell').first()).toBeVisible();
     await page.screenshot({ path: testInfo.outputPath('report-opened.png') });
@@ -194,7 +209,11 @@ test.describe('dtwork sidebar', () => {
 
   test('says so when the server extension is missing', async ({ page }, testInfo) => {
     await page.route('**/dtwork/**', route =>
-      route.fulfill({ status: 404, contentType: 'text/html', body: '<html><body>404 : Not Found</body></html>' })
+      route.fulfill({
+        status: 404,
+        contentType: 'text/html',
+        body: '<html><body>404 : Not Found</body></html>'
+      })
     );
     await openPanel(page);
     const banner = page.locator(`${PANEL} .dtwork-Banner`);
