@@ -22,10 +22,7 @@ def watch(path: Path) -> int:
         if data is None:
             return 0  # stopped normally (or removed by a cleaner)
         if not registry.alive(data.get("kernel")):
-            registry.kill_processes(data.get("processes", []))
-            for extra in data.get("files", []):
-                Path(extra).unlink(missing_ok=True)
-            path.unlink(missing_ok=True)
+            registry.discard(data)
             return 0
         time.sleep(POLL_SECONDS)
 
