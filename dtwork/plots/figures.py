@@ -1,0 +1,331 @@
+"""Figures: series and analysis results -> titled plotly figures, in the house style.
+
+Every figure function takes *rows* (:class:`dtwork.records.Row`, as ``RunStore.metrics(...,
+rank="all")`` returns them and :func:`dtwork.records.to_rows` makes them from rank records); rows
+without a finite value are skipped. Every figure is titled, has labelled axes, keeps its traces'
+x/y as plain lists of numbers (the dashboard's thinned traces are numpy arrays) and draws an empty
+input as an empty figure with a "no data yet" annotation instead of raising. No widgets, no torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from dtwork.analysis.gns import tradeoff, tradeoff_curve
+from dtwork.analysis.scaling import ScalingResult, best_bucket
+from dtwork.plots.series import (
+    GnsSeries,
+    GpuSeries,
+    MetricsSeries,
+    Series,
+    StepTimeSeries,
+    ThroughputSeries,
+    Trace,
+)
+
+__all__ = [
+    "HEIGHT",
+    "NO_DATA",
+    "NO_DATA_NAME",
+    "bucket_figure",
+    "empty_figure",
+    "gns_figure",
+    "gpu_figure",
+    "metrics_figure",
+    "no_data_note",
+    "row_axes",
+    "scaling_figure",
+    "scatter",
+    "series_figure",
+    "stacked_figure",
+    "step_time_figure",
+    "throughput_figure",
+    "tradeoff_figure",
+]
+
+NO_DATA = "no data yet"
+NO_DATA_NAME = "dtwork-no-data"  # the name of the "no data yet" annotation
+HEIGHT = 320
+
+
+def _number(value: Any) -> float | None:
+    """Return ``value`` as a finite float, or None (missing, NaN, infinite, not a number)."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+# -- the house style -----------------------------------------------------------------------------
+
+# The layout part of plotly's default template, which is all that line charts use: the full
+# template (defaults for every trace type) makes every figure widget slow to validate.
+_TEMPLATE_KEYS = (
+    "autotypenumbers", "colorway", "font", "hovermode", "hoverlabel", "paper_bgcolor", "plot_bgcolor",
+    "xaxis", "yaxis", "annotationdefaults", "title",
+)  # fmt: skip
+_TEMPLATE: list[go.layout.Template] = []
+
+
+def _template() -> go.layout.Template:
+    if not _TEMPLATE:
+        layout = pio.templates["plotly"].layout.to_plotly_json()
+        _TEMPLATE.append(go.layout.Template(layout={k: layout[k] for k in _TEMPLATE_KEYS if k in layout}))
+    return _TEMPLATE[0]
+
+
+def _titled(fig: go.Figure, title: str, x: str, y: str, *, log_x: bool = False) -> go.Figure:
+    """Set the title, axis titles and the shared look; ``uirevision`` keeps zoom across redraws."""
+    fig.update_layout(
+        template=_template(),
+        title={"text": title},
+        height=HEIGHT,
+        margin={"l": 60, "r": 20, "t": 60, "b": 50},
+        uirevision="dtwork",
+        legend={"orientation": "h", "y": -0.25},
+    )
+    fig.update_xaxes(title_text=x, type="log" if log_x else None)
+    fig.update_yaxes(title_text=y)
+    return fig
+
+
+def no_data_note(text: str = NO_DATA) -> dict[str, Any]:
+    """The centred "no data yet" annotation (named NO_DATA_NAME)."""
+    return {
+        "name": NO_DATA_NAME,
+        "text": text,
+        "x": 0.5,
+        "y": 0.5,
+        "xref": "paper",
+        "yref": "paper",
+        "showarrow": False,
+        "font": {"size": 16, "color": "#888"},
+    }
+
+
+def _no_data(fig: go.Figure, text: str = NO_DATA) -> go.Figure:
+    """Add the "no data yet" annotation."""
+    fig.add_annotation(**no_data_note(text))
+    return fig
+
+
+def _line(x: Sequence[float], y: Sequence[float], name: str, **kw: Any) -> go.Scatter:
+    """A line trace; numpy arrays stay arrays (plotly validates lists item by item, slowly)."""
+    x = x if isinstance(x, np.ndarray) else list(x)
+    y = y if isinstance(y, np.ndarray) else list(y)
+    return go.Scatter(x=x, y=y, name=name, mode=kw.pop("mode", "lines"), **kw)
+
+
+def scatter(trace: Trace) -> go.Scatter:
+    """The plotly trace of a series' trace."""
+    return _line(trace.x, trace.y, trace.name, **trace.style)
+
+
+# -- series figures ------------------------------------------------------------------------------
+
+_EMPTY: dict[type, dict[str, Any]] = {}  # empty_figure() by class of series
+
+
+def _blank(series: Series) -> go.Figure:
+    """The titled figure of ``series`` without traces (side-by-side plots for a series that has them)."""
+    if not series.subplots:
+        return _titled(go.Figure(), series.title, series.x_title, series.y_title)
+    fig = make_subplots(rows=1, cols=len(series.subplots), subplot_titles=[t for t, _ in series.subplots])
+    _titled(fig, series.title, series.x_title, "")
+    for col, (_, y_title) in enumerate(series.subplots, 1):
+        fig.update_yaxes(title_text=y_title, row=1, col=col)
+    return fig
+
+
+def _assemble(series: Series, traces: Sequence[Trace]) -> go.Figure:
+    """The figure of ``series`` with these traces; "no data yet" without any."""
+    fig = _blank(series)
+    fig.add_traces([scatter(t) for t in traces])
+    return fig if traces else _no_data(fig)
+
+
+def series_figure(series: Series, max_points: int | None = None) -> go.Figure:
+    """The whole figure of ``series``; "no data yet" when there is nothing to draw."""
+    return _assemble(series, series.traces(max_points))
+
+
+def empty_figure(series: Series) -> dict[str, Any]:
+    """The figure of ``series`` without data ("no data yet") as a plotly dict, built once per class
+    of series: the live dashboard starts every cell's figures from it without validating plotly's
+    layout again."""
+    key = type(series)
+    if key not in _EMPTY:
+        _EMPTY[key] = _assemble(series, []).to_dict()
+    return copy.deepcopy(_EMPTY[key])
+
+
+_STACKED: dict[tuple[type, ...], dict[str, Any]] = {}  # stacked_figure() by series classes
+
+
+def row_axes(row: int) -> tuple[str, str]:
+    """The x and y axis names of a stacked figure's row (1-based): ("x", "y"), ("x2", "y2"), ..."""
+    suffix = "" if row == 1 else str(row)
+    return f"x{suffix}", f"y{suffix}"
+
+
+def stacked_figure(series: Sequence[Series]) -> dict[str, Any]:
+    """Empty figures of ``series`` as the rows of one figure, as a plotly dict.
+
+    Each row is titled, its axes titled, "no data yet" in its middle (an annotation named
+    NO_DATA_NAME on the row's axes), with one empty trace (no name, no legend entry) so that plotly
+    draws its axes; one legend, its traces grouped by row. The live dashboard draws several series
+    in one figure widget so that a redraw updates them all in one message. Built once per classes of
+    series (plotly's layout validation is slow)."""
+    key = tuple(type(s) for s in series)
+    if key not in _STACKED:
+        n = len(series)
+        fig = make_subplots(
+            rows=n, cols=1, subplot_titles=[s.title for s in series], vertical_spacing=0.3 / n
+        )
+        fig.update_layout(
+            template=_template(),
+            height=HEIGHT * n,
+            margin={"l": 60, "r": 20, "t": 40, "b": 50},
+            uirevision="dtwork",
+            legend={"groupclick": "toggleitem", "tracegroupgap": 24, "traceorder": "grouped"},
+        )
+        for row, s in enumerate(series, 1):
+            fig.update_xaxes(title_text=s.x_title, row=row, col=1)
+            fig.update_yaxes(title_text=s.y_title, row=row, col=1)
+            xa, ya = row_axes(row)
+            fig.add_annotation(**{**no_data_note(), "xref": f"{xa} domain", "yref": f"{ya} domain"})
+            # plotly draws no axes for a row without a trace: an empty one keeps every row on screen
+            fig.add_trace(
+                go.Scatter(x=[], y=[], name="", xaxis=xa, yaxis=ya, showlegend=False, hoverinfo="skip")
+            )
+        _STACKED[key] = fig.to_dict()
+    return copy.deepcopy(_STACKED[key])
+
+
+# -- training figures ----------------------------------------------------------------------------
+
+
+def metrics_figure(rows: Iterable[Mapping[str, Any]], names: Sequence[str] | None = None) -> go.Figure:
+    """Plot each aggregated metric against step, one trace per metric named after it.
+
+    ``names`` picks and orders the metrics; by default every logged metric (kind "log"), in the
+    order they first appear.
+    """
+    return series_figure(MetricsSeries(names).add(rows))
+
+
+def throughput_figure(rows: Iterable[Mapping[str, Any]]) -> go.Figure:
+    """Plot global samples/s (the sum over ranks at each step) and one trace per rank "rank r"."""
+    return series_figure(ThroughputSeries().add(rows))
+
+
+def step_time_figure(rows: Iterable[Mapping[str, Any]]) -> go.Figure:
+    """Stack compute, communication wait and data-loading time per step (means over ranks).
+
+    A part no rank measured (e.g. communication wait on a backend without timing) is left out;
+    a step where only some parts were measured counts the missing ones as 0. The measured
+    step time is drawn as a dashed line: the gap above the stack is time not accounted for.
+    """
+    return series_figure(StepTimeSeries().add(rows))
+
+
+def gpu_figure(rows: Iterable[Mapping[str, Any]]) -> go.Figure:
+    """Plot GPU utilization (%) and memory used (MB) against step, per rank, side by side."""
+    return series_figure(GpuSeries().add(rows))
+
+
+def gns_figure(rows: Iterable[Mapping[str, Any]], global_batch: int | None = None) -> go.Figure:
+    """Plot the gradient noise scale B_simple = tr(Sigma)/|G|^2 against step.
+
+    With ``global_batch`` a dashed line marks the current global batch: well below B_simple
+    wastes steps, well above wastes examples (McCandlish et al. 2018, arXiv:1812.06162).
+    """
+    return series_figure(GnsSeries(global_batch).add(rows))
+
+
+# -- analysis figures ----------------------------------------------------------------------------
+
+
+def scaling_figure(result: ScalingResult | None) -> go.Figure:
+    """Plot throughput against ranks with the ideal line, and efficiency and comm share beside it.
+
+    Ideal throughput is (n/n0) T(n0), i.e. n T(1) with a 1-rank baseline; efficiency is
+    T(n) / ideal(n); comm share is communication time / step time (both as fractions).
+    """
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput", "efficiency"))
+    mode = result.mode if result is not None else "scaling"
+    _titled(fig, f"{mode.capitalize()} scaling", "ranks", "")
+    fig.update_yaxes(title_text="samples/s", row=1, col=1)
+    fig.update_yaxes(title_text="fraction", tickformat=".0%", rangemode="tozero", row=1, col=2)
+    if result is None or not result.points:
+        return _no_data(fig)
+    sizes = [p.world_size for p in result.points]
+    fig.update_xaxes(tickvals=sizes)
+    fig.update_layout(title={"text": f"{mode.capitalize()} scaling<br><sup>{result.headline()}</sup>"})
+    ideal, eff, comm = result.ideal(), result.efficiencies(), result.comm_share()
+    fig.add_trace(_line(sizes, [p.throughput for p in result.points], "measured", mode="lines+markers"), 1, 1)
+    fig.add_trace(_line(sizes, [ideal[n] for n in sizes], "ideal", line={"dash": "dash"}), 1, 1)
+    fig.add_trace(_line(sizes, [eff[n] for n in sizes], "efficiency", mode="lines+markers"), 1, 2)
+    fig.add_trace(_line(sizes, [comm[n] for n in sizes], "comm share", mode="lines+markers"), 1, 2)
+    return fig
+
+
+def bucket_figure(results: Mapping[float, float] | None) -> go.Figure:
+    """Plot step time against DDP bucket size (MB, log x) and mark the fastest bucket."""
+    fig = _titled(go.Figure(), "DDP bucket size", "bucket size (MB)", "step time (s)", log_x=True)
+    if not results:
+        return _no_data(fig)
+    points = sorted((float(mb), float(seconds)) for mb, seconds in results.items())
+    fig.add_trace(_line([mb for mb, _ in points], [t for _, t in points], "step time", mode="lines+markers"))
+    best = best_bucket(results)
+    fig.add_trace(
+        _line(
+            [float(best)],
+            [float(results[best])],
+            "fastest",
+            mode="markers",
+            marker={"size": 14, "symbol": "star"},
+        )
+    )
+    return fig
+
+
+def _geometric(lo: float, hi: float, n: int) -> list[float]:
+    ratio = (hi / lo) ** (1.0 / (n - 1))
+    return [lo * ratio**i for i in range(n)]
+
+
+def tradeoff_figure(b_noise: float | None, current_batch: float | None = None) -> go.Figure:
+    """Plot the steps/examples trade-off (S/S_min - 1)(E/E_min - 1) = 1, the current batch marked.
+
+    Each batch size B gives S/S_min = 1 + B_noise/B and E/E_min = 1 + B/B_noise (McCandlish
+    et al. 2018, eq. 2.11); the curve spans B_noise/64 .. 64 B_noise on log axes.
+    """
+    title = "Steps vs examples trade-off"
+    fig = _titled(go.Figure(), title, "examples / minimum examples", "steps / minimum steps")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    b = _number(b_noise)
+    if b is None or b <= 0:
+        return _no_data(fig)
+    fig.update_layout(title={"text": f"{title} (B_noise ~ {b:.0f})"})
+    curve = tradeoff_curve(b, _geometric(b / 64, b * 64, 129))
+    text = [f"B = {batch:.0f}" for batch, _, _ in curve]
+    fig.add_trace(_line([e for _, _, e in curve], [s for _, s, _ in curve], "trade-off", text=text))
+    s, e = tradeoff(b, b)
+    fig.add_trace(_line([e], [s], "B = B_noise", mode="markers", marker={"size": 9, "color": "#888"}))
+    batch = _number(current_batch)
+    if batch is not None and batch > 0:
+        s, e = tradeoff(b, batch)
+        marker = {"size": 14, "symbol": "star"}
+        fig.add_trace(_line([e], [s], f"current batch {batch:.0f}", mode="markers", marker=marker))
+    return fig
