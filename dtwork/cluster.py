@@ -57,14 +57,19 @@ class Cluster:
         engine_timeout: int = ENGINE_TIMEOUT,
     ) -> None:
         from dtwork.config import load_config
+        from dtwork.config.determined import check_slots
 
         self.config = load_config(config)
         if global_batch_size is None:
             global_batch_size = self.config.global_batch_size
-        if n is None:
-            n = self.config.resources.slots_per_trial
         self.profile = profile
         gpus = None if profile else telemetry.gpu_count()  # a profile's engines may be elsewhere
+        if n is None:
+            n = self.config.resources.slots_per_trial
+            if gpus is not None:
+                check_slots(n, global_batch_size, gpus, backend, os.cpu_count() or 1)
+        for note in self.config.notes:
+            print(f"dtwork: {note}")
         self.n, self.backend = rendezvous.validate_request(
             n, backend, gpus, timeout=timeout, global_batch_size=global_batch_size
         )
@@ -379,6 +384,8 @@ class Cluster:
         from dtwork.config import load_config
 
         cfg = load_config(config)
+        for note in cfg.notes:
+            print(f"dtwork: {note}")
         gbs = cfg.global_batch_size or self.global_batch_size
         if gbs is not None and gbs < self.world_size:
             raise DtworkError(

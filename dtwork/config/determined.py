@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dtwork.config._rules import fail, join, show
+from dtwork.errors import ConfigError
 
 # section path -> Determined fields that dtwork accepts and ignores (it runs cells on its own cluster)
 IGNORED: dict[str, tuple[str, ...]] = {
@@ -176,3 +177,18 @@ def _checkpoint_storage(out: dict[Any, Any], label: str, notes: list[str]) -> No
             f"names {directory!r} but checkpoint.directory is {show(checkpoint['directory'])}: keep one of them",
         )
     out["checkpoint"] = {**checkpoint, "directory": directory}
+
+
+def check_slots(slots: int | None, gbs: int | None, gpus: int, backend: str, cores: int) -> None:
+    """Fail at once, as Determined's scheduler would report, when ``resources.slots_per_trial`` asks
+    for more slots than this machine has (GPUs, or CPU cores for CPU ranks)."""
+    on_gpus = backend == "nccl" or (backend == "auto" and gpus > 0)
+    have, unit = (gpus, "GPU") if on_gpus else (cores, "CPU core")
+    if slots is None or slots <= have:
+        return
+    split = f" (the global batch {gbs} then splits {gbs // have} per slot)" if gbs and gbs >= have else ""
+    raise ConfigError(
+        f"resources.slots_per_trial: {slots} is more than the {have} slots ({unit}s) on this machine, "
+        f"so the trial cannot be scheduled: start with -n {have}{split}, lower slots_per_trial to {have}, "
+        "or use --profile NAME to start engines on more hosts"
+    )

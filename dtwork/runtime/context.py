@@ -8,12 +8,14 @@ the modules beside this one, so that plain PyTorch stays in the researcher's han
 from __future__ import annotations
 
 import gc
+import random
 import socket
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -61,6 +63,7 @@ class Context:
         self.auto_resume = False  # set when the cluster restarts a failed trial
         self.run_id: int | None = None  # the kernel's run (names its checkpoint folder), set per run
         self._set_batch(global_batch_size)
+        self._seed()
         control.install()
 
     @classmethod
@@ -121,6 +124,24 @@ class Context:
         """Load an experiment config (dict, YAML or ExperimentConfig); the batch follows it."""
         self.config = load_config(config)
         self._set_batch(global_batch_size or self.config.global_batch_size or self.global_batch_size)
+        self._seed()
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The config's ``hyperparameters`` (Determined's, constants only)."""
+        return self.config.hyperparameters
+
+    @property
+    def rank_seed(self) -> int:
+        """``seed + rank``: for randomness that must differ between ranks (e.g. augmentation)."""
+        return self.config.seed + self.rank
+
+    def _seed(self) -> None:
+        # The same seed on every rank, so models start equal and a run repeats.
+        seed = self.config.seed
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
 
     def _set_batch(self, global_batch_size: int | None) -> None:
         if global_batch_size is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -48,17 +48,27 @@ class StepLoop:
         max_epochs: int | None = None,
         resume: Any = False,
         checkpoint_every: int | None = None,
+        validate: Callable[[], Mapping[str, Any] | None] | None = None,
+        validate_every: int | None = None,
     ) -> None:
         cfg = ctx.config
         self.ctx = ctx
         self.loader = loader
         self.k = cfg.optimizations.aggregation_frequency
-        self.max_steps = max_steps if max_steps is not None else cfg.max_steps
-        self.max_epochs = max_epochs if max_epochs is not None else cfg.max_epochs
+        cfg_steps, cfg_epochs = cfg.stop(ctx.global_batch_size)  # max_steps, else searcher.max_length
+        self.max_steps = max_steps if max_steps is not None else cfg_steps
+        self.max_epochs = max_epochs if max_epochs is not None else cfg_epochs
         if self.max_steps is None and self.max_epochs is None:
             self.max_epochs = 1
         self.resume = resume or getattr(ctx, "auto_resume", False)
-        self.every = checkpoint_every if checkpoint_every is not None else cfg.checkpoint.every
+        period = cfg.checkpoint.every or cfg.steps_in(cfg.min_checkpoint_period, ctx.global_batch_size)
+        self.every = checkpoint_every if checkpoint_every is not None else period
+        self.validate = validate
+        self.validate_every = validate_every or cfg.steps_in(cfg.min_validation_period, ctx.global_batch_size)
+        if validate is not None and not self.validate_every:
+            raise DtworkError(
+                "ctx.steps(validate=fn) needs a period: min_validation_period in the config, or validate_every=N"
+            )
         self._saved_step: int | None = None  # the step of the last checkpoint taken or resumed from
         self.step = 0
         self.epoch = 0
@@ -270,6 +280,8 @@ class StepLoop:
 
     def _end_step(self) -> None:
         ctx = self.ctx
+        if self.validate is not None and self.validate_every and (self.step + 1) % self.validate_every == 0:
+            self.add_log(dict(self.validate() or {}))  # logged at this step, like ctx.log
         scale = float(ctx._scaler.get_scale()) if ctx._scaler is not None else 1.0
         norms = self._local_norms(scale) if self.stepped or ctx._scaler is None else None
         self.step += 1
