@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from dtwork import report
     from dtwork.cluster import Cluster, start
     from dtwork.config import load_config
 
@@ -40,11 +41,13 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
+    if name == "report":  # the package: dtwork.report.export(run_id, path, ...)
+        return importlib.import_module("dtwork.report")
     raise AttributeError(f"module 'dtwork' has no attribute {name!r}")
 
 
@@ -57,13 +60,6 @@ def runs(store: Any = None) -> list[dict[str, Any]]:
         return []
     with RunStore(path, readonly=True) as s:
         return s.list_runs()
-
-
-def report(run_id: int | None = None, path: Any = None, **kwargs: Any) -> Any:
-    """Export a run as a re-runnable notebook (see ``dtwork.report.export``)."""
-    from dtwork.report import export
-
-    return export(run_id, path, **kwargs)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -254,12 +254,13 @@ class DtrainMagics(Magics):
                 raise DtworkError(
                     f"%dtrain report: --run takes a run id, a whole number such as 3 — got {ns.run!r}"
                 )
-        from dtwork.report import export
+        from dtwork.report import export, secret_environ
 
         live = [c for c in _clusters if c.state == "running"] if ns.store is None else []
         store = ns.store or (live[-1].store_path if live else None)
         run = ns.run or (live[-1].session.run_id if live else None)  # the current run, else the latest
-        report = export(run, ns.path, store=store, html=ns.html, verify=ns.verify)
+        env = secret_environ()  # the kernel's: its secrets are scrubbed wherever they appear
+        report = export(run, ns.path, store=store, html=ns.html, verify=ns.verify, environ=env)
         print(report.describe())
         return None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import math
 import os
 import re
@@ -30,6 +31,8 @@ DETAIL_POINTS = 200  # loss points in GET /dtwork/runs/<id>
 DEFAULT_RUNS = 50  # runs listed by GET /dtwork/runs unless ?limit= says otherwise
 MAX_RUNS = 500
 CACHE_SIZE = 512
+MAX_ENVIRON = 4096  # variables accepted with an export request
+MAX_ENV_VALUE = 65536
 
 # The metric (or summary) names each panel column reads, first found wins.
 RANK_THROUGHPUT = "samples_per_s"  # each rank logs its own (runtime/loop.py); the run's is their sum
@@ -271,9 +274,35 @@ def scrub(message: str) -> str:
     return _ABS_PATH.sub(lambda m: Path(m.group(0)).name or "/", message)
 
 
-def export_report(root_dir: str, run_id: int) -> dict[str, Any]:
+def report_environ(body: bytes) -> dict[str, str]:
+    """The kernel's environment sent with an export request: ``{"environ": {"NAME": "value"}}``.
+
+    An empty body sends none; anything else that is not that shape is refused with a ValueError.
+    """
+    if not body.strip():
+        return {}
+    try:
+        environ = json.loads(body).get("environ", {})
+    except (AttributeError, UnicodeDecodeError, ValueError):
+        raise ValueError('the request body must be JSON: {"environ": {"NAME": "value"}}') from None
+    if (
+        not isinstance(environ, dict)
+        or len(environ) > MAX_ENVIRON
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and len(v) <= MAX_ENV_VALUE for k, v in environ.items()
+        )
+    ):
+        raise ValueError(
+            f"environ must map names to strings (at most {MAX_ENVIRON}, {MAX_ENV_VALUE} chars each)"
+        )
+    return environ
+
+
+def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = None) -> dict[str, Any]:
     """POST /dtwork/runs/<id>/report: ``dtwork.report.export`` into ``<root>/reports/``.
 
+    Secrets are scrubbed with the kernel's ``environ`` (sent by the client) and the server's own:
+    the server's alone would miss what only the kernel holds.
     Returns the notebook's path relative to the server root, for the panel to open.
     """
     require_run(root_dir, run_id)
@@ -287,10 +316,13 @@ def export_report(root_dir: str, run_id: int) -> dict[str, Any]:
     target = Path(root_dir) / "reports" / f"run-{run_id}.ipynb"
     kwargs: dict[str, Any] = {}
     try:
-        if "store" in inspect.signature(export).parameters:
-            kwargs["store"] = store_path(root_dir)
+        params = set(inspect.signature(export).parameters)
     except (TypeError, ValueError):
-        pass
+        params = set()
+    if "store" in params:
+        kwargs["store"] = store_path(root_dir)
+    if "environ" in params:
+        kwargs["environ"] = {**os.environ, **(environ or {})}
     try:
         result = export(run_id, target, **kwargs)
     except DtworkError as exc:

@@ -8,7 +8,8 @@ Routes (the wire types are mirrored in ``extension/src/types.ts``):
   GET  /dtwork/runs[?limit=50]            runs, newest first, with a loss sparkline each
   GET  /dtwork/runs/<id>                  one run: summary, latest metrics, loss curve
   GET  /dtwork/runs/<id>/metrics?name=N   one metric's aggregated series
-  POST /dtwork/runs/<id>/report           export the run as a notebook (dtwork.report)
+  POST /dtwork/runs/<id>/report           export the run as a notebook (dtwork.report); the body
+                                          may send the kernel's {"environ": {...}} to scrub
   GET  /dtwork/gpus                       NVML inventory and telemetry (CPU mode without)
 
 Errors answer ``{"error": "..."}``: 404 for malformed or unknown ids (and unknown routes
@@ -143,7 +144,12 @@ class RunReportHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def post(self, run_id: str) -> None:
-        await self.answer(lambda: data.export_report(self.root_dir, data.parse_run_id(run_id)))
+        try:
+            environ = data.report_environ(self.request.body)
+        except ValueError as exc:
+            self.reply({"error": str(exc)}, 400)
+            return
+        await self.answer(lambda: data.export_report(self.root_dir, data.parse_run_id(run_id), environ))
 
 
 class GpusHandler(DtworkHandler):

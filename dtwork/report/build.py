@@ -1,0 +1,230 @@
+"""The report notebook, built from the run store.
+
+It holds a header with a summary table, the environment, the config as YAML, the run's ``%%dtrain``
+cells between ``%dtrain start`` (same slots, backend and config; a store next to the report) and
+``%dtrain stop``, the recorded metrics as data, and the figures and analyses rebuilt from that data
+by :mod:`dtwork.report.helpers`. Everything the user wrote (names, messages, errors, config values)
+is scrubbed of secrets, and escaped wherever it lands in markdown: nbconvert keeps raw HTML there.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shlex
+import statistics
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from dtwork import plots
+from dtwork.errors import DtworkError
+from dtwork.report import helpers
+from dtwork.report.scrub import SCRUBBED, Scrubber
+from dtwork.store import RunStore
+
+__all__ = ["DATA_TAG", "RERUN_STORE", "code_span", "escape", "notebook", "now", "table"]
+
+RERUN_STORE = ".rerun.sqlite"  # the re-run's store: the report's stem + this, beside the report
+DATA_TAG = "dtwork-data"  # the metrics cell: collapsed in JupyterLab, its source left out of the HTML
+COLUMNS = ["kind", "step", "rank", "name", "value", "time"]
+
+FIGURES_CELL = """from dtwork.report import helpers
+
+helpers.show(helpers.figures(RECORDED))"""
+ANALYSIS_CELL = "helpers.show(helpers.analyses(RECORDED))"
+
+_MARKDOWN = re.compile(r"([\\`*_\[\]|~$#!])")  # backslash-escaped: links, emphasis, tables, math
+
+
+def escape(text: Any) -> str:
+    """``text`` as literal markdown on one line: HTML escaped, markdown syntax backslashed."""
+    flat = " ".join(str(text).split())
+    return _MARKDOWN.sub(r"\\\1", html.escape(flat, quote=True))
+
+
+def code_span(text: Any) -> str:
+    """``text`` as an inline code span, which shows raw HTML as text; fenced past its own backticks."""
+    flat = " ".join(str(text).split())
+    fence = "`" * (max((len(r) for r in re.findall("`+", flat)), default=0) + 1)
+    return (
+        f"{fence} {flat} {fence}" if flat.startswith("`") or flat.endswith("`") else f"{fence}{flat}{fence}"
+    )
+
+
+def now() -> str:
+    return datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "-" if value in (None, "") else str(value)
+
+
+def _fmt(value: Any) -> str:
+    return escape(_plain(value))
+
+
+def table(pairs: list[tuple[str, Any]], head: tuple[str, str] = ("", "")) -> str:
+    """A two-column markdown table; keys are written as given (escape user-derived ones first)."""
+    return "\n".join([f"| {head[0]} | {head[1]} |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in pairs])
+
+
+def _summary(run: dict[str, Any], data: dict[str, Any], last: dict[str, float]) -> list[tuple[str, Any]]:
+    by_rank: dict[int, list[float]] = {}  # ranks report at their own steps: a median per rank, summed
+    for r in helpers.rows(data):
+        if r["rank"] is not None and r["name"] == "samples_per_s":
+            by_rank.setdefault(r["rank"], []).append(r["value"])
+    throughput = run["summary"].get("throughput") or sum(statistics.median(v) for v in by_rank.values())
+    eff = run["summary"].get("scaling_efficiency")
+    if eff is None and (result := helpers.scaling(data)) is not None:
+        eff = result.efficiencies().get(run["world_size"])
+    adv = helpers.advice(data)
+    return [
+        ("world size", f"{run['world_size']} ({run['backend']})"),
+        ("per-slot batch", run["per_slot_batch_size"]),
+        ("global batch", run["global_batch_size"]),
+        ("throughput (samples/s, over all ranks)", throughput or None),
+        ("scaling efficiency", f"{eff:.0%}" if isinstance(eff, (int, float)) else "not measured"),
+        ("steps", run["last_step"]),
+        *[(f"final {escape(k)}", v) for k, v in last.items() if k not in plots.GNS_NAMES],
+        ("B_simple", helpers.b_simple(data) or "not measured"),
+        ("suggested global batch", helpers.suggested_batch(adv) if adv else "not measured"),
+    ]
+
+
+def _header(store: RunStore, run: dict[str, Any], data: dict[str, Any], title: str, version: Any) -> str:
+    started = datetime.fromtimestamp(run["created_at"]).astimezone().strftime("%Y-%m-%d %H:%M")
+    return (
+        f"# dtwork report: {escape(title)}\n\nRun **{run['id']}** ({escape(run['status'])}, started "
+        f"{started}) from {code_span(store.path.name)}, exported {now()} by dtwork {escape(version or '')}.\n\n"
+        + table(_summary(run, data, store.last_metrics(run["id"])), ("summary", ""))
+    )
+
+
+def _environment(env: dict[str, Any], seed: Any) -> str:
+    gpus = [
+        f"{g.get('name')} ({_plain(g.get('memory_total_mb'))} MB, driver {g.get('driver')})"
+        for g in env.get("gpus") or []
+    ]
+    ranks = [f"{r.get('rank')}: {r.get('hostname')} {r.get('device') or ''}" for r in env.get("ranks") or []]
+    pairs = [
+        (k, env.get(k.lower()))
+        for k in ("dtwork", "torch", "ipyparallel", "numpy", "Python", "platform", "backend")
+    ]
+    pairs += [("devices", "; ".join(gpus) or "CPU (no GPU)"), ("hosts", ", ".join(env.get("hosts") or []))]
+    return "## Environment\n\n" + table(
+        [*pairs, ("ranks", "; ".join(ranks)), ("seed", seed)], ("", "at the run's start")
+    )
+
+
+def _config(run: dict[str, Any], scrub: Scrubber) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The config scrubbed, as a dict and as YAML that ``load_config`` reads back; its lr settings."""
+    from dtwork.config import load_config
+
+    cfg = load_config(run["config_yaml"] or None)
+    config = scrub.data(cfg.to_dict(), "config")
+    lr = {"base": cfg.effective_lr(), "warmup": cfg.lr.warmup}
+    try:
+        return config, load_config(config).to_yaml(), lr
+    except DtworkError:
+        return config, yaml.safe_dump(config, sort_keys=False), lr
+
+
+def _rerun_cells(
+    run: dict[str, Any], cells: list[Any], path: Path, scrub: Scrubber, config: Any, text: str
+) -> list[Any]:
+    """``%%writefile`` the config, ``%dtrain start`` as the run did, its cells, ``%dtrain stop``."""
+    yaml_name, store_name = shlex.quote(f"{path.stem}.yaml"), shlex.quote(path.stem + RERUN_STORE)
+    start = f"%dtrain start -n {run['world_size']} --backend {run['backend']} --config {yaml_name}"
+    if run["global_batch_size"] and not config.get("global_batch_size"):
+        start += f" --global-batch-size {run['global_batch_size']}"
+    out = [
+        new_markdown_cell(
+            "## Re-run\n\nThe config as recorded; the next cell writes it beside this notebook."
+        ),
+        new_code_cell(f"%%writefile {yaml_name}\n{text}"),
+        new_code_cell(f"%load_ext dtwork\n{start} --store {store_name}"),
+    ]
+    for cell in cells:
+        flags = f" --ranks {','.join(map(str, cell['ranks']))}" if cell["ranks"] is not None else ""
+        meta: dict[str, Any] = {"dtwork": {"seq": cell["seq"], "status": cell["status"]}}
+        if cell["status"] not in ("ok", "running", None):  # nbclient goes on past a tagged cell
+            meta["tags"] = ["raises-exception"]
+            error = scrub.text(cell["error"] or "", f"cell {cell['seq']} error")
+            out.append(
+                new_markdown_cell(
+                    f"Cell {cell['seq']} ended **{escape(cell['status'])}** in the run: {code_span(error)}"
+                )
+            )
+        source = scrub.text(cell["source"] or "", f"cell {cell['seq']}")
+        out.append(new_code_cell(f"%%dtrain{flags}\n{source}", metadata=meta))
+    return [*out, new_code_cell("%dtrain stop")]
+
+
+def _data_cell(data: dict[str, Any]) -> Any:
+    """``RECORDED = json.loads(...)``: one metric row per line, floats exact."""
+    head = json.dumps({k: v for k, v in data.items() if k != "rows"})[:-1] + ', "rows": ['
+    lines = [json.dumps(r) + "," for r in data["rows"]]
+    lines[-1:] = [lines[-1][:-1]] if lines else []
+    body = "\n".join(f"    {p!r}" for p in [head, *lines, "]}"])
+    meta = {"jupyter": {"source_hidden": True}, "tags": [DATA_TAG]}
+    return new_code_cell(f"import json\n\nRECORDED = json.loads(\n{body}\n)", metadata=meta)
+
+
+def _recorded(store: RunStore, run: dict[str, Any], lr: dict[str, Any]) -> dict[str, Any]:
+    """What the report embeds as ``RECORDED``: the run's shape, lr, results and every metric row."""
+    rid = run["id"]
+    return {
+        "run_id": rid,
+        "world_size": run["world_size"],
+        "global_batch_size": run["global_batch_size"],
+        "lr": lr,
+        "results": [{"kind": r["kind"], "data": r["data"]} for r in store.results(rid)],
+        "columns": COLUMNS,
+        "rows": [[r[c] for c in COLUMNS] for r in store.metrics(rid, rank="all")],
+    }
+
+
+def _code_cell(source: str, items: list[helpers.Item]) -> Any:
+    return new_code_cell(source, outputs=helpers.outputs(items))
+
+
+def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
+    """The report of run ``run_id``, to be written at ``path``; figure and analysis outputs filled in."""
+    run, env = store.get_run(run_id), scrub.data(store.environment(run_id), "environment")
+    config, config_yaml, lr = _config(run, scrub)
+    rerun = _rerun_cells(run, store.cells(run_id), path, scrub, config, config_yaml)
+    events = [
+        (escape(e["kind"]), scrub.text(e["message"] or "", f"event {e['id']}")) for e in store.events(run_id)
+    ]
+    title = scrub.text(run["name"] or f"run {run_id}", "run name")
+    data = _recorded(store, run, lr)
+    nb = new_notebook(metadata={"dtwork": {"run_id": run_id}, "title": f"dtwork report: {title}"})
+    nb.cells = [
+        new_markdown_cell(_header(store, run, data, title, env.get("dtwork"))),
+        new_markdown_cell(_environment(env, config["seed"])),
+        *rerun,
+        new_markdown_cell(
+            "## Recorded metrics\n\nAs stored during the run (`rank` null: aggregated over ranks); "
+            "the cell is collapsed, and left out of the HTML."
+        ),
+        _data_cell(data),
+        new_markdown_cell(
+            "## Figures\n\nDrawn by `dtwork.plots` from `RECORDED`, as the live dashboard drew them."
+        ),
+        _code_cell(FIGURES_CELL, helpers.figures(data)),
+        new_markdown_cell("## Analyses: scaling and gradient noise scale"),
+        _code_cell(ANALYSIS_CELL, helpers.analyses(data)),
+        new_markdown_cell("## Events\n\n" + (table(events, ("kind", "message")) if events else "None.")),
+    ]
+    items = "\n".join(f"- {code_span(f)}" for f in scrub.found) or "- nothing looked like a secret"
+    nb.cells.append(
+        new_markdown_cell(f"## Secrets\n\nReplaced by `{SCRUBBED}` (use your own to re-run):\n\n{items}")
+    )
+    return nb

@@ -1,0 +1,131 @@
+"""What a report notebook's cells import: its recorded data as rows, the figures and the analyses.
+
+The exporter calls the same functions to fill those cells' outputs, so a re-run shows what the
+exported notebook shows. Figures travel as plotly JSON (``application/vnd.plotly.v1+json``),
+which JupyterLab renders, so that the notebook does not carry plotly.js.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from nbformat.v4 import new_output
+
+from dtwork import plots
+from dtwork.analysis.gns import BatchAdvice, advise
+from dtwork.analysis.scaling import ScalingResult
+
+__all__ = [
+    "PLOTLY_MIME",
+    "advice",
+    "analyses",
+    "b_simple",
+    "bundle",
+    "figures",
+    "outputs",
+    "rows",
+    "scaling",
+    "show",
+    "suggested_batch",
+]
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+Item = Any  # a line of text (str) or a plotly figure
+
+
+def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The embedded metric rows as :mod:`dtwork.plots` takes them."""
+    return [dict(zip(data["columns"], r, strict=True)) for r in data["rows"]]
+
+
+def _last(data: dict[str, Any], name: str) -> float | None:
+    values = [r["value"] for r in rows(data) if r["rank"] is None and r["name"] == name]
+    return values[-1] if values else None
+
+
+def b_simple(data: dict[str, Any]) -> float | None:
+    """The last B_simple = tr(Sigma)/|G|^2 recorded (None when not measured or not positive)."""
+    b = _last(data, "b_simple")
+    return b if b is not None and b > 0 else None
+
+
+def scaling(data: dict[str, Any]) -> ScalingResult | None:
+    """The run's latest scaling sweep (``%dtrain scaling`` stores one), if any."""
+    for result in reversed(data.get("results", [])):
+        with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
+            return ScalingResult.from_dict(result["data"])
+    return None
+
+
+def advice(data: dict[str, Any]) -> BatchAdvice | None:
+    """Batch-size advice from the last B_simple, as ``%dtrain gns`` gives it (None: not measured)."""
+    b, lr = b_simple(data), data["lr"]
+    if b is None:
+        return None
+    batch = data["global_batch_size"] or int(_last(data, "b_big") or data["world_size"])
+    return advise(b, batch, data["world_size"], lr["base"], warmup_steps=lr["warmup"])
+
+
+def suggested_batch(adv: BatchAdvice) -> int:
+    """The candidate global batch closest (in ratio) to the critical batch."""
+    return min(adv.candidates, key=lambda c: abs(math.log(c / adv.critical_batch)))
+
+
+def figures(data: dict[str, Any]) -> list[Item]:
+    """The dashboard's figures drawn from the recorded rows (GPU telemetry only when recorded)."""
+    recorded = rows(data)
+    out = [
+        plots.metrics_figure(recorded),
+        plots.throughput_figure(recorded),
+        plots.step_time_figure(recorded),
+    ]
+    if any(r["kind"] == "gpu" for r in recorded):
+        out.append(plots.gpu_figure(recorded))
+    return out
+
+
+def analyses(data: dict[str, Any]) -> list[Item]:
+    """The scaling sweep and the gradient noise scale: a headline each, and their figures."""
+    result, adv = scaling(data), advice(data)
+    out: list[Item] = [result.headline() if result else "No scaling sweep was recorded for this run."]
+    if result:
+        out.append(plots.scaling_figure(result))
+    out.append("\n".join(adv.summary()) if adv else "The gradient noise scale was not measured in this run.")
+    if adv:
+        out.append(plots.gns_figure(rows(data), adv.global_batch))
+        out.append(plots.tradeoff_figure(b_simple(data), adv.global_batch))
+    return out
+
+
+def bundle(fig: Any) -> dict[str, Any]:
+    """A figure's display data: plotly JSON for JupyterLab, its title for plain text."""
+    return {PLOTLY_MIME: json.loads(fig.to_json()), "text/plain": fig.layout.title.text or "figure"}
+
+
+def outputs(items: Iterable[Item]) -> list[Any]:
+    """The cell outputs ``show(items)`` produces in a kernel: a stream per text run, a display per figure."""
+    out: list[Any] = []
+    for item in items:
+        if not isinstance(item, str):
+            out.append(new_output("display_data", data=bundle(item)))
+        elif out and out[-1].output_type == "stream":
+            out[-1].text += item + "\n"
+        else:
+            out.append(new_output("stream", name="stdout", text=item + "\n"))
+    return out
+
+
+def show(items: Iterable[Item]) -> None:
+    """Print the texts and display the figures, in order."""
+    from IPython.display import display
+
+    for item in items:
+        if isinstance(item, str):
+            print(item)
+        else:
+            display(bundle(item), raw=True)

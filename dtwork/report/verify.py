@@ -1,0 +1,99 @@
+"""Verification: re-execute a written report and compare the re-run's metrics with the recorded ones.
+
+The re-run records into its own store beside the report (``%dtrain start --store``), so the
+comparison reads what the re-run really logged, step by step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbformat.v4 import new_markdown_cell
+
+from dtwork.report.build import RERUN_STORE, code_span, escape, now, table
+from dtwork.store import RunStore
+
+__all__ = ["VERIFY_TAG", "Verdict", "compare", "verify"]
+
+VERIFY_TAG = "dtwork-verification"
+
+
+@dataclass
+class Verdict:
+    """How closely a re-run matched: ``verified`` is None until a re-run was compared."""
+
+    verified: bool | None = None
+    max_abs_diff: dict[str, float] = field(default_factory=dict)
+    text: str = ""
+
+
+def compare(recorded: list[dict[str, Any]], rerun: list[dict[str, Any]]) -> dict[str, float]:
+    """Max |recorded - rerun| of each metric over the steps both have (inf: no step in common)."""
+    new: dict[str, dict[int, float | None]] = {}
+    for r in rerun:
+        new.setdefault(r["name"], {})[r["step"]] = r["value"]
+    old: dict[str, dict[int, float | None]] = {}
+    for r in recorded:
+        old.setdefault(r["name"], {})[r["step"]] = r["value"]
+    diffs = {}
+    for name, values in old.items():
+        pairs = [(a, new[name][s]) for s, a in values.items() if s in new.get(name, {})]
+        gaps = [
+            abs(a - b) if a is not None and b is not None else 0.0 if a is b else math.inf for a, b in pairs
+        ]
+        diffs[name] = max(gaps, default=math.inf)
+    return diffs
+
+
+def rerun(path: Path, timeout: float) -> tuple[list[dict[str, Any]] | None, str]:
+    """Execute the notebook in its folder (kernel python3); the re-run's metrics from its store."""
+    from nbclient import NotebookClient
+
+    store = path.with_name(path.stem + RERUN_STORE)
+    before = None
+    if store.exists():
+        with RunStore(store, readonly=True) as s:
+            before = s.latest_run_id()
+    meta = {"metadata": {"path": str(path.parent)}}
+    try:
+        NotebookClient(
+            nbformat.read(path, as_version=4), timeout=timeout, kernel_name="python3", resources=meta
+        ).execute()
+    except Exception as exc:
+        return (
+            None,
+            f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}".splitlines()[0],
+        )
+    with RunStore(store, readonly=True) as s:
+        rid = s.latest_run_id()
+        return (None, "it recorded no run") if rid in (None, before) else (s.metrics(rid), "")
+
+
+def verify(
+    path: Path, recorded: list[dict[str, Any]], timeout: float, tolerance: float
+) -> tuple[Verdict, Any]:
+    """Re-run the report at ``path``; the verdict, and the markdown cell that states it."""
+    metrics, why = rerun(path, timeout)
+    diffs = compare(recorded, metrics) if metrics is not None else {}
+    worst = max(diffs.values(), default=math.inf)
+    verified = bool(diffs) and worst <= tolerance
+    verdict = "reproduced" if verified else "did NOT reproduce"
+    text = (
+        f"the re-run {verdict} the recorded metrics (max abs difference {worst:.3g}, tolerance {tolerance:g})"
+        if metrics is not None
+        else f"the re-run failed: {why}"
+    )
+    rows = table(
+        [(escape(k), v) for k, v in sorted(diffs.items())],
+        ("metric", "max abs difference over the common steps"),
+    )
+    cell = new_markdown_cell(
+        f"## Verification\n\nRe-executed headlessly on {now()} (kernel python3, store "
+        f"{code_span(path.stem + RERUN_STORE)}): **{escape(text)}**.\n\n{rows if metrics else ''}",
+        metadata={"tags": [VERIFY_TAG]},
+    )
+    return Verdict(verified, diffs, text), cell
