@@ -2,8 +2,10 @@
 
 Stands on ipyparallel: its ``Cluster`` starts a controller and engines (locally, or on other
 hosts through a profile's launcher: SSH, MPI, Slurm), its ``DirectView`` runs code on them.
-This module only decides ranks and joins them in a torch.distributed process group. It never
-imports torch: the kernel must not initialise CUDA (engines own the GPUs).
+This module only decides ranks and joins them in a torch.distributed process group; its calls
+to the engines and the ranks' health are in ``dtwork.engines``, the trial session (runs,
+cells, replay) in ``dtwork.session``. It never imports torch: the kernel must not initialise
+CUDA (engines own the GPUs).
 """
 
 from __future__ import annotations
@@ -15,20 +17,18 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import ipyparallel as ipp
 
-from dtwork import registry, rendezvous, telemetry
+from dtwork import engines, registry, rendezvous, telemetry
 from dtwork.errors import DtworkError
+from dtwork.session import Session
 
 DEFAULT_TIMEOUT = 300.0  # process-group timeout (s): bounded, unlike NCCL's 30 minutes
 ENGINE_TIMEOUT = 60  # seconds to wait for engines to register
-# seconds for the engines to answer the first request, then for a second one (see Cluster._probe_engines)
-PROBE_TIMEOUTS = (30.0, 60.0)
-
-log = logging.getLogger("dtwork")
 
 
 def _kernel_record() -> dict[str, Any]:
@@ -92,7 +92,8 @@ class Cluster:
         self.client: ipp.Client | None = None
         self._views: dict[tuple[int, ...], ipp.DirectView] = {}  # of this client, by engine ids
         self._reaper: subprocess.Popen[bytes] | None = None
-        self._session: Any = None  # the trial session (runs, store, dashboard), made lazily
+        self._session: Session | None = None  # the trial session (runs, store, dashboard), made lazily
+        self._health = engines.RankHealth(self)
         self._listeners: list[Callable[[Cluster], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -166,29 +167,11 @@ class Cluster:
         # Functions defined in a notebook or a test module travel by value, closures included.
         self.client[:].use_cloudpickle()
 
-    def _probe_engines(self, ids: list[int], host: str) -> list[dict[str, Any]]:
-        """Every engine's ``_probe``: the first request to engines that have just registered. On a
-        loaded machine such a request was once lost between the controller and an engine (both
-        engines idle, the kernel waiting for ever, while another cluster started beside it); one
-        that is not answered in time is asked again (``_probe`` may run twice)."""
-        assert self.client is not None
-        for i, seconds in enumerate(PROBE_TIMEOUTS):
-            ar = self.client[ids].apply_async(_probe, _kernel_record(), host)
-            try:
-                return list(ar.get(timeout=seconds))
-            except ipp.error.TimeoutError:
-                if i + 1 < len(PROBE_TIMEOUTS):
-                    log.warning("dtwork: engines %s did not answer within %.0f s: asking again", ids, seconds)
-        raise DtworkError(
-            f"the engines did not answer dtwork's first request within {sum(PROBE_TIMEOUTS):.0f} s: "
-            "the machine may be overloaded; stop the cluster and start it again"
-        )
-
     def _join_process_group(self) -> None:
         assert self.client is not None
         ids = sorted(self.client.ids)[: self.n]
         host = socket.gethostname()
-        probes = dict(zip(ids, self._probe_engines(ids, host), strict=True))
+        probes = dict(zip(ids, engines.probe_engines(self.client, ids, _kernel_record(), host), strict=True))
         any_gpus = all(p["gpus"] for p in probes.values())
         if self.backend == "auto":
             self.backend = "nccl" if any_gpus else "gloo"
@@ -201,8 +184,8 @@ class Cluster:
         rank0 = self.ranks[0]
         self.master_addr = rendezvous.master_address(probes[rank0.engine_id], iface)
         if len({p["hostname"] for p in probes.values()}) > 1 or iface:
-            self._check_routes(iface)
-        self.master_port = self.client[rank0.engine_id].apply_sync(_free_port, self.master_addr)
+            engines.check_routes(self.client, self.ranks, self.master_addr, iface)
+        self.master_port = self.client[rank0.engine_id].apply_sync(engines.free_port, self.master_addr)
         config = self.config.to_dict()
         specs = {
             p.engine_id: {
@@ -224,38 +207,8 @@ class Cluster:
             }
             for p in self.ranks
         }
-        ars = {eid: self.client[eid].apply_async(_init_rank, spec) for eid, spec in specs.items()}
-        deadline = time.monotonic() + min(self.timeout, 120.0) + 30.0
-        infos = {}
-        for eid, ar in ars.items():
-            try:
-                infos[eid] = ar.get(timeout=max(1.0, deadline - time.monotonic()))
-            except ipp.error.TimeoutError as exc:
-                raise DtworkError(
-                    f"ranks did not join the process group at {self.master_addr}:{self.master_port} in time: "
-                    f"check the network (--interface) and firewalls"
-                ) from exc
-            except ipp.error.RemoteError as exc:
-                raise DtworkError(
-                    f"rank on engine {eid} could not join the process group: {exc.ename}: {exc.evalue}"
-                ) from exc
+        infos = engines.init_ranks(self.client, specs, min(self.timeout, 120.0) + 30.0)
         self.rank_info = [{**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in self.ranks]
-
-    def _check_routes(self, iface: str | None) -> None:
-        """Check that every rank can reach rank 0's address before the process group forms."""
-        assert self.client is not None
-        port = self.client[self.ranks[0].engine_id].apply_sync(_listen_once, self.master_addr, 15.0)
-        others = [p.engine_id for p in self.ranks[1:]]
-        if not others:
-            return
-        errors = self.client[others].apply_sync(_check_route, self.master_addr, port)
-        bad = [(p, e) for p, e in zip(self.ranks[1:], errors, strict=True) if e]
-        if bad:
-            p, err = bad[0]
-            raise DtworkError(
-                f"rank {p.rank} on {p.hostname} cannot reach rank 0 at {self.master_addr} "
-                f"(interface {iface or 'loopback'}): {err}; name a shared interface with --interface"
-            )
 
     def _register(self) -> None:
         """Write (or refresh) this cluster's registry entry and make sure a reaper watches it."""
@@ -276,7 +229,7 @@ class Cluster:
                 "files": files,
                 "started_at": self.started_at,
                 "cwd": os.getcwd(),
-                "store": str(self._store_path()),
+                "store": str(self.store_file),
                 "notebook": os.environ.get("JPY_SESSION_NAME"),
             },
         )
@@ -289,25 +242,47 @@ class Cluster:
                 stderr=subprocess.DEVNULL,
             )
 
+    def _launchers(self) -> Iterator[Any]:
+        """ipyparallel's engine launchers of this cluster (one per engine set member)."""
+        for es in self._ipp.engines.values() if self._ipp is not None else []:
+            yield from getattr(es, "launchers", {}).values()
+
     def _process_records(self) -> list[dict[str, Any]]:
         """Every process this cluster owns that can be seen from here: controller, launchers, engines."""
         procs = []
-        if self._ipp is not None:
-            ctrl = self._ipp.controller
-            if ctrl is not None and getattr(ctrl, "pid", None):
-                procs.append(registry.proc_record(ctrl.pid))
-            for es in self._ipp.engines.values():
-                for launcher in getattr(es, "launchers", {}).values():
-                    if getattr(launcher, "pid", None):
-                        procs.append(registry.proc_record(launcher.pid))
+        ctrl = self._ipp.controller if self._ipp is not None else None
+        if ctrl is not None and getattr(ctrl, "pid", None):
+            procs.append(registry.proc_record(ctrl.pid))
+        for launcher in self._launchers():
+            if getattr(launcher, "pid", None):
+                procs.append(registry.proc_record(launcher.pid))
         for probe in self._probes.values():
             procs.append({"pid": probe["pid"], "create_time": probe["create_time"]})
         return [p for p in procs if p]
 
-    def _store_path(self) -> Any:
+    @property
+    def store_file(self) -> Path:
+        """The run store's file: the one named at start, else the default."""
         from dtwork.store import default_store_path
 
-        return self.store_path or default_store_path()
+        return Path(self.store_path) if self.store_path else default_store_path()
+
+    @property
+    def probes(self) -> Mapping[int, dict[str, Any]]:
+        """What each engine reported when it was first asked (pid, host, GPUs), by engine id."""
+        return self._probes
+
+    def engine_exit_code(self, pid: int) -> int | None:
+        """The exit code of an engine process its launcher has seen end (negative: a signal)."""
+        for launcher in self._launchers():
+            if getattr(launcher, "pid", None) == pid:
+                code = (getattr(launcher, "stop_data", None) or {}).get("exit_code")
+                return None if code is None else int(code)
+        return None
+
+    def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
+        """The ranks whose engine is gone, with why (by PID on this host, by heartbeat elsewhere)."""
+        return self._health.dead_ranks(ranks)
 
     def stop(self) -> None:
         """Stop every engine and the controller; the cluster leaves the registry."""
@@ -356,6 +331,7 @@ class Cluster:
             self._set_state("stopped")
         self.cluster_id = f"dtwork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.ranks, self.rank_info, self._probes = [], [], {}
+        self._health.reset()
         self.start()
         if self._session is not None:
             self._session.on_restart()
@@ -391,7 +367,7 @@ class Cluster:
             raise DtworkError(
                 f"global_batch_size {gbs} is smaller than the {self.world_size} slots: use at least {self.world_size}"
             )
-        self._call(_set_config, (cfg.to_dict(), gbs), {}, None)
+        self._call(engines.set_config, (cfg.to_dict(), gbs), {}, None)
         self.config, self.global_batch_size = cfg, gbs
         if self._session is not None:
             self._session.new_run()
@@ -451,9 +427,7 @@ class Cluster:
         return self.session.run_cell(source_or_fn, ranks=ranks, rank0=rank0, bg=bg, quiet=quiet)
 
     def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, ranks: list[int] | None) -> list[Any]:
-        from dtwork.collector import call_on_ranks
-
-        return call_on_ranks(self, fn, args, kwargs, ranks)
+        return engines.call_on_ranks(self.view(ranks), fn, args, kwargs)
 
     def push(self, namespace: dict[str, Any], ranks: list[int] | None = None) -> None:
         """Send variables into every rank's namespace."""
@@ -463,20 +437,16 @@ class Cluster:
 
     def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
         """Fetch a variable from every rank: a list by rank."""
-        from dtwork.collector import pull_by_rank
-
-        return pull_by_rank(self, name, ranks)
+        return engines.pull_by_rank(self.view(ranks), name)
 
     def signal(self, signum: int, ranks: list[int] | None = None) -> None:
         """Send a signal to the ranks' engine processes (through ipyparallel)."""
         self._require_running().send_signal(signum, targets=self.engine_ids(ranks), block=True)
 
     @property
-    def session(self) -> Any:
+    def session(self) -> Session:
         """The trial session: runs, store, live dashboard (made on first use)."""
         if self._session is None:
-            from dtwork.collector import Session
-
             self._session = Session(self)
         return self._session
 
@@ -501,50 +471,6 @@ class Cluster:
         from dtwork.widgets.cluster_view import cluster_html
 
         return cluster_html(self)
-
-
-# Functions shipped to the engines: module-level so ipyparallel pickles them by reference.
-def _probe(kernel: dict[str, Any], host: str) -> dict[str, Any]:
-    from dtwork.runtime.bootstrap import probe
-
-    return probe(kernel, host)
-
-
-def _free_port(address: str) -> int:
-    from dtwork.runtime.bootstrap import free_port
-
-    return free_port(address)
-
-
-def _listen_once(address: str, seconds: float) -> int:
-    from dtwork.runtime.bootstrap import listen_once
-
-    return listen_once(address, seconds)
-
-
-def _check_route(address: str, port: int) -> str | None:
-    from dtwork.runtime.bootstrap import check_route
-
-    return check_route(address, port)
-
-
-def _init_rank(spec: dict[str, Any]) -> dict[str, Any]:
-    from dtwork.runtime.bootstrap import init_rank
-
-    info = init_rank(spec)
-    # Make ``ctx`` a name in the engine's user namespace, where cells run.
-    from IPython import get_ipython
-
-    import dtwork.runtime as rt
-
-    get_ipython().user_ns["ctx"] = rt.current()
-    return info
-
-
-def _set_config(config: dict[str, Any], global_batch_size: int | None) -> dict[str, Any]:
-    from dtwork.runtime.bootstrap import set_config
-
-    return set_config(config, global_batch_size)
 
 
 def start(n: int | None = None, **kwargs: Any) -> Cluster:

@@ -1,8 +1,9 @@
-"""Kernel side of a running cell: streams output by rank, persists records, watches ranks.
+"""The cell watcher: follows one cell on the ranks until it ends.
 
-One direction: ranks publish records (datapub) -> the collector writes them to the store
-first -> then hands them to the dashboard. It relays interrupts (first: a consistent stop at
-the same step on every rank; second: abort and restart) and notices dead or stalled ranks.
+It streams output by rank, takes the records the ranks publish (datapub) and hands them to the
+session (which writes them to the store first, then to the dashboard), relays interrupts (first:
+a consistent stop at the same step on every rank; second: abort and restart) and notices dead
+or stalled ranks.
 """
 
 from __future__ import annotations
@@ -14,18 +15,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
-import psutil
 
-from dtwork.errors import DtworkError, RankFailure
-from dtwork.records import Kind, to_rows
+from dtwork.errors import RankFailure
+
+if TYPE_CHECKING:
+    from dtwork.session import Session
 
 POLL_SECONDS = 0.1
 INTERRUPT_GRACE = 10.0  # seconds for ranks to stop after a consistent stop is asked
 FAILURE_GRACE = 5.0  # seconds survivors get to finish after another rank failed
-STALL_SECONDS = 60.0  # default hang watchdog
 
 
 @dataclass
@@ -46,7 +47,7 @@ class CellResult:
         return self.status == "ok"
 
 
-def _error_line(err: Any) -> str:
+def error_line(err: Any) -> str:
     if isinstance(err, ipp.error.RemoteError):
         return f"{err.ename}: {err.evalue}"
     return f"{type(err).__name__}: {err}"
@@ -56,7 +57,7 @@ def _traceback(err: Any) -> str:
     if isinstance(err, ipp.error.RemoteError):
         lines = err.render_traceback()
         return "\n".join(lines)
-    return _error_line(err)
+    return error_line(err)
 
 
 @contextlib.contextmanager
@@ -79,7 +80,7 @@ class CellWatcher:
     def __init__(
         self,
         session: Session,
-        ar: Any,
+        ar: ipp.AsyncResult,
         ranks: list[int],
         *,
         seq: int | None,
@@ -104,7 +105,7 @@ class CellWatcher:
         self._interrupts = 0
         self._interrupt_at: float | None = None
         self._stall_warned: set[int] = set()
-        self._dead: dict[int, str] = {}
+        self.dead: dict[int, str] = {}  # rank -> why its engine is gone
         self._t0 = time.monotonic()
         self.restarted = False
         self._progress_changed = False
@@ -206,17 +207,17 @@ class CellWatcher:
                 if out:
                     print(out, file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
 
-    def _meta_values(self, key: str) -> list[Any]:
-        """Each rank's ``key`` of the result's metadata, as ipyparallel's IO thread has it now.
-
-        Read from the metadata dicts themselves: ``ar.stdout`` / ``ar.data`` would also parse the
-        metadata's date strings with dateutil (four a cell, ~60 µs each), which nothing here
-        needs.
-        """
+    def _metadata(self) -> list[Any]:
+        """Each rank's metadata dict, as ipyparallel's IO thread has it now (updated in place)."""
         try:
-            return [md.get(key) for md in self.ar._metadata]
+            md = self.ar.metadata
         except Exception:
             return []
+        return md if isinstance(md, list) else [md]
+
+    def _meta_values(self, key: str) -> list[Any]:
+        """Each rank's ``key`` of the result's metadata."""
+        return [md.get(key) for md in self._metadata()]
 
     def _drain_records(self) -> None:
         data = self._meta_values("data")
@@ -243,7 +244,6 @@ class CellWatcher:
         if self._progress_changed:
             self._progress_changed = False
             dash.progress(dict(self.progress))
-        dash.tick()  # what an earlier poll fed inside the interval is drawn once it has passed
 
     # -- rank health ---------------------------------------------------------------------------
 
@@ -253,8 +253,8 @@ class CellWatcher:
             return
         self._last_health = now
         for rank, why in self.session.dead_ranks(self.ranks).items():
-            if rank not in self._dead:
-                self._dead[rank] = why
+            if rank not in self.dead:
+                self.dead[rank] = why
                 self._print(f"dtwork: rank {rank} failed: {why}", err=True)
                 self.session.event("rank_failure", f"rank {rank}: {why}", {"rank": rank})
                 if self._failed_at is None:
@@ -265,12 +265,6 @@ class CellWatcher:
 
     def _metadata_errors(self) -> bool:
         return any(md.get("status") == "error" for md in self._metadata())
-
-    def _metadata(self) -> list[dict[str, Any]]:
-        try:
-            return [dict(m) for m in self.ar._metadata]
-        except Exception:
-            return []
 
     def _watchdog(self) -> None:
         limit = self.session.stall_seconds
@@ -308,12 +302,12 @@ class CellWatcher:
         if self.ar.ready():
             outcomes = self.ar.get(return_exceptions=True)
         else:
-            outcomes = [ipp.error.EngineError(self._dead.get(r, "did not finish")) for r in self.ranks]
+            outcomes = [ipp.error.EngineError(self.dead.get(r, "did not finish")) for r in self.ranks]
         for rank, out in zip(self.ranks, outcomes, strict=False):
             if isinstance(out, BaseException):
                 self.result.errors[rank] = out
             self.result.results.append(out)
-        for rank, why in self._dead.items():
+        for rank, why in self.dead.items():
             self.result.errors.setdefault(rank, ipp.error.EngineError(why))
         if self.result.status == "running":
             self.result.status = "ok" if not self.result.errors else "error"
@@ -357,386 +351,7 @@ class CellWatcher:
             if rank == first:
                 continue
             if rank in errs:
-                lines.append(f"rank {rank}: {_error_line(errs[rank])}")
+                lines.append(f"rank {rank}: {error_line(errs[rank])}")
             else:
                 lines.append(f"rank {rank}: ok")
         return RankFailure("\n".join(lines), ranks=sorted(errs))
-
-
-class Session:
-    """The trial session of a cluster: the current run, its store, its dashboard."""
-
-    def __init__(self, cluster: Any) -> None:
-        self.cluster = cluster
-        self.run_id: int | None = None
-        self.stall_seconds: float = STALL_SECONDS
-        # Feed the live dashboard of cells that show output. Read at every poll: switched off
-        # while a cell trains, the view pauses (records still go to the store); back on, it
-        # resumes with the records that arrive from then on.
-        self.live: bool = True
-        self._store: Any = None
-        self._lock = threading.Lock()
-        self.background: CellWatcher | None = None
-        self._bg_thread: threading.Thread | None = None
-        self.dashboard: Any = None
-        self.last: CellResult | None = None
-        self.restarts_used = 0
-        self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
-        self._procs: dict[int, psutil.Process] = {}  # engine PID -> its process, identity checked once
-
-    # -- store -----------------------------------------------------------------------------
-
-    @property
-    def store(self) -> Any:
-        if self._store is None:
-            from dtwork.store import RunStore
-
-            self._store = RunStore(self.cluster._store_path())
-        return self._store
-
-    def ensure_run(self) -> int:
-        if self.run_id is None:
-            c = self.cluster
-            per_slot = (c.global_batch_size // c.world_size) if c.global_batch_size else None
-            self.run_id = self.store.create_run(
-                name=c.config.name,
-                world_size=c.world_size,
-                backend=c.backend,
-                cluster_id=c.cluster_id,
-                notebook=None,
-                config_yaml=c.config.to_yaml(),
-                global_batch_size=per_slot * c.world_size if per_slot else None,
-                per_slot_batch_size=per_slot,
-            )
-            self.store.set_environment(self.run_id, environment(c))
-            self.store.add_event(self.run_id, "start", f"run started on {c.world_size} rank(s), {c.backend}")
-        return self.run_id
-
-    def new_run(self) -> None:
-        """End the current run; the next cell starts a new one (after a config change)."""
-        if self.run_id is not None:
-            self.store.set_run_status(self.run_id, "completed", ended=True)
-        self.run_id = None
-        self.restarts_used = 0
-
-    def persist(self, records: list[dict[str, Any]], seq: int | None) -> None:
-        """Write records to the store (first), as rows; events go to the events table."""
-        if self.run_id is None:
-            return
-        rows: list[dict[str, Any]] = [{**row, "cell_seq": seq} for row in to_rows(records)]
-        for rec in records:
-            if rec.get("kind") == Kind.EVENT:
-                self.store.add_event(self.run_id, rec.get("event", "rank"), rec.get("message", ""), rec)
-        if rows:
-            self.store.add_metrics(self.run_id, rows)
-
-    def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
-        if self.run_id is not None:
-            self.store.add_event(self.run_id, kind, message, data)
-
-    # -- health ----------------------------------------------------------------------------
-
-    def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
-        """Ranks whose engine is gone, with why: by PID on this host, by lost heartbeat elsewhere."""
-        import socket
-
-        host = socket.gethostname()
-        out = {}
-        try:
-            registered = set(self.cluster.client.ids) if self.cluster.client is not None else None
-        except Exception:
-            registered = None
-        for rank in ranks:
-            info = self.cluster.rank_info[rank]
-            if info.get("hostname") != host:
-                if registered is not None and info["engine_id"] not in registered:
-                    out[rank] = (
-                        f"engine {info['engine_id']} on {info.get('hostname')} lost (no heartbeat: host or network down)"
-                    )
-                continue
-            try:
-                known = self._procs.get(info["pid"])
-                if known is None:  # once per engine: is this PID still the engine that was probed?
-                    probe = self.cluster._probes.get(info["engine_id"], {})
-                    proc = psutil.Process(info["pid"])
-                    if probe and abs(proc.create_time() - probe["create_time"]) > 0.01:
-                        raise psutil.NoSuchProcess(info["pid"])
-                    known = self._procs[info["pid"]] = proc
-                # Later checks only read its state instead of building a new Process: a dead engine
-                # is a zombie until its launcher reaps it, and a reaped PID is not handed out again
-                # before the system's PIDs wrap around.
-                if known.status() == psutil.STATUS_ZOMBIE:
-                    raise psutil.NoSuchProcess(info["pid"])
-            except psutil.NoSuchProcess:
-                self._procs.pop(info["pid"], None)
-                out[rank] = (
-                    f"engine process {info['pid']} on {info.get('hostname')} died{self._exit_reason(info)}"
-                )
-        return out
-
-    def _exit_reason(self, info: dict[str, Any]) -> str:
-        code = None
-        ipc = self.cluster._ipp
-        for es in ipc.engines.values() if ipc is not None else []:
-            for launcher in getattr(es, "launchers", {}).values():
-                if getattr(launcher, "pid", None) == info["pid"]:
-                    code = (getattr(launcher, "stop_data", None) or {}).get("exit_code")
-        if code is None:
-            return ""
-        if code < 0:
-            try:
-                return f" (signal {signal.Signals(-code).name})"
-            except ValueError:
-                return f" (signal {-code})"
-        return f" (exit code {code})"
-
-    def restart_after_failure(self, why: str) -> None:
-        self.event("restart", f"engines restarted: {why}")
-        self.cluster.restart(force=True)
-
-    def on_restart(self) -> None:
-        """Called by the cluster after a restart (fresh engines)."""
-        self._procs.clear()
-        self._ranks_run = None
-
-    def _tell_ranks(self, run_id: int) -> None:
-        """Set ``ctx.run_id`` on the ranks (it names the run's checkpoint folder) when it changed."""
-        if self._ranks_run != run_id:
-            self.cluster._call(_set_run_id, (run_id,), {}, None)
-            self._ranks_run = run_id
-
-    # -- running cells ---------------------------------------------------------------------
-
-    def run_cell(
-        self, source: str, *, ranks: list[int] | None, rank0: bool, bg: bool, quiet: bool
-    ) -> CellResult:
-        if self.background is not None and not self.background.done.is_set():
-            raise DtworkError("a background cell is still training: %dtrain wait (or attach) first")
-        run_id = self.ensure_run()
-        self._tell_ranks(run_id)
-        seq = self.store.add_cell(run_id, source, ranks=ranks)
-        rank_list = list(range(self.cluster.world_size)) if ranks is None else list(ranks)
-        if not quiet:
-            from dtwork.widgets import dashboard_ready
-
-            # The live view's modules, if they are still loading (Cluster.start began it), load
-            # before the ranks start: ~1.5 s of kernel CPU would otherwise compete with the cell.
-            dashboard_ready()
-        ar = self.cluster.view(rank_list).execute(source, silent=False, block=False)
-        on_records = self._dashboard_feed(run_id, rank_list, quiet)
-        watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
-        if bg:
-            self.background = watcher
-            self._bg_thread = threading.Thread(target=self._watch_bg, args=(watcher,), daemon=True)
-            self._bg_thread.start()
-            return watcher.result
-        return self._conclude(watcher, watcher.wait())
-
-    def _watch_bg(self, watcher: CellWatcher) -> None:
-        while not watcher.poll():
-            watcher.ar.wait(POLL_SECONDS)
-        watcher.quiet = True
-        watcher.finish()
-
-    def wait_background(self) -> CellResult | None:
-        """Bring a background cell back to the foreground and wait for it."""
-        watcher = self.background
-        if watcher is None:
-            return None
-        if self._bg_thread is not None:
-            try:
-                while self._bg_thread.is_alive():
-                    self._bg_thread.join(0.1)
-            except KeyboardInterrupt:
-                watcher.interrupt()
-                while self._bg_thread.is_alive():
-                    self._bg_thread.join(0.1)
-        self.background = None
-        return self._conclude(watcher, watcher.result)
-
-    def _conclude(self, watcher: CellWatcher, result: CellResult) -> CellResult:
-        status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
-        err = None if not result.errors else _error_line(result.errors[min(result.errors)])
-        if result.seq is not None and self.run_id is not None:
-            self.store.finish_cell(self.run_id, result.seq, status, err)
-            if status == "error":
-                self.event("error", f"cell {result.seq}: {err}")
-        self.last = result
-        if self.dashboard is not None:
-            self.dashboard.finish(result)
-        if watcher._dead and not watcher.restarted:
-            recovered = self._recover(watcher)
-            if recovered is not None:
-                return recovered
-        if result.errors:
-            self._settle([r for r in result.errors if r not in watcher._dead])
-            raise watcher.failure()
-        return result
-
-    def _settle(self, ranks: list[int], tries: int = 40) -> None:
-        """Wait until ranks that raised stop aborting requests (ipykernel aborts what arrives
-        right after an error), so the next cell is not refused with TaskAborted."""
-        if not ranks or self.cluster.state != "running":
-            return
-        for _ in range(tries):
-            try:
-                self.cluster.view(ranks).execute("", silent=True, block=False).get(timeout=5)
-                return
-            except ipp.error.TaskAborted:
-                time.sleep(0.05)
-            except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
-                if "TaskAborted" not in str(exc):
-                    return
-                time.sleep(0.05)
-            except Exception:
-                return
-
-    def _recover(self, watcher: CellWatcher) -> CellResult | None:
-        """After a rank died: fresh engines; with restarts left, replay the run from its checkpoint."""
-        dead = ", ".join(f"rank {r}" for r in sorted(watcher._dead))
-        print(
-            f"dtwork: {dead} died: restarting the engines (fresh process group)", file=sys.stderr, flush=True
-        )
-        self.restart_after_failure(f"{dead} died")
-        watcher.restarted = True
-        limit = self.cluster.config.max_restarts
-        if self.restarts_used >= limit or self.run_id is None:
-            return None
-        self.restarts_used += 1
-        self.event(
-            "resume",
-            f"restart {self.restarts_used} of {limit}: replaying the run's cells from the last checkpoint",
-        )
-        print(
-            f"dtwork: restart {self.restarts_used} of {limit}: replaying the run from its last checkpoint",
-            file=sys.stderr,
-        )
-        self.cluster._call(_set_auto_resume, (True,), {}, None)
-        self._tell_ranks(self.run_id)
-        try:
-            result = None
-            for cell in self.store.cells(self.run_id):
-                ar = self.cluster.view().execute(cell["source"], silent=False, block=False)
-                replay = CellWatcher(
-                    self, ar, list(range(self.cluster.world_size)), seq=cell["seq"], rank0=False, quiet=True
-                )
-                result = replay.wait()
-                if result.errors:
-                    return self._conclude(replay, result)
-                self.store.finish_cell(self.run_id, cell["seq"], "ok")
-            return result
-        finally:
-            if self.cluster.state == "running":
-                self.cluster._call(_set_auto_resume, (False,), {}, None)
-
-    def _dashboard_feed(
-        self, run_id: int, ranks: list[int], quiet: bool
-    ) -> Callable[[list[dict[str, Any]]], None] | None:
-        self.dashboard = None  # the last cell's, finished already
-        if quiet:
-            return None
-        try:
-            from dtwork.widgets.dashboard import Dashboard
-        except ImportError:
-            return None
-
-        def feed(records: list[dict[str, Any]]) -> None:
-            # Made at the first records: a cell that logs nothing shows no empty dashboard.
-            if self.dashboard is None:
-                self.dashboard = Dashboard.for_cell(self, run_id, ranks, trailing=False, drawer=True)
-            self.dashboard.feed(records)
-
-        return feed
-
-    def close(self) -> None:
-        if self.run_id is not None and self._store is not None:
-            self.store.set_run_status(self.run_id, "completed", ended=True)
-            self.event("stop", "cluster stopped")
-        if self._store is not None:
-            self._store.close()
-            self._store = None
-        self.run_id = None
-
-
-def environment(cluster: Any) -> dict[str, Any]:
-    """Versions, hosts, devices and seeds of a cluster's run (no secrets)."""
-    import platform
-    from importlib import metadata
-
-    def version(pkg: str) -> str | None:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "dtwork": version("dtwork"),
-        "torch": version("torch"),
-        "ipyparallel": version("ipyparallel"),
-        "numpy": version("numpy"),
-        "backend": cluster.backend,
-        "world_size": cluster.world_size,
-        "hosts": sorted({r.get("hostname") for r in cluster.rank_info}),
-        "ranks": cluster.rank_info,
-        "gpus": [g.to_dict() for g in __import__("dtwork.telemetry", fromlist=["x"]).gpu_inventory()],
-        "seed": cluster.config.seed,
-    }
-
-
-def _set_auto_resume(on: bool) -> None:
-    from dtwork.runtime import current
-
-    current().auto_resume = on
-
-
-def _set_run_id(run_id: int) -> None:
-    from dtwork.runtime import current
-
-    current().run_id = run_id
-
-
-def _boxed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-    """Call ``fn`` on an engine and return its value in a one-item list.
-
-    ipyparallel sorts the keys of a dict it sends back at the top level, so a dict whose keys
-    do not compare (``{0: ..., "total": ...}``) would fail to come back; inside a list it is
-    pickled as it is.
-    """
-    return [fn(*args, **kwargs)]
-
-
-def _first_error(exc: Exception) -> tuple[str, str]:
-    """(exception name, message) of the first rank's failure in an ipyparallel error."""
-    if isinstance(exc, ipp.error.CompositeError) and exc.elist:
-        return str(exc.elist[0][0]), str(exc.elist[0][1])
-    return str(getattr(exc, "ename", type(exc).__name__)), str(getattr(exc, "evalue", exc))
-
-
-def call_on_ranks(
-    cluster: Any, fn: Callable[..., Any], args: Any, kwargs: Any, ranks: list[int] | None
-) -> list[Any]:
-    """Call ``fn(*args, **kwargs)`` on every rank; return the results by rank (raise on failure)."""
-    ar = cluster.view(ranks).apply_async(_boxed, fn, *args, **kwargs)
-    try:
-        return [box[0] for box in ar.get()]
-    except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
-        ename, evalue = _first_error(exc)
-        name = getattr(fn, "__name__", type(fn).__name__)
-        raise RankFailure(f"{name} failed: {ename}: {evalue}") from None
-
-
-def pull_by_rank(cluster: Any, name: str, ranks: list[int] | None) -> list[Any]:
-    """Fetch ``name`` from every rank's namespace; a list by rank."""
-    if not isinstance(name, str) or not name.isidentifier():
-        raise DtworkError(f"pull takes a variable name, got {name!r}")
-    try:  # a one-name list comes back as a list per rank: see _boxed
-        return [box[0] for box in cluster.view(ranks).pull([name], block=True)]
-    except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
-        ename, evalue = _first_error(exc)
-        if ename == "NameError":
-            raise DtworkError(
-                f"no variable {name!r} on every rank: define it in a %%dtrain cell first"
-            ) from None
-        raise DtworkError(f"could not fetch {name!r} from the ranks: {ename}: {evalue}") from None

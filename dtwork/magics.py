@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from dtwork.errors import DtworkError
 
-_clusters: list[Any] = []
+if TYPE_CHECKING:
+    from dtwork.cluster import Cluster
+
+_clusters: list[Cluster] = []
 
 HELP = """Drive a data-parallel training cluster from the notebook.
 
@@ -105,7 +108,7 @@ def _split(line: str) -> list[str]:
         raise DtworkError(f"%dtrain: cannot parse {line!r}: {exc}") from None
 
 
-def plan_start(argv: list[str]) -> Any:
+def plan_start(argv: list[str]) -> Cluster:
     """Parse ``%dtrain start`` options into a validated, not yet started, Cluster."""
     from dtwork.cluster import DEFAULT_TIMEOUT, Cluster
 
@@ -122,7 +125,7 @@ def plan_start(argv: list[str]) -> Any:
     )
 
 
-def current() -> Any:
+def current() -> Cluster:
     """The notebook's current cluster, or a one-line error saying how to start one."""
     live = [c for c in _clusters if c.state == "running"]
     if not live:

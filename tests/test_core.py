@@ -280,9 +280,9 @@ def test_engines_that_do_not_answer_the_first_request_in_time_are_asked_again(mo
     starting at once on 2 cores) no longer hangs the start: here the first wait is too short for any
     answer, so the start goes on only through the second request."""
     import dtwork
-    from dtwork import cluster as cluster_module
+    from dtwork import engines
 
-    monkeypatch.setattr(cluster_module, "PROBE_TIMEOUTS", (1e-4, 60.0))
+    monkeypatch.setattr(engines, "PROBE_TIMEOUTS", (1e-4, 60.0))
     with caplog.at_level("WARNING", logger="dtwork"), dtwork.start(n=2, backend="gloo") as c:
         c.run("import torch, torch.distributed as dist; t = torch.ones(1); dist.all_reduce(t)", quiet=True)
         assert [t.item() for t in c.pull("t")] == [2.0, 2.0]

@@ -1,0 +1,293 @@
+"""The cluster's calls to its engines: functions shipped to the ranks, results by rank, rank health.
+
+``Cluster`` uses this module; nothing here starts or stops engines. Functions that run on the
+engines are module-level so that ipyparallel pickles them by reference (the engines import
+``dtwork.runtime`` for the work itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import signal
+import socket
+import time
+from collections.abc import Callable
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+import ipyparallel as ipp
+import psutil
+
+from dtwork.errors import DtworkError, RankFailure
+
+if TYPE_CHECKING:
+    from dtwork.cluster import Cluster
+    from dtwork.rendezvous import RankPlan
+
+# seconds for the engines to answer the first request, then for a second one (see probe_engines)
+PROBE_TIMEOUTS = (30.0, 60.0)
+
+log = logging.getLogger("dtwork")
+
+# -- joining the process group ---------------------------------------------------------------------
+
+
+def probe_engines(
+    client: ipp.Client, ids: list[int], kernel: dict[str, Any], host: str
+) -> list[dict[str, Any]]:
+    """Every engine's ``probe``: the first request to engines that have just registered.
+
+    On a loaded machine such a request was once lost between the controller and an engine (both
+    idle, the kernel waiting for ever): one not answered in time is asked again (``probe`` may
+    run twice).
+    """
+    for i, seconds in enumerate(PROBE_TIMEOUTS):
+        ar = client[ids].apply_async(probe, kernel, host)
+        try:
+            return list(ar.get(timeout=seconds))
+        except ipp.error.TimeoutError:
+            if i + 1 < len(PROBE_TIMEOUTS):
+                log.warning("dtwork: engines %s did not answer within %.0f s: asking again", ids, seconds)
+    raise DtworkError(
+        f"the engines did not answer dtwork's first request within {sum(PROBE_TIMEOUTS):.0f} s: "
+        "the machine may be overloaded; stop the cluster and start it again"
+    )
+
+
+def check_routes(
+    client: ipp.Client, ranks: list[RankPlan], master_addr: str | None, iface: str | None
+) -> None:
+    """Check that every rank can reach rank 0's address before the process group forms."""
+    port = client[ranks[0].engine_id].apply_sync(listen_once, master_addr, 15.0)
+    others = [p.engine_id for p in ranks[1:]]
+    if not others:
+        return
+    errors = client[others].apply_sync(check_route, master_addr, port)
+    bad = [(p, e) for p, e in zip(ranks[1:], errors, strict=True) if e]
+    if bad:
+        p, err = bad[0]
+        raise DtworkError(
+            f"rank {p.rank} on {p.hostname} cannot reach rank 0 at {master_addr} "
+            f"(interface {iface or 'loopback'}): {err}; name a shared interface with --interface"
+        )
+
+
+def init_ranks(
+    client: ipp.Client, specs: dict[int, dict[str, Any]], seconds: float
+) -> dict[int, dict[str, Any]]:
+    """Join every engine (by id) to the process group its spec names; each rank's info by engine id."""
+    ars = {eid: client[eid].apply_async(init_rank, spec) for eid, spec in specs.items()}
+    deadline = time.monotonic() + seconds
+    infos = {}
+    for eid, ar in ars.items():
+        try:
+            infos[eid] = ar.get(timeout=max(1.0, deadline - time.monotonic()))
+        except ipp.error.TimeoutError as exc:
+            master = f"{specs[eid]['master_addr']}:{specs[eid]['master_port']}"
+            raise DtworkError(
+                f"ranks did not join the process group at {master} in time: "
+                "check the network (--interface) and firewalls"
+            ) from exc
+        except ipp.error.RemoteError as exc:
+            raise DtworkError(
+                f"rank on engine {eid} could not join the process group: {exc.ename}: {exc.evalue}"
+            ) from exc
+    return infos
+
+
+# -- results by rank -------------------------------------------------------------------------------
+
+
+def _boxed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+    """Call ``fn`` on an engine and return its value in a one-item list.
+
+    ipyparallel sorts the keys of a dict it sends back at the top level, so a dict whose keys
+    do not compare (``{0: ..., "total": ...}``) would fail to come back; inside a list it is
+    pickled as it is.
+    """
+    return [fn(*args, **kwargs)]
+
+
+def first_error(exc: Exception) -> tuple[str, str]:
+    """(exception name, message) of the first rank's failure in an ipyparallel error."""
+    if isinstance(exc, ipp.error.CompositeError) and exc.elist:
+        return str(exc.elist[0][0]), str(exc.elist[0][1])
+    return str(getattr(exc, "ename", type(exc).__name__)), str(getattr(exc, "evalue", exc))
+
+
+def call_on_ranks(view: ipp.DirectView, fn: Callable[..., Any], args: Any, kwargs: Any) -> list[Any]:
+    """Call ``fn(*args, **kwargs)`` on every engine of ``view``; the results by rank (raise on failure)."""
+    ar = view.apply_async(_boxed, fn, *args, **kwargs)
+    try:
+        return [box[0] for box in ar.get()]
+    except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
+        ename, evalue = first_error(exc)
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise RankFailure(f"{name} failed: {ename}: {evalue}") from None
+
+
+def pull_by_rank(view: ipp.DirectView, name: str) -> list[Any]:
+    """Fetch ``name`` from every engine's namespace of ``view``; a list by rank."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise DtworkError(f"pull takes a variable name, got {name!r}")
+    try:  # a one-name list comes back as a list per rank: see _boxed
+        return [box[0] for box in view.pull([name], block=True)]
+    except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
+        ename, evalue = first_error(exc)
+        if ename == "NameError":
+            raise DtworkError(
+                f"no variable {name!r} on every rank: define it in a %%dtrain cell first"
+            ) from None
+        raise DtworkError(f"could not fetch {name!r} from the ranks: {ename}: {evalue}") from None
+
+
+# -- rank health -----------------------------------------------------------------------------------
+
+
+class RankHealth:
+    """Which ranks' engines are gone, and why: by PID on this host, by lost heartbeat elsewhere."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._procs: dict[int, psutil.Process] = {}  # engine PID -> its process, identity checked once
+
+    def reset(self) -> None:
+        """Forget the engines' processes (after a restart: fresh engines)."""
+        self._procs.clear()
+
+    def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
+        """The ranks among ``ranks`` whose engine is gone, with why."""
+        host = socket.gethostname()
+        out = {}
+        client = self.cluster.client
+        try:
+            registered = set(client.ids) if client is not None else None
+        except Exception:
+            registered = None
+        for rank in ranks:
+            info = self.cluster.rank_info[rank]
+            if info.get("hostname") != host:
+                if registered is not None and info["engine_id"] not in registered:
+                    out[rank] = (
+                        f"engine {info['engine_id']} on {info.get('hostname')} lost "
+                        "(no heartbeat: host or network down)"
+                    )
+                continue
+            if not self._alive(info):
+                out[rank] = (
+                    f"engine process {info['pid']} on {info.get('hostname')} died{self._exit_reason(info)}"
+                )
+        return out
+
+    def _alive(self, info: dict[str, Any]) -> bool:
+        pid = info["pid"]
+        try:
+            known = self._procs.get(pid)
+            if known is None:  # once per engine: is this PID still the engine that was probed?
+                probe = self.cluster.probes.get(info["engine_id"], {})
+                proc = psutil.Process(pid)
+                if probe and abs(proc.create_time() - probe["create_time"]) > 0.01:
+                    raise psutil.NoSuchProcess(pid)
+                known = self._procs[pid] = proc
+            # Later checks only read its state: a dead engine is a zombie until its launcher reaps
+            # it, and a reaped PID is not handed out again before the system's PIDs wrap around.
+            if known.status() == psutil.STATUS_ZOMBIE:
+                raise psutil.NoSuchProcess(pid)
+        except psutil.NoSuchProcess:
+            self._procs.pop(pid, None)
+            return False
+        return True
+
+    def _exit_reason(self, info: dict[str, Any]) -> str:
+        code = self.cluster.engine_exit_code(info["pid"])
+        if code is None:
+            return ""
+        if code < 0:
+            try:
+                return f" (signal {signal.Signals(-code).name})"
+            except ValueError:
+                return f" (signal {-code})"
+        return f" (exit code {code})"
+
+
+def environment(cluster: Cluster) -> dict[str, Any]:
+    """Versions, hosts, devices and seeds of a cluster's run (no secrets)."""
+    from dtwork.telemetry import gpu_inventory
+
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "dtwork": version("dtwork"),
+        "torch": version("torch"),
+        "ipyparallel": version("ipyparallel"),
+        "numpy": version("numpy"),
+        "backend": cluster.backend,
+        "world_size": cluster.world_size,
+        "hosts": sorted({r.get("hostname") for r in cluster.rank_info}),
+        "ranks": cluster.rank_info,
+        "gpus": [g.to_dict() for g in gpu_inventory()],
+        "seed": cluster.config.seed,
+    }
+
+
+# -- functions shipped to the engines --------------------------------------------------------------
+
+
+def probe(kernel: dict[str, Any], host: str) -> dict[str, Any]:
+    from dtwork.runtime.bootstrap import probe
+
+    return probe(kernel, host)
+
+
+def free_port(address: str) -> int:
+    from dtwork.runtime.bootstrap import free_port
+
+    return free_port(address)
+
+
+def listen_once(address: str, seconds: float) -> int:
+    from dtwork.runtime.bootstrap import listen_once
+
+    return listen_once(address, seconds)
+
+
+def check_route(address: str, port: int) -> str | None:
+    from dtwork.runtime.bootstrap import check_route
+
+    return check_route(address, port)
+
+
+def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    from IPython import get_ipython
+
+    import dtwork.runtime as rt
+    from dtwork.runtime.bootstrap import init_rank
+
+    info = init_rank(spec)
+    get_ipython().user_ns["ctx"] = rt.current()  # ``ctx`` in the namespace where cells run
+    return info
+
+
+def set_config(config: dict[str, Any], global_batch_size: int | None) -> dict[str, Any]:
+    from dtwork.runtime.bootstrap import set_config
+
+    return set_config(config, global_batch_size)
+
+
+def set_auto_resume(on: bool) -> None:
+    from dtwork.runtime import current
+
+    current().auto_resume = on
+
+
+def set_run_id(run_id: int) -> None:
+    from dtwork.runtime import current
+
+    current().run_id = run_id

@@ -1,0 +1,269 @@
+"""The trial session of a cluster: its run in the store, the cells it runs, background cells, replay.
+
+One direction: a cell's records reach the session through its ``CellWatcher``; the session
+writes them to the store first, then hands them to the live dashboard. After a rank dies the
+session restarts the engines and, with restarts left, replays the run from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import ipyparallel as ipp
+
+from dtwork import engines
+from dtwork.collector import POLL_SECONDS, CellResult, CellWatcher, error_line
+from dtwork.errors import DtworkError
+from dtwork.records import Kind, to_rows
+
+if TYPE_CHECKING:
+    from dtwork.cluster import Cluster
+    from dtwork.store import RunStore
+
+STALL_SECONDS = 60.0  # default hang watchdog
+
+
+class Session:
+    """The trial session of a cluster: the current run, its store, its dashboard."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.run_id: int | None = None
+        self.stall_seconds: float = STALL_SECONDS
+        # Feed the live dashboard of cells that show output. Read at every poll: switched off
+        # while a cell trains, the view pauses (records still go to the store); back on, it
+        # resumes with the records that arrive from then on.
+        self.live: bool = True
+        self._store: RunStore | None = None
+        self.background: CellWatcher | None = None
+        self._bg_thread: threading.Thread | None = None
+        self.dashboard: Any = None  # the current cell's live view (dtwork.widgets), if any
+        self.last: CellResult | None = None
+        self.restarts_used = 0
+        self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
+
+    # -- store -----------------------------------------------------------------------------
+
+    @property
+    def store(self) -> RunStore:
+        if self._store is None:
+            from dtwork.store import RunStore
+
+            self._store = RunStore(self.cluster.store_file)
+        return self._store
+
+    def ensure_run(self) -> int:
+        if self.run_id is None:
+            c = self.cluster
+            per_slot = (c.global_batch_size // c.world_size) if c.global_batch_size else None
+            self.run_id = self.store.create_run(
+                name=c.config.name,
+                world_size=c.world_size,
+                backend=c.backend,
+                cluster_id=c.cluster_id,
+                notebook=None,
+                config_yaml=c.config.to_yaml(),
+                global_batch_size=per_slot * c.world_size if per_slot else None,
+                per_slot_batch_size=per_slot,
+            )
+            self.store.set_environment(self.run_id, engines.environment(c))
+            self.store.add_event(self.run_id, "start", f"run started on {c.world_size} rank(s), {c.backend}")
+        return self.run_id
+
+    def new_run(self) -> None:
+        """End the current run; the next cell starts a new one (after a config change)."""
+        if self.run_id is not None:
+            self.store.set_run_status(self.run_id, "completed", ended=True)
+        self.run_id = None
+        self.restarts_used = 0
+
+    def persist(self, records: list[dict[str, Any]], seq: int | None) -> None:
+        """Write records to the store (first), as rows; events go to the events table."""
+        if self.run_id is None:
+            return
+        rows: list[dict[str, Any]] = [{**row, "cell_seq": seq} for row in to_rows(records)]
+        for rec in records:
+            if rec.get("kind") == Kind.EVENT:
+                self.store.add_event(self.run_id, rec.get("event", "rank"), rec.get("message", ""), rec)
+        if rows:
+            self.store.add_metrics(self.run_id, rows)
+
+    def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+        if self.run_id is not None:
+            self.store.add_event(self.run_id, kind, message, data)
+
+    # -- health ----------------------------------------------------------------------------
+
+    def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
+        """Ranks whose engine is gone, with why."""
+        return self.cluster.dead_ranks(ranks)
+
+    def restart_after_failure(self, why: str) -> None:
+        self.event("restart", f"engines restarted: {why}")
+        self.cluster.restart(force=True)
+
+    def on_restart(self) -> None:
+        """Called by the cluster after a restart (fresh engines)."""
+        self._ranks_run = None
+
+    def _tell_ranks(self, run_id: int) -> None:
+        """Set ``ctx.run_id`` on the ranks (it names the run's checkpoint folder) when it changed."""
+        if self._ranks_run != run_id:
+            self.cluster.run(engines.set_run_id, run_id)
+            self._ranks_run = run_id
+
+    # -- running cells ---------------------------------------------------------------------
+
+    def run_cell(
+        self, source: str, *, ranks: list[int] | None, rank0: bool, bg: bool, quiet: bool
+    ) -> CellResult:
+        if self.background is not None and not self.background.done.is_set():
+            raise DtworkError("a background cell is still training: %dtrain wait (or attach) first")
+        run_id = self.ensure_run()
+        self._tell_ranks(run_id)
+        seq = self.store.add_cell(run_id, source, ranks=ranks)
+        rank_list = list(range(self.cluster.world_size)) if ranks is None else list(ranks)
+        if not quiet:
+            from dtwork.widgets import dashboard_ready
+
+            # The live view's modules, if they are still loading (Cluster.start began it), load
+            # before the ranks start: ~1.5 s of kernel CPU would otherwise compete with the cell.
+            dashboard_ready()
+        ar = self.cluster.view(rank_list).execute(source, silent=False, block=False)
+        on_records = self._dashboard_feed(run_id, rank_list, quiet)
+        watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
+        if bg:
+            self.background = watcher
+            self._bg_thread = threading.Thread(target=self._watch_bg, args=(watcher,), daemon=True)
+            self._bg_thread.start()
+            return watcher.result
+        return self._conclude(watcher, watcher.wait())
+
+    def _watch_bg(self, watcher: CellWatcher) -> None:
+        while not watcher.poll():
+            watcher.ar.wait(POLL_SECONDS)
+        watcher.quiet = True
+        watcher.finish()
+
+    def wait_background(self) -> CellResult | None:
+        """Bring a background cell back to the foreground and wait for it."""
+        watcher = self.background
+        if watcher is None:
+            return None
+        if self._bg_thread is not None:
+            try:
+                while self._bg_thread.is_alive():
+                    self._bg_thread.join(0.1)
+            except KeyboardInterrupt:
+                watcher.interrupt()
+                while self._bg_thread.is_alive():
+                    self._bg_thread.join(0.1)
+        self.background = None
+        return self._conclude(watcher, watcher.result)
+
+    def _conclude(self, watcher: CellWatcher, result: CellResult) -> CellResult:
+        status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
+        err = None if not result.errors else error_line(result.errors[min(result.errors)])
+        if result.seq is not None and self.run_id is not None:
+            self.store.finish_cell(self.run_id, result.seq, status, err)
+            if status == "error":
+                self.event("error", f"cell {result.seq}: {err}")
+        self.last = result
+        if self.dashboard is not None:
+            self.dashboard.finish(result)
+        if watcher.dead and not watcher.restarted:
+            recovered = self._recover(watcher)
+            if recovered is not None:
+                return recovered
+        if result.errors:
+            self._settle([r for r in result.errors if r not in watcher.dead])
+            raise watcher.failure()
+        return result
+
+    def _settle(self, ranks: list[int], tries: int = 40) -> None:
+        """Wait until ranks that raised stop aborting requests (ipykernel aborts what arrives
+        right after an error), so the next cell is not refused with TaskAborted."""
+        if not ranks or self.cluster.state != "running":
+            return
+        for _ in range(tries):
+            try:
+                self.cluster.view(ranks).execute("", silent=True, block=False).get(timeout=5)
+                return
+            except ipp.error.TaskAborted:
+                time.sleep(0.05)
+            except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
+                if "TaskAborted" not in str(exc):
+                    return
+                time.sleep(0.05)
+            except Exception:
+                return
+
+    def _recover(self, watcher: CellWatcher) -> CellResult | None:
+        """After a rank died: fresh engines; with restarts left, replay the run from its checkpoint."""
+        dead = ", ".join(f"rank {r}" for r in sorted(watcher.dead))
+        print(
+            f"dtwork: {dead} died: restarting the engines (fresh process group)", file=sys.stderr, flush=True
+        )
+        self.restart_after_failure(f"{dead} died")
+        watcher.restarted = True
+        limit = self.cluster.config.max_restarts
+        if self.restarts_used >= limit or self.run_id is None:
+            return None
+        self.restarts_used += 1
+        self.event(
+            "resume",
+            f"restart {self.restarts_used} of {limit}: replaying the run's cells from the last checkpoint",
+        )
+        print(
+            f"dtwork: restart {self.restarts_used} of {limit}: replaying the run from its last checkpoint",
+            file=sys.stderr,
+        )
+        self.cluster.run(engines.set_auto_resume, True)
+        self._tell_ranks(self.run_id)
+        try:
+            result = None
+            for cell in self.store.cells(self.run_id):
+                ar = self.cluster.view().execute(cell["source"], silent=False, block=False)
+                replay = CellWatcher(
+                    self, ar, list(range(self.cluster.world_size)), seq=cell["seq"], rank0=False, quiet=True
+                )
+                result = replay.wait()
+                if result.errors:
+                    return self._conclude(replay, result)
+                self.store.finish_cell(self.run_id, cell["seq"], "ok")
+            return result
+        finally:
+            if self.cluster.state == "running":
+                self.cluster.run(engines.set_auto_resume, False)
+
+    def _dashboard_feed(
+        self, run_id: int, ranks: list[int], quiet: bool
+    ) -> Callable[[list[dict[str, Any]]], None] | None:
+        self.dashboard = None  # the last cell's, finished already
+        if quiet:
+            return None
+        try:
+            from dtwork.widgets.dashboard import Dashboard
+        except ImportError:
+            return None
+
+        def feed(records: list[dict[str, Any]]) -> None:
+            # Made at the first records: a cell that logs nothing shows no empty dashboard.
+            if self.dashboard is None:
+                self.dashboard = Dashboard.for_cell(self, run_id, ranks)
+            self.dashboard.feed(records)
+
+        return feed
+
+    def close(self) -> None:
+        if self.run_id is not None and self._store is not None:
+            self.store.set_run_status(self.run_id, "completed", ended=True)
+            self.event("stop", "cluster stopped")
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        self.run_id = None
