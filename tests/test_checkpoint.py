@@ -232,3 +232,19 @@ def test_two_experiments_in_one_folder_keep_their_checkpoints_and_resume_their_o
     assert train(cluster, 50, resume=run_a) == [None, None]  # named: run A's step 50, nothing left
     assert all(torch.equal(a, b) for a, b in zip(params_a, cluster.pull("params")[0], strict=True))
     assert steps_in(folder_a) == [30, 40, 50] and steps_in(folder_b) == [10, 20, 25]
+
+
+@pytest.mark.parametrize(
+    ("extra", "saved"),
+    [({"gns": {"enabled": True}}, "gns"), ({"mixed_precision": "fp16"}, "scaler")],
+)
+def test_gns_and_scaler_state_resume_under_weights_only(
+    cluster: Any, tmp_path: Path, extra: dict[str, Any], saved: str
+) -> None:
+    cluster.configure(
+        {"global_batch_size": 8, "checkpoint": {"every": 5, "directory": str(tmp_path)}, **extra}
+    )
+    train(cluster, 10)
+    payload = torch.load(tmp_path / f"run-{cluster.session.run_id}" / "step-00000010.pt", weights_only=True)
+    assert payload[saved] is not None
+    assert train(cluster, 12, resume=True) == [10, 10]
