@@ -257,7 +257,7 @@ def test_ctx_log_reads_a_cpu_tensor_at_once_and_refuses_a_vector() -> None:
     seen = []
     for _step, _ in ctx.steps(range(3), max_steps=3):
         ctx.log(loss=torch.tensor(2.0, requires_grad=True) * 1.5, one=torch.tensor([4.0]), n=3)
-        seen.append({k: list(v) for k, v in ctx.loop._logs.items()})
+        seen.append({k: list(v) for k, v in ctx.loop.sync._logs.items()})
         if _step == 2:
             with pytest.raises(
                 DtworkError,
@@ -271,7 +271,7 @@ def test_ctx_log_reads_a_cpu_tensor_at_once_and_refuses_a_vector() -> None:
 
 def test_logged_tensors_kept_for_the_sync_are_read_in_one_stack_whatever_their_shape() -> None:
     """What a GPU rank keeps (detached one-element tensors, 0-d or not) becomes one float64 vector."""
-    from dtwork.runtime.loop import _stack_scalars
+    from dtwork.runtime.sync import _stack_scalars
 
     cpu = torch.device("cpu")
     same = _stack_scalars([torch.tensor(1.0), torch.tensor(2.5, dtype=torch.float16)], cpu)

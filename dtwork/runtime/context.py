@@ -13,7 +13,7 @@ import socket
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,7 +23,11 @@ from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError, DtworkWarning
 from dtwork.runtime import control
 from dtwork.runtime import loop as _loop  # the steps loop (ctx.loop is the running one)
+from dtwork.runtime import train as _train
 from dtwork.runtime.publish import Publisher
+
+if TYPE_CHECKING:
+    from dtwork.analysis.gns import GNSEstimator
 
 
 class Context:
@@ -55,10 +59,11 @@ class Context:
             "optimizers": [],
             "schedulers": [],
         }
-        self.loop: Any = None  # the running StepLoop, if any
+        self.loop: _loop.StepLoop | None = None  # the running ctx.steps, if any
         self.gns: float | None = None
-        self.gns_state: Any = None
-        self._scaler: Any = None
+        self.gns_state: GNSEstimator | None = None
+        self._scaler: torch.amp.GradScaler | None = None
+        self._log_step = -1  # the step of ctx.log outside ctx.steps
         self.gpu_index: int | None = None
         self.auto_resume = False  # set when the cluster restarts a failed trial
         self.run_id: int | None = None  # the kernel's run (names its checkpoint folder), set per run
@@ -226,11 +231,11 @@ class Context:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward pass with loss scaling (fp16) and accumulation averaging."""
-        _loop.backward(self, loss)  # no import in the per-step methods: one costs ~10 us in a training loop
+        _train.backward(self, loss)  # imported at the top: an import per step costs a training loop
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Optimizer step at the last micro-batch of a step; return whether it stepped."""
-        return _loop.optimizer_step(self, optimizer)
+        return _train.optimizer_step(self, optimizer)
 
     def log(self, **scalars: Any) -> None:
         """Log scalars: averaged over ranks (average_training_metrics) or rank 0's."""
@@ -238,7 +243,7 @@ class Context:
         if loop is not None and "step" not in scalars:  # inside ctx.steps, every step: the short way
             loop.add_log(scalars)
         else:
-            _loop.log_scalars(self, scalars)
+            _train.log_scalars(self, scalars)
 
     def evaluate(
         self,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from dtwork.errors import DtworkError
+
+if TYPE_CHECKING:
+    from dtwork.runtime.context import Context
 
 
 class SyntheticDataset(Dataset):  # type: ignore[type-arg]
@@ -49,7 +52,7 @@ def _shape(s: Any) -> tuple[int, ...]:
 
 
 def make_loader(
-    ctx: Any,
+    ctx: Context,
     dataset: Any,
     *,
     batch_size: int | None = None,

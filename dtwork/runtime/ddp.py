@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtwork.runtime.hooks import MeasureState, inner_hook, measure_hook
 
+if TYPE_CHECKING:
+    from dtwork.runtime.context import Context
 
-def wrap_model(ctx: Any, model: torch.nn.Module, *, gns: bool | None = None, **ddp_kwargs: Any) -> DDP:
+
+def wrap_model(ctx: Context, model: torch.nn.Module, *, gns: bool | None = None, **ddp_kwargs: Any) -> DDP:
     """Move ``model`` to ``ctx.device`` and wrap it in DDP.
 
     The bucket size is ``optimizations.tensor_fusion_threshold`` (MB); the communication hook

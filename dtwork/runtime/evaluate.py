@@ -8,7 +8,7 @@ padding, computes sums (metrics) or outputs (inference), and the results are gat
 from __future__ import annotations
 
 from collections.abc import Callable, Sized
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -16,8 +16,11 @@ from torch.utils.data import DataLoader, Subset
 
 from dtwork.runtime.data import batch_len, to_device
 
+if TYPE_CHECKING:
+    from dtwork.runtime.context import Context
 
-def _shard(ctx: Any, loader_or_dataset: Any, batch_size: int | None) -> DataLoader:  # type: ignore[type-arg]
+
+def _shard(ctx: Context, loader_or_dataset: Any, batch_size: int | None) -> DataLoader:  # type: ignore[type-arg]
     if isinstance(loader_or_dataset, DataLoader):
         dataset = loader_or_dataset.dataset
         batch_size = batch_size or loader_or_dataset.batch_size
@@ -38,7 +41,7 @@ def _forward(model: torch.nn.Module, batch: Any) -> Any:
 
 
 def evaluate(
-    ctx: Any,
+    ctx: Context,
     model: torch.nn.Module,
     loader_or_dataset: Any,
     metric_fn: Callable[[Any, Any], Any] | None = None,
@@ -78,7 +81,7 @@ def evaluate(
     return _reduce_means(ctx, sums, count, isinstance(values, dict) if count else False)
 
 
-def _reduce_means(ctx: Any, sums: dict[str, torch.Tensor], count: int, as_dict: bool) -> Any:
+def _reduce_means(ctx: Context, sums: dict[str, torch.Tensor], count: int, as_dict: bool) -> Any:
     names = sorted(sums) or ["value"]
     vec = torch.stack([sums.get(n, torch.zeros((), dtype=torch.float64, device=ctx.device)) for n in names])
     vec = torch.cat([vec, torch.tensor([float(count)], dtype=torch.float64, device=ctx.device)])
@@ -88,7 +91,7 @@ def _reduce_means(ctx: Any, sums: dict[str, torch.Tensor], count: int, as_dict: 
     return means if as_dict or len(names) > 1 else means[names[0]]
 
 
-def _gather_outputs(ctx: Any, outputs: list[torch.Tensor]) -> torch.Tensor:
+def _gather_outputs(ctx: Context, outputs: list[torch.Tensor]) -> torch.Tensor:
     mine = torch.cat(outputs) if outputs else torch.empty(0)
     shards: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(shards, mine)

@@ -4,13 +4,8 @@ Per micro-batch it moves the batch to the device, toggles DDP's gradient sync fo
 ``aggregation_frequency`` (only the last micro-batch of a step exchanges gradients, as
 ``no_sync`` does), enters autocast for mixed precision, and times data loading. Per step
 it publishes throughput and checkpoints when due. The ranks agree on what each step leaves
-behind ([stop flag, local |g|^2 for the GNS, logged scalars]) through ONE small asynchronous
-all-reduce that carries the steps since the last one: launched every ``sync_every`` steps,
-read one step later (so it overlaps compute), and every rank takes the same decision at the
-same step (a consistent stop). ``sync_every`` follows the step time, the same on every rank
-(it comes from the reduced values): every step when steps are slower than ``SYNC_SECONDS``,
-fewer all-reduces for fast steps, whose latency (~0.7 ms with gloo on a small machine) would
-otherwise cost a large share of each step.
+behind (stop flag, GNS norms, logged scalars) through the sync of ``runtime/sync.py``, so that
+every rank takes the same decision at the same step (a consistent stop).
 """
 
 from __future__ import annotations
@@ -18,21 +13,20 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from dtwork.errors import DtworkError
 from dtwork.runtime import checkpoint, control
 from dtwork.runtime.data import batch_len, to_device
 from dtwork.runtime.ddp import measure_state
+from dtwork.runtime.sync import StepHead, StepSync, SyncedStep
 
-MAX_LOGGED = 32
+if TYPE_CHECKING:
+    from dtwork.runtime.context import Context
+
 PERF_SECONDS = 0.1
-HEAD = 4  # values per step before the logged metrics in the sync all-reduce (see _launch_sync)
-SYNC_SECONDS = 0.1  # the ranks agree about this often (stop, metrics, GNS), or every step when slower
-MAX_SYNC_EVERY = 64
 GPU_SECONDS = 1.0
 
 
@@ -41,7 +35,7 @@ class StepLoop:
 
     def __init__(
         self,
-        ctx: Any,
+        ctx: Context,
         loader: Iterable[Any],
         *,
         max_steps: int | None = None,
@@ -76,12 +70,8 @@ class StepLoop:
         self.is_last_micro = True
         self.stepped = False
         self.stopped_early = False
-        self._logs: dict[str, list[torch.Tensor | float]] = {}
-        # steps not yet sent: (step, head values, {logged name: local mean}); the sync in flight
-        self._unsynced: list[tuple[int, list[float], dict[str, Any]]] = []
-        self._pending: tuple[Any, torch.Tensor, list[tuple[int, list[float], dict[str, Any]]]] | None = None
-        self.sync_every = 1  # steps per sync all-reduce; the same on every rank
-        self._last_sync = 0.0
+        self.sync = StepSync(ctx.device, ctx.world_size)
+        self.add_log = self.sync.add_log  # ctx.log's short way, every step
         self._samples = 0
         self._gns_micro: list[float] = []
         self._gns_big: float | None = None
@@ -91,7 +81,11 @@ class StepLoop:
         self._micro_len = 0
         self._perf = {"t": 0.0, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
         self._last_gpu = 0.0
-        self._models: list[Any] = []
+        self._models: list[torch.nn.Module] = []
+
+    @property
+    def sync_every(self) -> int:
+        return self.sync.sync_every
 
     # -- the iteration ---------------------------------------------------------------------------
 
@@ -115,7 +109,7 @@ class StepLoop:
             if self.every and self.step and self._saved_step != self.step:
                 self.save_checkpoint()  # the loop's end, also between two `every`
         finally:
-            self._drain_pending()
+            self._drain()
             self._publish_unsynced()
             self._publish_gns(force=True)
             control.exit_loop()
@@ -153,14 +147,14 @@ class StepLoop:
                 t_wait = time.perf_counter()
             self.epoch += 1
             if self.max_epochs is not None and self.epoch >= self.max_epochs:
-                if self._unsynced:  # every rank ends its last epoch at the same step
-                    self._launch_sync()
+                if self.sync.unsent:  # every rank ends its last epoch at the same step
+                    self.sync.launch()
                 return
 
     def _one(self, batch: Any, data_time: float) -> Iterator[tuple[int, Any]]:
         self.is_last_micro = (self.micro + 1) % self.k == 0
         for m in self._models:
-            m.require_backward_grad_sync = self.is_last_micro
+            m.require_backward_grad_sync = self.is_last_micro  # type: ignore[assignment]
         batch = to_device(batch, self.ctx.device)
         n = batch_len(batch)
         self._micro_len = n
@@ -183,7 +177,7 @@ class StepLoop:
         if mp == "fp16" and self.ctx._scaler is None:
             self.ctx._scaler = torch.amp.GradScaler(self.ctx.device.type)
 
-    def _autocast(self) -> Any:
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         mp = self.ctx.config.mixed_precision
         if mp == "none":
             return contextlib.nullcontext()
@@ -192,7 +186,7 @@ class StepLoop:
 
     # -- gradient noise scale -------------------------------------------------------------------
 
-    def _gns_models(self) -> list[Any]:
+    def _gns_models(self) -> list[torch.nn.Module]:
         return [m for m in self.ctx.models if (s := measure_state(m)) is not None and s.gns]  # once per step
 
     def _setup_gns(self) -> None:
@@ -292,10 +286,10 @@ class StepLoop:
                 comm += s.exposed_comm()
                 s.reset()
         self._perf_tick(comm)
-        self._drain_pending()  # launched a step ago or more; may stop the loop at this step
+        self._drain()  # launched a step ago or more; may stop the loop at this step
         self._record_step(norms)
-        if len(self._unsynced) >= self.sync_every or self._done():
-            self._launch_sync()
+        if self.sync.due() or self._done():
+            self.sync.launch()
         self._arm_gns()
         if self.every and (self.step % self.every == 0 or self.stopped_early):
             self.save_checkpoint()
@@ -335,127 +329,56 @@ class StepLoop:
             vals = {k: v for k, v in s.to_dict().items() if k != "index" and v is not None}
             self.ctx.publisher.record("gpu", self.step, vals)
 
-    def add_log(self, scalars: dict[str, Any]) -> None:
-        """Keep the step's values at the least cost per call: it runs every step, in the loop's
-        cold path, where every tensor operation pays the dispatcher's cold path (~5-15 us on a CPU).
-        A number is kept as a float. A tensor on the CPU is read at once (``item``: there is no
-        device to wait for, and a tensor kept until the sync cost a CPU rank ~10 us a step more:
-        ``python -m benchmarks.rank_log``); a tensor on an accelerator is detached and kept, and
-        the sync reads all of them in one operation (reading it here would wait for the device)."""
-        logs = self._logs
-        for name, value in scalars.items():
-            if isinstance(value, torch.Tensor):
-                if value.numel() != 1:
-                    raise DtworkError(
-                        f"ctx.log({name}=...) takes a number or a one-element tensor, got a tensor of shape "
-                        f"{tuple(value.shape)}: log a reduction of it (.mean(), .sum())"
-                    )
-                value = value.item() if value.is_cpu else value.detach()
-            else:
-                value = float(value)
-            kept = logs.get(name)
-            if kept is None:
-                logs[name] = [value]
-            else:
-                kept.append(value)
-
     def _record_step(self, norms: tuple[float, float] | None) -> None:
         """Keep what this step leaves for the next sync: stop flag, GNS norms, logged means."""
-        names = sorted(self._logs)[:MAX_LOGGED]
-        local = {n: _mean(self._logs[n], self.ctx.device) for n in names}
-        self._logs = {}
-        small, big_share = norms if norms else (0.0, 0.0)
-        # [stop requested, local |G_small|^2, ranks that measured, share of |G_big|^2]; logs follow
-        head = [1.0 if control.requested() else 0.0, small, 1.0 if norms else 0.0, big_share]
-        self._unsynced.append((self.step - 1, head, local))
+        head = StepHead(stop=1.0 if control.requested() else 0.0)
+        if norms:
+            head.gns_small, head.gns_big_share, head.gns_measured = norms[0], norms[1], 1.0
+        self.sync.record(self.step - 1, head)
 
-    def _launch_sync(self) -> None:
-        """All-reduce the unsent steps in one vector: this rank's seconds per step, every step's
-        head, then every step's logs; read at the next step's end. Every rank calls it at the
-        same steps. Two tensors are built whatever the number of steps carried."""
-        ctx = self.ctx
-        now = time.perf_counter()
-        entries, self._unsynced = self._unsynced, []
-        per_step = (now - self._last_sync) / len(entries) if self._last_sync else 0.0
-        self._last_sync = now
-        heads = [v for _, head, _ in entries for v in head]
-        logs = [v for _, _, local in entries for v in local.values()]
-        # The logs follow the heads in the entries' order, whatever their types (the layout must
-        # be the same on every rank): numbers and tensors are converted in one operation each.
-        tensor_at = [i for i, v in enumerate(logs) if isinstance(v, torch.Tensor)]
-        if not tensor_at:
-            vec = torch.tensor([per_step, *heads, *logs], dtype=torch.float64, device=ctx.device)
-        else:
-            stacked = _stack_scalars([logs[i] for i in tensor_at], ctx.device)
-            if len(tensor_at) < len(logs):
-                part = torch.tensor(
-                    [0.0 if isinstance(v, torch.Tensor) else v for v in logs],
-                    dtype=torch.float64,
-                    device=ctx.device,
-                )
-                part[torch.tensor(tensor_at, device=ctx.device)] = stacked
-                stacked = part
-            vec = torch.cat(
-                [torch.tensor([per_step, *heads], dtype=torch.float64, device=ctx.device), stacked]
-            )
-        work = dist.all_reduce(vec, async_op=True) if ctx.world_size > 1 else None
-        self._pending = (work, vec, entries)
+    def _drain(self) -> None:
+        for synced in self.sync.drain():
+            self._step_synced(synced)
 
-    def _drain_pending(self) -> None:
-        if self._pending is None:
-            return
-        work, vec, entries = self._pending
-        self._pending = None
-        if work is not None:
-            work.wait()
-        values = vec.tolist()
-        ws = self.ctx.world_size
-        if values[0] > 0:  # the ranks' mean seconds per step: how many steps the next sync waits for
-            self.sync_every = max(1, min(MAX_SYNC_EVERY, int(SYNC_SECONDS / (values[0] / ws))))
-        at = 1 + HEAD * len(entries)  # where the logs start
-        for i, (step, _, local) in enumerate(entries):
-            head, logs = values[1 + HEAD * i : 1 + HEAD * (i + 1)], values[at : at + len(local)]
-            at += len(local)
-            self._step_synced(step, head, logs, local)
-
-    def _step_synced(self, step: int, head: list[float], logs: list[float], local: dict[str, Any]) -> None:
+    def _step_synced(self, s: SyncedStep) -> None:
         """Act on one step's reduced values (the same on every rank)."""
         ws = self.ctx.world_size
-        if head[0] > 0 and not self.stopped_early:
+        if s.head.stop > 0 and not self.stopped_early:
             # Every rank reads the same reduced flag at the same step: all leave together.
             self.stopped_early = True
             self.ctx.publisher.record(
                 "event", self.step, {}, event="stopped", message=f"stopped at step {self.step}"
             )
-        if local and self.ctx.rank == 0:
+        if s.local and self.ctx.rank == 0:
             avg = self.ctx.config.optimizations.average_training_metrics
-            logged = {n: logs[i] / ws if avg else float(local[n]) for i, n in enumerate(local)}
-            self.ctx.publisher.record("log", step, logged)
-        if head[2] == ws and self.ctx.gns_state is not None:  # every rank measured this step
-            self._gns_update(head[1] / ws, head[3], step)
+            logged = {n: s.logs[i] / ws if avg else float(s.local[n]) for i, n in enumerate(s.local)}
+            self.ctx.publisher.record("log", s.step, logged)
+        if s.head.gns_measured == ws and self.ctx.gns_state is not None:  # every rank measured it
+            self._gns_update(s.head.gns_small / ws, s.head.gns_big_share, s.step)
 
     def _publish_unsynced(self) -> None:
         """A loop left early on this rank (an error, a ``break``): its unsent steps cannot be
         reduced any more (the other ranks may not call the all-reduce); rank 0 records its own
         logged values for them, so that no row is lost."""
-        entries, self._unsynced = self._unsynced, []
+        entries = self.sync.take_unsent()
         if self.ctx.rank == 0:
-            for step, _, local in entries:
+            for step, local in entries:
                 if local:
                     self.ctx.publisher.record("log", step, {n: float(v) for n, v in local.items()})
 
     def _gns_update(self, small: float, big: float, step: int) -> None:
-        ctx = self.ctx
+        ctx, est = self.ctx, self.ctx.gns_state
+        assert est is not None  # the caller checked
         b_small, b_big = self._gns_sizes()
-        ctx.gns_state.update(small, big, b_small, b_big)
-        ctx.gns = ctx.gns_state.b_simple
-        if ctx.rank == 0 and ctx.gns is not None:
+        est.update(small, big, b_small, b_big)
+        ctx.gns = est.b_simple
+        if ctx.rank == 0 and ctx.gns is not None and est.g2 is not None and est.trace_sigma is not None:
             self._gns_record = (
                 step,
                 {
                     "b_simple": ctx.gns,
-                    "g2": ctx.gns_state.g2,
-                    "trace_sigma": ctx.gns_state.trace_sigma,
+                    "g2": est.g2,
+                    "trace_sigma": est.trace_sigma,
                     "b_small": float(b_small),
                     "b_big": float(b_big),
                 },
@@ -504,87 +427,3 @@ class StepLoop:
     def _progress(self, phase: str) -> None:
         total = self.max_steps
         self.ctx.publisher.progress(step=self.step, total=total, phase=phase, epoch=self.epoch)
-
-
-# -- ctx.backward / ctx.step / ctx.log --------------------------------------------------------------
-
-
-def _mean(values: list[Any], device: torch.device) -> Any:
-    """The mean of one name's values in a step: the value itself when logged once (the usual
-    case: no tensor operation), a float for numbers, else a 0-d float64 tensor."""
-    if len(values) == 1:
-        return values[0]
-    if not any(isinstance(v, torch.Tensor) for v in values):
-        return sum(values) / len(values)
-    return torch.stack(
-        [torch.as_tensor(v, device=device).to(torch.float64).reshape(()) for v in values]
-    ).mean()
-
-
-def _stack_scalars(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """One-element tensors (kept by ``add_log``: 0-d or not, on the rank's device or not) as one
-    1-d float64 tensor on ``device``: one operation when they have one shape and one device, as
-    a training loop's logged values have."""
-    try:
-        out = torch.stack(tensors)
-    except RuntimeError:  # shapes (), (1,) ... or devices mixed
-        out = torch.stack([t.reshape(()).to(device) for t in tensors])
-    return out.reshape(-1).to(device=device, dtype=torch.float64)
-
-
-def backward(ctx: Any, loss: torch.Tensor) -> None:
-    """Scale for accumulation and fp16, then backward (outside autocast)."""
-    loop: StepLoop | None = ctx.loop
-    if loop is not None and loop.k > 1 and ctx.config.optimizations.average_aggregated_gradients:
-        loss = loss / loop.k
-    scale = 1.0
-    if ctx._scaler is not None:
-        scale = float(ctx._scaler.get_scale())
-        loss = ctx._scaler.scale(loss)
-    if loop is not None:
-        loop.before_backward()
-    with torch.autocast(ctx.device.type, enabled=False):
-        loss.backward()
-    if loop is not None:
-        loop.after_backward(scale)
-
-
-def optimizer_step(ctx: Any, optimizer: torch.optim.Optimizer) -> bool:
-    """Step at the last micro-batch of a step (scaler-aware), zero the grads, step schedules."""
-    loop: StepLoop | None = ctx.loop
-    ctx.register("optimizers", optimizer)
-    if loop is not None and not loop.is_last_micro:
-        return False
-    if ctx._scaler is not None:
-        ctx._scaler.step(optimizer)
-        ctx._scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    for sched in ctx.schedulers:
-        if getattr(sched, "optimizer", None) is optimizer:
-            sched.step()
-    if loop is not None:
-        loop.stepped = True
-    return True
-
-
-def log_scalars(ctx: Any, scalars: dict[str, Any]) -> None:
-    """Inside ``ctx.steps``: averaged with the step's all-reduce. Outside: reduced at once."""
-    step = scalars.pop("step", None)
-    if not scalars:
-        return
-    if ctx.loop is not None:
-        ctx.loop.add_log(scalars)
-        return
-    names = sorted(scalars)
-    vec = torch.stack(
-        [torch.as_tensor(scalars[n]).detach().to(ctx.device, torch.float64).reshape(()) for n in names]
-    )
-    if ctx.config.optimizations.average_training_metrics and ctx.world_size > 1:
-        dist.all_reduce(vec)
-        vec /= ctx.world_size
-    ctx._log_step = step if step is not None else getattr(ctx, "_log_step", -1) + 1
-    if ctx.rank == 0:
-        ctx.publisher.record("log", ctx._log_step, dict(zip(names, vec.tolist(), strict=True)))
-        ctx.publisher.flush()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dtwork.analysis.schedules import decay_factor, lars_trust_ratio, scaled_lr, warmup_factor
+
+if TYPE_CHECKING:
+    from dtwork.runtime.context import Context
 
 
 class LARS(torch.optim.Optimizer):
@@ -51,7 +54,7 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def configured_lr(ctx: Any) -> float:
+def configured_lr(ctx: Context) -> float:
     """The base LR scaled for the global batch (linear or sqrt rule; Goyal et al. 2017)."""
     lr = ctx.config.lr
     if lr.scaling == "none" or ctx.global_batch_size is None:
@@ -59,13 +62,17 @@ def configured_lr(ctx: Any) -> float:
     return scaled_lr(lr.base, ctx.global_batch_size, lr.base_batch_size or ctx.global_batch_size, lr.scaling)
 
 
-def make_optimizer(ctx: Any, params: Any, **overrides: Any) -> torch.optim.Optimizer:
+def make_optimizer(ctx: Context, params: Any, **overrides: Any) -> torch.optim.Optimizer:
     """Build the optimizer named by ``config.optimizer`` with the scaled LR; kwargs override."""
     o = ctx.config.optimizer
     lr = overrides.pop("lr", configured_lr(ctx))
     kind = overrides.pop("type", o.type)
     if kind == "sgd":
-        opts = {"momentum": o.momentum, "nesterov": o.nesterov, "weight_decay": o.weight_decay}
+        opts: dict[str, Any] = {
+            "momentum": o.momentum,
+            "nesterov": o.nesterov,
+            "weight_decay": o.weight_decay,
+        }
         return torch.optim.SGD(params, lr=lr, **{**opts, **overrides})
     if kind in ("adam", "adamw"):
         cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
@@ -84,7 +91,7 @@ def make_optimizer(ctx: Any, params: Any, **overrides: Any) -> torch.optim.Optim
 
 
 def make_scheduler(
-    ctx: Any, optimizer: torch.optim.Optimizer, **overrides: Any
+    ctx: Context, optimizer: torch.optim.Optimizer, **overrides: Any
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR: linear warmup over ``lr.warmup`` steps, then the configured decay."""
     cfg = ctx.config

@@ -1,0 +1,70 @@
+"""``ctx.backward``, ``ctx.step`` and ``ctx.log``: aware of the running ``ctx.steps``, if any."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from dtwork.runtime.context import Context
+    from dtwork.runtime.loop import StepLoop
+
+
+def backward(ctx: Context, loss: torch.Tensor) -> None:
+    """Scale for accumulation and fp16, then backward (outside autocast)."""
+    loop: StepLoop | None = ctx.loop
+    if loop is not None and loop.k > 1 and ctx.config.optimizations.average_aggregated_gradients:
+        loss = loss / loop.k
+    scale = 1.0
+    if ctx._scaler is not None:
+        scale = float(ctx._scaler.get_scale())
+        loss = ctx._scaler.scale(loss)
+    if loop is not None:
+        loop.before_backward()
+    with torch.autocast(ctx.device.type, enabled=False):
+        loss.backward()
+    if loop is not None:
+        loop.after_backward(scale)
+
+
+def optimizer_step(ctx: Context, optimizer: torch.optim.Optimizer) -> bool:
+    """Step at the last micro-batch of a step (scaler-aware), zero the grads, step schedules."""
+    loop: StepLoop | None = ctx.loop
+    ctx.register("optimizers", optimizer)
+    if loop is not None and not loop.is_last_micro:
+        return False
+    if ctx._scaler is not None:
+        ctx._scaler.step(optimizer)
+        ctx._scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    for sched in ctx.schedulers:
+        if getattr(sched, "optimizer", None) is optimizer:
+            sched.step()
+    if loop is not None:
+        loop.stepped = True
+    return True
+
+
+def log_scalars(ctx: Context, scalars: dict[str, Any]) -> None:
+    """Inside ``ctx.steps``: averaged with the step's all-reduce. Outside: reduced at once."""
+    step = scalars.pop("step", None)
+    if not scalars:
+        return
+    if ctx.loop is not None:
+        ctx.loop.add_log(scalars)
+        return
+    names = sorted(scalars)
+    vec = torch.stack(
+        [torch.as_tensor(scalars[n]).detach().to(ctx.device, torch.float64).reshape(()) for n in names]
+    )
+    if ctx.config.optimizations.average_training_metrics and ctx.world_size > 1:
+        dist.all_reduce(vec)
+        vec /= ctx.world_size
+    ctx._log_step = step if step is not None else ctx._log_step + 1
+    if ctx.rank == 0:
+        ctx.publisher.record("log", ctx._log_step, dict(zip(names, vec.tolist(), strict=True)))
+        ctx.publisher.flush()
