@@ -6,7 +6,7 @@ time, so a reused PID is never killed by mistake). The server extension lists th
 ``start`` cleans the entries whose kernel is gone; a small reaper process per cluster kills
 the processes the moment the kernel dies, however it died.
 
-The directories are the user's own (mode 0700) and the files 0600: they hold addresses and
+The clusters directory is the user's own (mode 0700) and its files 0600: they hold addresses and
 ports. An entry is trusted only once validated: its id by pattern and equal to its file's
 name, the files it may delete only ipyparallel's ``security/cluster-<id>.json``; a malformed
 file is skipped with a warning. A home shared over NFS holds other hosts' entries: a kernel
@@ -68,7 +68,7 @@ def _private_dir(path: Path) -> Path:
 
 
 def clusters_dir() -> Path:
-    _private_dir(home())
+    home().mkdir(mode=0o700, parents=True, exist_ok=True)  # one the user made is left as it is
     return _private_dir(home() / "clusters")
 
 

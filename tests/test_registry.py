@@ -74,11 +74,11 @@ def raw(home: Path, name: str, content: Any) -> Path:
 
 
 def test_directories_are_0700_and_files_0600(home: Path) -> None:
-    home.mkdir(mode=0o755)
-    os.chmod(home, 0o755)  # an older dtwork made it world-readable
-    path = registry.write("dtwork-1-abcdef", {"kernel": registry.proc_record(os.getpid())})
+    registry.write("dtwork-1-abcdef", {"kernel": registry.proc_record(os.getpid())})
     assert mode(home) == 0o700 and mode(home / "clusters") == 0o700
-    assert mode(path) == 0o600
+    os.chmod(home / "clusters", 0o755)  # as an older dtwork made it
+    path = registry.write("dtwork-1-abcdef", {"kernel": registry.proc_record(os.getpid())})
+    assert mode(home / "clusters") == 0o700 and mode(path) == 0o600
     assert [p.name for p in (home / "clusters").iterdir()] == ["dtwork-1-abcdef.json"]  # no temp file
 
 
