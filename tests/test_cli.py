@@ -1,0 +1,129 @@
+"""``dtwork runs``: the installed console script, run in a subprocess on a real SQLite store."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtwork.config import load_config
+from dtwork.store import RunStore
+
+SCRIPT = shutil.which("dtwork", path=str(Path(sys.executable).parent)) or shutil.which("dtwork")
+pytestmark = pytest.mark.skipif(
+    SCRIPT is None, reason="the dtwork console script is not installed: pip install -e ."
+)
+
+CONFIG = load_config({"name": "mnist", "global_batch_size": 64, "searcher": {"metric": "validation_loss"}})
+
+
+def dtwork(*args: str, cwd: Path, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DTWORK_STORE"}
+    proc = subprocess.run([str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert (proc.returncode == 0) == ok, proc.stderr
+    return proc
+
+
+@pytest.fixture()
+def notebook_dir(tmp_path: Path) -> Path:
+    """A folder with a notebook and its store beside it (.dtwork/runs.sqlite), holding two runs."""
+    (tmp_path / "train.ipynb").write_text("{}", encoding="utf-8")
+    with RunStore(tmp_path / ".dtwork" / "runs.sqlite") as store:
+        for n, (lr, status) in enumerate(((0.1, "completed"), (0.4, "failed")), start=1):
+            run = store.create_run(
+                name=f"lr-{lr}",
+                world_size=2,
+                backend="gloo",
+                config_yaml=CONFIG.replace(hyperparameters={"lr": lr}).to_yaml(),
+                global_batch_size=64,
+                per_slot_batch_size=32,
+            )
+            cell = store.add_cell(run, "train()")
+            store.finish_cell(run, cell, status)
+            records = [{"step": s, "name": "loss", "value": n / (s + 1)} for s in range(20)]
+            records += [
+                {"step": s, "name": "validation_loss", "value": n * (0.5 + abs(s - 9) / 10)}
+                for s in (4, 9, 14)
+            ]
+            store.add_metrics(run, records)
+            store.add_result(run, "scaling", {"mode": "weak", "points": [
+                {"world_size": 1, "throughput": 500.0, "step_time": 0.1, "comm_time": 0.0, "per_slot_batch": 32, "global_batch": 32},
+                {"world_size": 2, "throughput": 950.0, "step_time": 0.1, "comm_time": 0.01, "per_slot_batch": 32, "global_batch": 64},
+            ]})  # fmt: skip
+            store.set_run_status(run, status, ended=True)
+    return tmp_path
+
+
+def test_list_finds_the_store_beside_the_notebook(notebook_dir: Path) -> None:
+    out = dtwork("runs", "list", cwd=notebook_dir).stdout
+    lines = out.splitlines()
+    assert lines[0] == str(notebook_dir / ".dtwork" / "runs.sqlite")
+    assert lines[1].split() == ["id", "name", "status", "ranks", "batch", "steps", "result", "started"]
+    assert lines[2].split()[:7] == ["2", "lr-0.4", "failed", "2", "64", "19", "validation_loss"]
+    assert lines[2].split()[7:9] == ["1", "@9"]  # the best (smallest) validation loss and its step
+    assert lines[3].split()[:3] == ["1", "lr-0.1", "completed"]
+    other = notebook_dir.parent / f"{notebook_dir.name}-elsewhere"
+    other.mkdir()
+    assert dtwork("runs", "--store", str(notebook_dir / "train.ipynb"), "list", cwd=other).stdout == out
+    data = json.loads(dtwork("runs", "list", "--json", cwd=notebook_dir).stdout)
+    assert [r["id"] for r in data] == [2, 1]
+    assert data[1]["result"] == {
+        "metric": "validation_loss",
+        "best": 0.5,
+        "step": 9,
+        "smaller_is_better": True,
+    }
+
+
+def test_show_summarises_one_run(notebook_dir: Path) -> None:
+    out = dtwork("runs", "show", "1", cwd=notebook_dir).stdout
+    assert out.splitlines()[0].split() == ["run", "1", "lr-0.1", "completed"]
+    assert "global batch 64 = 32 per slot" in out
+    assert "result    validation_loss 0.5 @9" in out
+    loss = next(line for line in out.splitlines() if line.startswith("loss"))
+    assert loss.split() == ["loss", "20", "0.05", "19", "0.05", "1"]
+    assert "scaling   weak: 1: 500/s, 2: 950/s" in out
+    data = json.loads(dtwork("runs", "show", "1", "--json", cwd=notebook_dir).stdout)
+    assert data["metrics"]["loss"]["count"] == 20 and data["cells"] == 1
+
+
+def test_compare_puts_two_runs_side_by_side_and_writes_a_plot(notebook_dir: Path) -> None:
+    out = dtwork("runs", "compare", "1", "2", "--plot", "cmp.html", cwd=notebook_dir).stdout
+    rows = {line.split("  ")[0].strip(): line.split() for line in out.splitlines()}
+    assert rows["loss (last)"][-3:] == ["0.05", "0.1", "+100.0%"]
+    assert rows["status"][-2:] == ["completed", "failed"]
+    plot = notebook_dir / "cmp.html"
+    assert out.splitlines()[-1] == f"plot: {plot}"
+    html = plot.read_text(encoding="utf-8")
+    assert "run 1 vs run 2" in html and "validation_loss" in html
+
+
+def test_export_writes_tensorboard_and_says_where(notebook_dir: Path) -> None:
+    pytest.importorskip("tensorboard")
+    out = dtwork("runs", "export", "--tensorboard", "tb", cwd=notebook_dir).stdout
+    assert out.splitlines()[0] == f"tensorboard: 2 run(s) in {notebook_dir / 'tb'}"
+    assert sorted(p.name for p in (notebook_dir / "tb").iterdir()) == ["run-1-lr-0.1", "run-2-lr-0.4"]
+
+
+def test_export_report(notebook_dir: Path) -> None:
+    out = dtwork("runs", "export", "1", "--report", "r1.ipynb", cwd=notebook_dir).stdout
+    assert (notebook_dir / "r1.ipynb").is_file()
+    assert out.startswith("report: ")
+
+
+def test_errors_are_one_line(notebook_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    empty = tmp_path_factory.mktemp("empty")
+    err = dtwork("runs", "list", cwd=empty, ok=False).stderr
+    assert err.startswith("dtwork: no run store at ") and len(err.strip().splitlines()) == 1
+    err = dtwork("runs", "show", "7", cwd=notebook_dir, ok=False).stderr
+    assert len(err.strip().splitlines()) == 1 and "7" in err
+    err = dtwork("runs", "export", "1", cwd=notebook_dir, ok=False).stderr
+    assert (
+        err.strip()
+        == "dtwork: dtwork runs export: say where: --report PATH, --tensorboard DIR or --mlflow URI"
+    )
