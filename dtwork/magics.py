@@ -29,7 +29,8 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   stop            stop every engine and the controller
   restart         same ranks and settings, fresh engines and process group
   config EXP.yaml load an experiment config on every rank as ``ctx.config`` (starts a new run)
-  runs            the runs in the run store
+  runs [list|show ID|compare A B|export [ID] --tensorboard DIR|--mlflow URI|--report PATH]
+                  the runs in the run store, as ``dtwork runs`` in a shell
   wait | attach   bring a background (--bg) cell back: live view, wait for its end
   scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape 20] [--batch B] MODEL_EXPR
                   throughput and scaling efficiency on synthetic data, by world size
@@ -211,6 +212,12 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_runs(self, argv: list[str]) -> Any:
+        if argv and argv[0] in ("list", "show", "compare", "export"):  # the shell's `dtwork runs ...`
+            from dtwork.cli import main as cli_main
+
+            store = current().store_path if any(c.state == "running" for c in _clusters) else None
+            cli_main(["runs", *(["--store", str(store)] if store else []), *argv])
+            return None
         p = _parser("runs")
         p.add_argument("--store", default=None)
         ns = p.parse_args(argv)

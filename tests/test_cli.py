@@ -127,3 +127,17 @@ def test_errors_are_one_line(notebook_dir: Path, tmp_path_factory: pytest.TempPa
         err.strip()
         == "dtwork: dtwork runs export: say where: --report PATH, --tensorboard DIR or --mlflow URI"
     )
+
+
+def test_the_magic_runs_the_same_commands(notebook_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "dtwork")
+    store = notebook_dir / ".dtwork" / "runs.sqlite"
+    ip.run_line_magic("dtrain", f"runs show 1 --store {store}")
+    shown = capsys.readouterr().out
+    assert shown == dtwork("runs", "show", "1", cwd=notebook_dir).stdout
+    ip.run_line_magic("dtrain", f"runs export 2 --tensorboard {notebook_dir / 'tb'} --store {store}")
+    assert capsys.readouterr().out.startswith(f"tensorboard: 1 run(s) in {notebook_dir / 'tb'}")
+    assert [p.name for p in (notebook_dir / "tb").iterdir()] == ["run-2-lr-0.4"]
