@@ -369,6 +369,46 @@ async def test_report_with_the_real_exporter(jp_fetch: Any, jp_root_dir: Path, s
     assert body["path"] == f"reports/run-{rid}.ipynb" and notebook["nbformat"] == 4
 
 
+@in_loop
+async def test_concurrent_exports_give_correct_reports(
+    jp_fetch: Any, jp_root_dir: Path, store: dict[str, int], dtwork_env: dict[str, Path]
+) -> None:
+    """A double click and a second run at once: each answer names its own complete report."""
+    with RunStore(dtwork_env["store"]) as s:
+        other = s.create_run(name="cnn", world_size=2, backend="gloo")
+        s.add_cell(other, "print(2)")
+        s.add_metrics(other, [{"step": i, "name": "acc", "value": 0.5} for i in range(10)])
+    done = store["done"]
+    fetches = [
+        get_json(jp_fetch, "runs", str(rid), "report", **post(), request_timeout=300)
+        for rid in (done, other, done)
+    ]
+    bodies = await asyncio.gather(*fetches)
+    assert [b["run_id"] for b in bodies] == [done, other, done]
+    for body, name in zip(bodies, ("mlp", "cnn", "mlp"), strict=True):
+        nb = json.loads((jp_root_dir / body["path"]).read_text())
+        assert nb["metadata"]["dtwork"]["run_id"] == body["run_id"]
+        assert f"dtwork report: {name}" in "".join(nb["cells"][0]["source"])
+        streams = [o for c in nb["cells"] for o in c.get("outputs", []) if o["output_type"] == "stream"]
+        assert len(streams) == 1, streams  # its own analysis output, once
+
+
+@in_loop
+async def test_report_scrubs_the_kernel_environment_sent_in_the_body(
+    jp_fetch: Any, jp_root_dir: Path, store: dict[str, int], dtwork_env: dict[str, Path]
+) -> None:
+    kernel_only = "kernel-only-7f3a9c21e8"  # in no token shape, and not in the server's environment
+    with RunStore(dtwork_env["store"]) as s:
+        rid = s.create_run(name="env", world_size=2, backend="gloo")
+        s.add_cell(rid, f"print('{kernel_only}')")
+    body = json.dumps({"environ": {"HF_TOKEN": kernel_only}})
+    answer = await get_json(jp_fetch, "runs", str(rid), "report", **post(body), request_timeout=120)
+    text = (jp_root_dir / answer["path"]).read_text()
+    assert kernel_only not in text and "$HF_TOKEN" in text
+    message = await error_of(jp_fetch, "runs", str(rid), "report", code=400, **post('{"environ": [1]}'))
+    assert "environ" in message
+
+
 # -- clusters ---------------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from detect_secrets.filters.heuristic import is_potential_uuid, is_sequential_string, is_templated_secret
@@ -26,7 +26,7 @@ from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
 from detect_secrets.plugins.ibm_cloud_iam import IbmCloudIamDetector
 from detect_secrets.plugins.ibm_cos_hmac import IbmCosHmacDetector
 from detect_secrets.plugins.jwt import JwtTokenDetector
-from detect_secrets.plugins.keyword import KeywordDetector
+from detect_secrets.plugins.keyword import QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP, KeywordDetector
 from detect_secrets.plugins.mailchimp import MailchimpDetector
 from detect_secrets.plugins.npm import NpmDetector
 from detect_secrets.plugins.openai import OpenAIDetector
@@ -77,16 +77,17 @@ _PEM = re.compile(
     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
     re.DOTALL,
 )
-_TOKEN = re.compile(
-    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|hf_[A-Za-z0-9]{20,}|sk-[\w-]{20,}"
-    r"|xox[abprs]-[\w-]{10,}|glpat-[\w-]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}"
-    r"|[rs]k_(?:live|test)_[0-9A-Za-z]{16,}|eyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]*)"
+_TOKEN = re.compile(  # shapes detect-secrets lacks: Hugging Face, OpenAI's new keys, Google, Stripe test
+    r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[\w-]{20,}|AIza[0-9A-Za-z_-]{35}|sk_test_[0-9A-Za-z]{16,}"
+    r"|eyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]*)"  # a whole JWT: detect-secrets' match stops before the signature
 )
 _URL_PASSWORD = re.compile(r"\b[A-Za-z][\w+.-]*://[^\s:/?#@'\"]+:(?P<v>[^\s/?#@'\"]+)@")
 _FLAG = re.compile(
     r"(?i)(?<![\w-])(?P<name>--?[\w-]*(?:token(?!iz)|secret|passw(?:or)?d|pwd|api-?key|access-?key)[\w-]*)"
     r"(?:=|[ \t]+)(?P<v>'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"-][^\s'\"]*)"
 )
+_TOKEN_TAIL = re.compile(r"[\w/+=-]*")  # a detector may match only a token's first characters
+_PLAIN = re.compile(r"[A-Za-z][\w+.-]*://[^@\s]*$|~?\.{0,2}/")  # a URL without credentials, a path
 _ASSIGNED = (  # NAME = "quoted" or NAME=BareValue, NAME secret-looking; then any *key = long value
     re.compile(
         rf"(?i)\b(?P<name>[\w.-]*(?:{_WORD})[\w.-]*)['\"]?\]?\s*[:=]\s*"
@@ -102,6 +103,24 @@ def secret_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The secret-looking variables of ``environ`` (default: this process's), as sent with an export."""
     env = os.environ if environ is None else environ
     return {k: v for k, v in env.items() if ENV_NAME.search(k) and len(v.strip()) >= MIN_ENV_VALUE}
+
+
+def _patterns(detector: BasePlugin) -> list[tuple[re.Pattern[str], int | None]]:
+    """A detector's regular expressions, each with the group that holds the secret (None: find it)."""
+    if isinstance(detector, KeywordDetector):
+        return list(QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP.items())
+    return [(p, None) for p in getattr(detector, "denylist", ())]
+
+
+def _secret_span(m: re.Match[str], group: int | None) -> tuple[int, int]:
+    """The secret in a match: the named group, else the last long group past its start, else all."""
+    if group is not None:
+        return m.span(group)
+    for g in range(m.re.groups, 0, -1):
+        a, b = m.span(g)
+        if a > m.start() and b - a >= MIN_ENV_VALUE:
+            return a, b
+    return m.span()
 
 
 def _identifier(value: str) -> bool:
@@ -146,31 +165,35 @@ class Scrubber:
                 text = text.replace(value, self._note(place, f"the value of ${name}"))
         text = _PEM.sub(lambda m: self._note(place, "a private key"), text)
         text = _TOKEN.sub(lambda m: self._note(place, "a token"), text)
-        for value, kind in self._detected(text):
-            text = self._replace(text, value, place, kind)
+        text = self._detected(text, place)
         text = _URL_PASSWORD.sub(lambda m: self._span(m, "v", place, "a password in a URL"), text)
         text = _FLAG.sub(lambda m: self._span(m, "v", place, f"the value of {m['name']}"), text)
+        return self._assigned(text, place)
+
+    def _assigned(self, text: str, place: str) -> str:
         for pattern in _ASSIGNED:
             text = pattern.sub(lambda m: self._value(m, place), text)
         return text
 
-    def _detected(self, text: str) -> Iterator[tuple[str, str]]:
-        """What detect-secrets' detectors flag in ``text``, longest first, placeholders dropped."""
-        hits = {
-            value: d.secret_type
-            for line in text.splitlines()
-            for d in self._detectors
-            for value in d.analyze_string(line)
-            if isinstance(value, str)
-        }
-        for value in sorted(hits, key=len, reverse=True):
-            if not _placeholder(value):
-                yield value, f"a {hits[value]}"
-
-    def _replace(self, text: str, value: str, place: str, what: str) -> str:
-        """Replace ``value`` where it stands alone: never inside a longer name or token."""
-        word = re.compile(rf"(?<![\w/+]){re.escape(value)}(?![\w/+])")
-        return word.sub(lambda m: self._note(place, what), text)
+    def _detected(self, text: str, place: str) -> str:
+        """``text`` with what detect-secrets' patterns match replaced, placeholders kept."""
+        spans: list[tuple[int, int, str]] = []
+        for detector in self._detectors:
+            for pattern, group in _patterns(detector):
+                for m in pattern.finditer(text):
+                    a, b = _secret_span(m, group)
+                    if not _placeholder(m.string[a:b]):
+                        spans.append((a, b, detector.secret_type))
+        pieces: list[str] = []
+        end = len(text)
+        for a, b, kind in sorted(spans, reverse=True):  # right to left: earlier offsets stay valid
+            if a >= end:
+                continue  # inside a span already replaced
+            tail = _TOKEN_TAIL.match(text, b)
+            b = min(end, tail.end() if tail else b)
+            pieces += [text[b:end], self._note(place, f"a {kind}")]
+            end = a
+        return text[:end] + "".join(reversed(pieces))
 
     def _span(self, m: re.Match[str], group: str, place: str, what: str) -> str:
         if SCRUBBED in m[group]:
@@ -180,8 +203,9 @@ class Scrubber:
 
     def _value(self, m: re.Match[str], place: str) -> str:
         group = "v" if m.groupdict().get("v") else "b"
-        if group == "b" and _identifier(m[group]):
-            return m[0]
+        if _placeholder(m[group]) or _PLAIN.match(m[group]) or (group == "b" and _identifier(m[group])):
+            (a, b), s = m.span(group), m.start()  # kept: what it holds may still be assigned a secret
+            return m[0][: a - s] + self._assigned(m[group], place) + m[0][b - s :]
         return self._span(m, group, place, f"a secret assigned to {m['name']}")
 
     def data(self, value: Any, place: str) -> Any:
