@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -320,4 +321,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DtworkError as exc:
         print(f"dtwork: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `dtwork runs list | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0

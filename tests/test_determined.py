@@ -127,3 +127,24 @@ def test_validation_and_checkpoint_periods_drive_the_loop(mnist_cluster: Any, tm
         (29, 0.25),
         (39, 0.2),
     ]
+
+
+def test_auto_tune_tensor_fusion_sweeps_once_before_training(mnist_cluster: Any) -> None:
+    from dtwork.runtime.autotune import SIZES_MB
+
+    c = mnist_cluster
+    c.configure(load_config(MNIST).with_path("optimizations.auto_tune_tensor_fusion", True))
+    c.run(
+        "import torch\n"
+        "first = ctx.wrap(torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2)))\n"
+        "chosen = ctx.config.optimizations.tensor_fusion_threshold\n"
+        "again = ctx.wrap(torch.nn.Linear(4, 2))\n"
+        "after = (chosen, ctx.config.optimizations.tensor_fusion_threshold, first.bucket_bytes_cap)\n"
+    )
+    after = c.pull("after")
+    assert after[0] == after[1]  # the same choice on every rank
+    chosen, kept, cap = after[0]
+    assert chosen in SIZES_MB and kept == chosen and cap == int(chosen * 1024 * 1024)
+    store = c.session.store
+    events = store.events(store.latest_run_id(), kind="tensor_fusion")
+    assert len(events) == 1 and events[0]["message"].startswith(f"auto-tuned bucket size {chosen:g} MB")

@@ -178,8 +178,10 @@ class Context:
 
     def wrap(self, model: torch.nn.Module, *, gns: bool | None = None, **ddp_kwargs: Any) -> torch.nn.Module:
         """Move ``model`` to this rank's device and wrap it in DDP as the config asks."""
+        from dtwork.runtime.autotune import tune_before_wrap
         from dtwork.runtime.ddp import wrap_model
 
+        tune_before_wrap(self, model)  # optimizations.auto_tune_tensor_fusion, once per config
         wrapped = wrap_model(self, model, gns=gns, **ddp_kwargs)
         self.register("models", wrapped)
         return wrapped
