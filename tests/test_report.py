@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 import nbformat
@@ -16,6 +17,20 @@ from dtwork.store import RunStore
 GH_TOKEN = "ghp_" + "A1b2C3d4E5" * 4
 HF_TOKEN = "hf_" + "Zz9Yy8Xx7W" * 3
 ENV_SECRET = "Qv7-correct-horse-battery"  # matches no token shape: only the env-value rule finds it
+XSS = "<img src=x onerror=alert(1)>"  # a metric name that must stay text in the HTML
+
+
+class Tags(HTMLParser):
+    """The elements of an HTML page, with their attributes."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
 
 CELL = f"""
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -25,7 +40,7 @@ hub = "{GH_TOKEN}"
 model = ctx.wrap(nn.Linear(4, 1)); opt = ctx.optimizer(model.parameters())
 data = ctx.synthetic((4,), (1,), size=256)
 for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=20):
-    loss = F.mse_loss(model(x), y); ctx.backward(loss); ctx.step(opt); ctx.log(loss=loss)
+    loss = F.mse_loss(model(x), y); ctx.backward(loss); ctx.step(opt); ctx.log(loss=loss, **{{{XSS!r}: 1.0}})
 """
 
 
@@ -88,6 +103,10 @@ def test_secrets_are_scrubbed_from_notebook_and_html(
     html = rep.html_path.read_text()  # type: ignore[union-attr]
     assert not re.findall(r'<script[^>]*\ssrc="https?:', html)  # plotly.js inlined, no CDN
     assert "Plotly.newPlot" in html and "window.Plotly" in html  # the bundle itself is inline
+    header = nbformat.read(rep.path, as_version=4).cells[0].source
+    assert "final &lt;img src=x onerror=alert(1)&gt; | 1 |" in header  # logged by the ranks, escaped
+    live = [(t, a) for t, a in Tags(html).tags if "onerror" in a or a.get("src") == "x"]
+    assert not live, live
 
 
 def test_scrubber_finds_secret_shapes_but_leaves_code_alone() -> None:
