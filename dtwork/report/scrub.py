@@ -1,7 +1,7 @@
 """Secret scrubbing for reports: secrets become ``<scrubbed>``, code stays code.
 
-The catalogue of secret shapes is detect-secrets' (its regex detectors, used directly and without
-its process-wide settings), completed by the shapes it lacks (Google API keys, Stripe test keys,
+The catalogue of secret shapes is detect-secrets' (its detectors' patterns, matched here by
+position and without its process-wide settings), completed by the shapes it lacks (Google API keys, Stripe test keys,
 whole PEM blocks, JWT signatures, URL credentials, ``--password x`` flags), by values assigned to
 secret-looking names, and by the values of the secret-looking variables of the kernel's
 environment, which an exporter is handed rather than reading its own.
