@@ -36,9 +36,9 @@ MAX_ENV_VALUE = 65536
 
 # The metric (or summary) names each panel column reads, first found wins.
 RANK_THROUGHPUT = "samples_per_s"  # each rank logs its own (runtime/loop.py); the run's is their sum
-THROUGHPUT_NAMES = ("samples_per_s", "samples_per_sec", "throughput")
-EFFICIENCY_NAMES = ("scaling_efficiency", "efficiency")
-B_SIMPLE_NAMES = ("b_simple", "B_simple", "gns_b_simple", "gns")
+THROUGHPUT_NAMES = ("samples_per_s",)
+EFFICIENCY_NAMES = ("scaling_efficiency",)
+B_SIMPLE_NAMES = ("b_simple",)
 LOSS_NAME = "loss"
 
 CPU_MODE_REASON = "NVML sees no GPU (no NVIDIA driver or device): this machine runs in CPU mode"
