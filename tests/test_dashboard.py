@@ -336,7 +336,7 @@ def test_finish_draws_what_is_pending() -> None:
 
 def test_for_cell_displays_and_takes_only_a_title_from_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
     shown: list[Any] = []
-    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
     dash = Dashboard.for_cell(fake_session("cifar"), 12, [0, 1, 2, 3])
     assert shown == [dash]
     assert isinstance(dash, widgets.VBox)
@@ -556,16 +556,17 @@ def test_a_restyle_is_one_widget_message_that_stays_until_the_next_one_and_the_e
         dash.flush()
         if step < 1:  # the first draw adds the traces (plotly's own messages)
             sent.clear()
-    restyles = [keys for keys in sent if "_py2js_restyle" in keys]
-    assert restyles == [{"_py2js_restyle", "_last_layout_edit_id", "_last_trace_edit_id"}] * 3, sent
+    # one message a redraw; the first ones also ask the browser to fit the figure to the cell's width
+    fit = {"_py2js_restyle", "_py2js_relayout", "_last_layout_edit_id", "_last_trace_edit_id"}
+    assert sent == [fit] * 3, sent
+    assert fig._py2js_relayout["relayout_data"] == {"autosize": True}
     msg = fig._py2js_restyle
-    assert (
-        msg["trace_edit_id"] == fig._last_trace_edit_id and msg["layout_edit_id"] == fig._last_layout_edit_id
-    )
+    assert msg["trace_edit_id"] == fig._last_trace_edit_id
+    assert msg["layout_edit_id"] + 1 == fig._py2js_relayout["layout_edit_id"] == fig._last_layout_edit_id
     at = [t.name for t in fig.data].index("loss")
     assert list(msg["restyle_data"]["y"][msg["restyle_traces"].index(at)]) == [10.0, 9.0, 8.0, 7.0]
     dash.finish(CellResult(seq=1, ranks=[0, 1], status="ok"))
-    assert fig._py2js_restyle is None
+    assert fig._py2js_restyle is None and fig._py2js_relayout is None
     assert list(trace(dash.figures["metrics"], "loss").y) == [10.0, 9.0, 8.0, 7.0]
 
 

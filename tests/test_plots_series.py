@@ -102,10 +102,15 @@ def reference_gns(rows: Sequence[Row], global_batch: int) -> Expected:
     steps, values = series(rows, "b_simple")
     if not steps:
         return []
-    return [
+    out: Expected = [
         ("B_simple", steps, values),
         ("global batch", [min(steps), max(steps)], [float(global_batch)] * 2),
     ]
+    bounds = plots.robust_range(values, [float(global_batch)])
+    off = None if bounds is None else plots.off_scale(steps, values, bounds)
+    if off is not None:
+        out.append(("off scale", *off))
+    return out
 
 
 CASES: dict[str, tuple[Callable[[], plots.Series], Callable[[Sequence[Row]], Expected]]] = {

@@ -36,12 +36,15 @@ __all__ = [
     "NO_DATA",
     "NO_DATA_NAME",
     "bucket_figure",
+    "dashboard_figure",
     "empty_figure",
     "gns_figure",
     "gpu_figure",
     "metrics_figure",
     "no_data_note",
+    "on_row",
     "row_axes",
+    "row_legend",
     "scaling_figure",
     "scatter",
     "series_figure",
@@ -91,6 +94,7 @@ def _titled(fig: go.Figure, title: str, x: str, y: str, *, log_x: bool = False) 
         height=HEIGHT,
         margin={"l": 60, "r": 20, "t": 60, "b": 50},
         uirevision="dtwork",
+        autosize=True,
         legend={"orientation": "h", "y": -0.25},
     )
     fig.update_xaxes(title_text=x, type="log" if log_x else None)
@@ -147,10 +151,14 @@ def _blank(series: Series) -> go.Figure:
 
 
 def _assemble(series: Series, traces: Sequence[Trace]) -> go.Figure:
-    """The figure of ``series`` with these traces; "no data yet" without any."""
+    """The figure of ``series`` with these traces on the axis that fits them; "no data yet" without any."""
     fig = _blank(series)
     fig.add_traces([scatter(t) for t in traces])
-    return fig if traces else _no_data(fig)
+    if not traces:
+        return _no_data(fig)
+    if not series.subplots:
+        fig.update_yaxes(**series.y_axis(traces))
+    return fig
 
 
 def series_figure(series: Series, max_points: int | None = None) -> go.Figure:
@@ -177,30 +185,52 @@ def row_axes(row: int) -> tuple[str, str]:
     return f"x{suffix}", f"y{suffix}"
 
 
+def row_legend(row: int) -> str:
+    """The name of a stacked figure's row's legend (1-based): "legend", "legend2", ..."""
+    return "legend" if row == 1 else f"legend{row}"
+
+
+def _stack(panels: Sequence[tuple[str, str]], title: str = "") -> go.Figure:
+    """Rows of one figure, each (title, y title) with its own axes and its own legend beside it."""
+    n = len(panels)
+    fig = make_subplots(rows=n, cols=1, subplot_titles=[t for t, _ in panels], vertical_spacing=0.3 / n)
+    fig.update_layout(
+        template=_template(),
+        height=HEIGHT * n + (40 if title else 0),
+        autosize=True,
+        margin={"l": 60, "r": 20, "t": 80 if title else 40, "b": 50},
+        uirevision="dtwork",
+    )
+    if title:
+        fig.update_layout(title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}})
+    for row, (_, y_title) in enumerate(panels, 1):
+        fig.update_xaxes(title_text="step", row=row, col=1)
+        fig.update_yaxes(title_text=y_title, row=row, col=1)
+        top = fig.layout[row_axes(row)[1].replace("y", "yaxis", 1)].domain[1]
+        fig.update_layout(
+            {row_legend(row): {"x": 1.01, "xanchor": "left", "y": top, "yanchor": "top", "tracegroupgap": 4}}
+        )
+    return fig
+
+
+def _on_row(trace: Trace, row: int) -> Trace:
+    """The trace drawn on a stacked figure's row: its axes and its legend."""
+    xa, ya = row_axes(row)
+    return trace._replace(style={**trace.style, "xaxis": xa, "yaxis": ya, "legend": row_legend(row)})
+
+
 def stacked_figure(series: Sequence[Series]) -> dict[str, Any]:
     """Empty figures of ``series`` as the rows of one figure, as a plotly dict.
 
-    Each row is titled, its axes titled, "no data yet" in its middle (an annotation named
-    NO_DATA_NAME on the row's axes), with one empty trace (no name, no legend entry) so that plotly
-    draws its axes; one legend, its traces grouped by row. The live dashboard draws several series
-    in one figure widget so that a redraw updates them all in one message. Built once per classes of
-    series (plotly's layout validation is slow)."""
+    Each row has its title, its axes and its legend, "no data yet" in its middle (an annotation
+    named NO_DATA_NAME on the row's axes) and one empty trace (no name, no legend entry) so that
+    plotly draws its axes. The live dashboard draws several series in one figure widget so that a
+    redraw updates them all in one message. Built once per classes of series (plotly's layout
+    validation is slow)."""
     key = tuple(type(s) for s in series)
     if key not in _STACKED:
-        n = len(series)
-        fig = make_subplots(
-            rows=n, cols=1, subplot_titles=[s.title for s in series], vertical_spacing=0.3 / n
-        )
-        fig.update_layout(
-            template=_template(),
-            height=HEIGHT * n,
-            margin={"l": 60, "r": 20, "t": 40, "b": 50},
-            uirevision="dtwork",
-            legend={"groupclick": "toggleitem", "tracegroupgap": 24, "traceorder": "grouped"},
-        )
-        for row, s in enumerate(series, 1):
-            fig.update_xaxes(title_text=s.x_title, row=row, col=1)
-            fig.update_yaxes(title_text=s.y_title, row=row, col=1)
+        fig = _stack([(s.title, s.y_title) for s in series])
+        for row in range(1, len(series) + 1):
             xa, ya = row_axes(row)
             fig.add_annotation(**{**no_data_note(), "xref": f"{xa} domain", "yref": f"{ya} domain"})
             # plotly draws no axes for a row without a trace: an empty one keeps every row on screen
@@ -209,6 +239,35 @@ def stacked_figure(series: Sequence[Series]) -> dict[str, Any]:
             )
         _STACKED[key] = fig.to_dict()
     return copy.deepcopy(_STACKED[key])
+
+
+def on_row(trace: Trace, row: int) -> go.Scatter:
+    """The plotly trace of a series' trace drawn on row ``row`` of a :func:`stacked_figure`."""
+    return scatter(_on_row(trace, row))
+
+
+def dashboard_figure(parts: Sequence[tuple[Series, Sequence[Trace]]], title: str = "") -> go.Figure:
+    """Series with their traces as the rows of one static figure (what a finished cell's live view
+    leaves in the notebook): each row with its own axes, the y axis that fits it, and its own legend.
+    A series of side-by-side plots (the GPUs) takes a row for each."""
+    rows: list[tuple[str, str, list[Trace], dict[str, Any]]] = []
+    for series, traces in parts:
+        if not series.subplots:
+            rows.append((series.title, series.y_title, list(traces), series.y_axis(traces)))
+            continue
+        for col, (sub_title, y_title) in enumerate(series.subplots, 1):
+            xa = "x" if col == 1 else f"x{col}"
+            mine = [t for t in traces if t.style.get("xaxis", "x") == xa]
+            rows.append((f"{series.title}: {sub_title}", y_title, mine, {}))
+    fig = _stack([(t, y) for t, y, _, _ in rows], title)
+    for row, (_, _, traces, axis) in enumerate(rows, 1):
+        fig.add_traces([on_row(t, row) for t in traces])
+        if axis:
+            fig.update_yaxes(axis, row=row, col=1)
+        if not traces:
+            xa, ya = row_axes(row)
+            fig.add_annotation(**{**no_data_note(), "xref": f"{xa} domain", "yref": f"{ya} domain"})
+    return fig
 
 
 # -- training figures ----------------------------------------------------------------------------

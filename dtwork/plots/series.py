@@ -14,6 +14,7 @@ import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 from plotly.colors import qualitative
 
 from dtwork.plots.columns import (
@@ -32,7 +33,9 @@ if TYPE_CHECKING:  # typing.Self is Python 3.11+; annotations are not evaluated 
     from typing_extensions import Self
 
 __all__ = [
+    "GNS_INTERVAL",
     "GNS_NAMES",
+    "LOG_SPAN",
     "GPU_NAMES",
     "PERF_NAMES",
     "STEP_PARTS",
@@ -45,13 +48,25 @@ __all__ = [
     "Trace",
     "colour",
     "global_throughput",
+    "off_scale",
+    "robust_range",
 ]
 
 GNS_NAMES = ("b_simple", "g2", "trace_sigma")
 PERF_NAMES = ("samples_per_s", "step_time", "compute_time", "comm_time", "data_time")
 GPU_NAMES = ("utilization", "memory_used_mb", "memory_total_mb")
 STEP_PARTS = (("compute_time", "compute"), ("comm_time", "communication wait"), ("data_time", "data loading"))
+GNS_INTERVAL = ("b_simple_lo", "b_simple_hi")  # the low and high edge of B_simple's interval
+LOG_SPAN = 100.0  # a metrics panel whose positive values span more than this ratio is drawn on a log axis
+ROBUST_MIN_POINTS = 8  # values a robust axis needs before it leaves plotly's autorange
 _GREY_DASH = {"line": {"dash": "dash", "color": "#888"}}
+_BAND_EDGE = {"line": {"width": 0, "color": "rgba(99,110,250,0.3)"}, "showlegend": False, "hoverinfo": "skip"}
+_BAND_FILL = {"fill": "tonexty", "fillcolor": "rgba(99,110,250,0.2)"}
+_OFF_SCALE = {
+    "mode": "markers",
+    "marker": {"symbol": "triangle-up-open", "size": 10, "color": "#c62828"},
+    "cliponaxis": False,
+}
 _RIGHT = {"xaxis": "x2", "yaxis": "y2"}  # the right-hand plot of a 1 x 2 subplot grid
 
 
@@ -112,6 +127,10 @@ class Series(abc.ABC):
         """The figure's traces in order; with ``max_points``, at most about that many points per
         trace (evenly spaced, the latest kept) as numpy arrays, else every point as lists."""
 
+    def y_axis(self, traces: Sequence[Trace]) -> dict[str, Any]:
+        """The y axis' layout that fits ``traces`` (these traces: plotly's own autorange)."""
+        return {}
+
 
 class MetricsSeries(Series):
     """Aggregated metrics (rank None) against step, one trace per name, in first-seen order
@@ -147,39 +166,120 @@ class MetricsSeries(Series):
             out.append(Trace(name, take(xs, keep, array), take(ys, keep, array), {}))
         return out
 
+    def y_axis(self, traces: Sequence[Trace]) -> dict[str, Any]:
+        """A log axis when every value is positive and they span more than LOG_SPAN (a loss
+        falling by decades is a flat line at 0 on a linear axis), else a linear one."""
+        values = [np.asarray(t.y, dtype=float) for t in traces if len(t.y)]
+        if not values:
+            return {"type": "linear"}
+        low = min(float(v.min()) for v in values)
+        high = max(float(v.max()) for v in values)
+        return {"type": "log" if low > 0 and high / low > LOG_SPAN else "linear"}
+
 
 class GnsSeries(Series):
-    """B_simple against step, with the global batch as a dashed line when given."""
+    """B_simple against step with its interval as a band (when the records carry one), the global
+    batch as a dashed line when given, on a robust axis: values far outside the bulk are marked at
+    the axis' edge instead of setting its scale (:func:`robust_range`)."""
 
     title, y_title = "Gradient noise scale", "B_simple (samples)"
 
     def __init__(self, global_batch: int | None = None) -> None:
         super().__init__()
         self.global_batch = global_batch
-        self._xs = step_column()
-        self._ys = value_column()
-        self._extent: tuple[int, int] | None = None  # (first, last) step
+        self._data: dict[str, tuple[Column, Column]] = {
+            name: (step_column(), value_column()) for name in ("b_simple", *GNS_INTERVAL)
+        }
+        self._extent: tuple[int, int] | None = None  # (first, last) step of B_simple
 
     def _add(self, row: Mapping[str, Any]) -> bool:
-        if row["rank"] is not None or row["name"] != "b_simple":
+        column = self._data.get(row["name"])
+        if row["rank"] is not None or column is None:
             return False
         step = row["step"]
-        self._xs.append(step)
-        self._ys.append(row["value"])
-        lo, hi = self._extent or (step, step)
-        self._extent = (min(lo, step), max(hi, step))
+        column[0].append(step)
+        column[1].append(row["value"])
+        if row["name"] == "b_simple":
+            lo, hi = self._extent or (step, step)
+            self._extent = (min(lo, step), max(hi, step))
         return True
 
     def traces(self, max_points: int | None = None) -> list[Trace]:
-        if not self._xs or self._extent is None:
+        if self._extent is None:
             return []
         array = max_points is not None
-        keep = pick(len(self._xs), max_points)
-        out = [Trace("B_simple", take(self._xs, keep, array), take(self._ys, keep, array), {})]
+
+        def trace(name: str, label: str, style: dict[str, Any]) -> Trace:
+            xs, ys = self._data[name]
+            keep = pick(len(xs), max_points)
+            return Trace(label, take(xs, keep, array), take(ys, keep, array), style)
+
+        estimate = trace("b_simple", "B_simple", {"line": {"color": colour(0)}})
+        out = [estimate]
+        if all(len(self._data[name][0]) for name in GNS_INTERVAL):  # "tonexty" fills down to the low edge
+            out.append(trace(GNS_INTERVAL[0], "interval low", _BAND_EDGE))
+            out.append(
+                trace(GNS_INTERVAL[1], "95% interval", {**_BAND_EDGE, **_BAND_FILL, "showlegend": True})
+            )
         if self.global_batch:
             x, y = list(self._extent), [float(self.global_batch)] * 2
             out.append(Trace("global batch", take(x, None, array), take(y, None, array), _GREY_DASH))
+        bounds = robust_range(estimate.y, self._kept())
+        if bounds is not None:
+            off = off_scale(estimate.x, estimate.y, bounds)
+            if off is not None:
+                out.append(
+                    Trace("off scale", take(off[0], None, array), take(off[1], None, array), _OFF_SCALE)
+                )
         return out
+
+    def _kept(self) -> list[float]:
+        """Values the axis always shows: the global batch, the reference of the advice."""
+        return [float(self.global_batch)] if self.global_batch else []
+
+    def y_axis(self, traces: Sequence[Trace]) -> dict[str, Any]:
+        estimate = next((t for t in traces if t.name == "B_simple"), None)
+        bounds = None if estimate is None else robust_range(estimate.y, self._kept())
+        if bounds is None:
+            return {"autorange": True}
+        return {"range": list(bounds), "autorange": False}
+
+
+def robust_range(values: Sequence[float], keep: Sequence[float] = ()) -> tuple[float, float] | None:
+    """The y range that shows the bulk of ``values``, or None when plotly's autorange does.
+
+    The bulk lies within Tukey's far fences, quartiles -/+ 3 IQR (at least 10% of the median). With
+    a value outside them (a spike of the noise scale when |G|^2 comes near 0) the range is the
+    bulk's, padded by 5% and widened to hold ``keep``. Fewer than ROBUST_MIN_POINTS values: None.
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size < ROBUST_MIN_POINTS:
+        return None
+    q1, median, q3 = np.percentile(v, [25, 50, 75])
+    spread = max(q3 - q1, 0.1 * abs(median))  # a nearly constant series still has room to vary
+    low, high = q1 - 3 * spread, q3 + 3 * spread
+    inside = v[(v >= low) & (v <= high)]
+    if inside.size == v.size:
+        return None
+    lo, hi = float(inside.min()), float(inside.max())
+    for k in keep:
+        lo, hi = min(lo, k), max(hi, k)
+    pad = 0.05 * (hi - lo) or 0.05 * abs(hi) or 1.0
+    return lo - pad, hi + pad
+
+
+def off_scale(
+    xs: Sequence[Any], ys: Sequence[Any], bounds: tuple[float, float]
+) -> tuple[list[Any], list[float]] | None:
+    """The points of (xs, ys) outside ``bounds``, moved onto the nearer edge; None when there are none."""
+    lo, hi = bounds
+    y = np.asarray(ys, dtype=float)
+    out = np.flatnonzero((y < lo) | (y > hi))
+    if not out.size:
+        return None
+    x = np.asarray(xs)
+    return x[out].tolist(), np.where(y[out] > hi, hi, lo).tolist()
 
 
 class ThroughputSeries(Series):

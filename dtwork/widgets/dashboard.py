@@ -18,20 +18,33 @@ one HTML widget: one message a redraw, however many ranks.
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import ipywidgets as widgets
+import plotly.graph_objects as go
+import plotly.io as pio
 
 from dtwork import plots
 from dtwork.records import Row, to_rows
+from dtwork.widgets.header import (
+    BAR_COLOURS,
+    BAR_STYLES,
+    STATUS_COLOURS,
+    RankBar,
+    bars_html,
+    format_duration,
+    ranks_text,
+)
 from dtwork.widgets.live_figure import FigurePanel, RowsPanel
 
-__all__ = ["Dashboard", "FigurePanel", "format_duration"]
+__all__ = ["BAR_COLOURS", "Dashboard", "format_duration"]
 
 MIN_INTERVAL = 0.5  # seconds between redraws while records flow
 DRAW_SHARE = 0.01  # of a core, at most, spent redrawing (the interval grows with a redraw's cost)
@@ -40,16 +53,9 @@ ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
 DRAWER_IDLE_CHECK = 0.1  # seconds: how soon a drawer that found nothing new looks again
 DRAWER_JOIN_SECONDS = 5.0  # the most a finishing cell waits for its drawer's last redraw
 BASE_FIGURES = ("metrics", "throughput", "step_time")
+KIND_FIGURES = ("gpu", "gns")  # shown once they have data, in this order
 KIND_SERIES = {"log": ("metrics",), "perf": ("throughput", "step_time"), "gpu": ("gpu",), "gns": ("gns",)}
 STATUS_WORDS = {"ok": "finished", "error": "failed", "interrupted": "interrupted", "running": "running"}
-STATUS_COLOURS = {"running": "#1565c0", "finished": "#2e7d32", "failed": "#c62828", "interrupted": "#ef6c00"}
-BAR_STYLES = {"finished": "success", "failed": "danger", "interrupted": "warning"}
-BAR_COLOURS = {
-    "": STATUS_COLOURS["running"],
-    "success": STATUS_COLOURS["finished"],
-    "danger": STATUS_COLOURS["failed"],
-    "warning": STATUS_COLOURS["interrupted"],
-}
 
 
 def idle_priority() -> bool:
@@ -65,51 +71,12 @@ def idle_priority() -> bool:
     return True
 
 
-class RankBar:
-    """One rank's progress bar: its state (``value``, ``max``, ``description``, ``bar_style``, as an
-    ipywidgets progress bar has them) drawn as HTML in the dashboard's header widget."""
-
-    __slots__ = ("bar_style", "description", "max", "value")
-
-    def __init__(self, rank: int) -> None:
-        self.value = 0
-        self.max = 1
-        self.description = f"rank {rank}: waiting"
-        self.bar_style = ""
-
-    def html(self) -> str:
-        share = 100.0 * min(max(self.value / self.max, 0.0), 1.0) if self.max > 0 else 0.0
-        colour = BAR_COLOURS.get(self.bar_style, BAR_COLOURS[""])
-        # two cells of the bars' grid (see Dashboard._bars_html): the label, then the bar
-        return (
-            f"<span class='dtwork-rank-bar' style='white-space:nowrap'>{html.escape(self.description)}</span>"
-            "<div style='min-width:80px;height:10px;background:#e0e0e0;border-radius:5px;overflow:hidden'>"
-            f"<div style='width:{share:.1f}%;height:100%;background:{colour}'></div></div>"
-        )
-
-
-def format_duration(seconds: float) -> str:
-    """Return a short duration such as "42 s", "3 min 05 s" or "1 h 02 min"."""
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
-
-
 def _session_info(session: Any) -> tuple[str, int | None]:
     """Return (title, global batch) from a collector session; the only things taken from it."""
     cluster = getattr(session, "cluster", None)
     name = getattr(getattr(cluster, "config", None), "name", None)
     batch = getattr(cluster, "global_batch_size", None)
     return (str(name) if name else "dtwork"), (batch if isinstance(batch, int) else None)
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    if len(ranks) > 1 and list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(str(r) for r in ranks)
 
 
 class Dashboard(widgets.VBox):
@@ -168,6 +135,8 @@ class Dashboard(widgets.VBox):
         self._rows = RowsPanel({key: self._series[key] for key in BASE_FIGURES})
         self.panels: dict[str, FigurePanel] = {key: self._rows for key in BASE_FIGURES}  # gpu, gns: their own
         self._drawn: dict[str, int] = {}  # the version of each series last drawn
+        self._display: Any = None  # the handle of the output showing the dashboard (for_cell)
+        self.layout.width = "100%"  # the figures take the cell's width
         self._arrange()
 
     # -- construction ------------------------------------------------------------------------
@@ -181,7 +150,7 @@ class Dashboard(widgets.VBox):
         if display:
             from IPython.display import display as show
 
-            show(dash)
+            dash._display = show(dash, display_id=True)  # None outside IPython
         dash.start_drawer()
         return dash
 
@@ -235,12 +204,37 @@ class Dashboard(widgets.VBox):
         self.flush()
         for panel in self._distinct_panels():
             panel.settle()
+        if self._display is not None:
+            self._leave_figures()
+
+    def static_figure(self) -> go.Figure:
+        """Every figure on screen as the rows of one plotly figure, titled with the header line."""
+        with self._lock:
+            parts = [
+                (self._series[key], self._series[key].traces(MAX_POINTS))
+                for key in (*BASE_FIGURES, *(k for k in KIND_FIGURES if k in self.panels))
+            ]
+            progress = {r: dict(p) for r, p in self._progress.items()}
+        return plots.dashboard_figure(parts, self._summary(progress))
+
+    def _leave_figures(self) -> None:
+        """Put the static figures in the dashboard's output in place of the widgets and close them:
+        a saved notebook then holds the figures as plotly JSON, which JupyterLab draws, instead of
+        widget models that each carry plotly's JavaScript."""
+        fig = self.static_figure()
+        spec = json.loads(pio.to_json(fig, validate=False))
+        text = re.sub("<[^>]+>", "", fig.layout.title.text or self.title)
+        self._display.update({"application/vnd.plotly.v1+json": spec, "text/plain": text}, raw=True)
+        for panel in self._distinct_panels():
+            panel.figure.release()
+        self.close()
 
     def close(self) -> None:
         """Stop the drawer and close the widgets."""
         self._stop()
         for panel in self._distinct_panels():
             panel.view.close()
+        self._header.close()
         super().close()
 
     # -- the drawer --------------------------------------------------------------------------
@@ -322,7 +316,8 @@ class Dashboard(widgets.VBox):
             figures = {}
             for key, series in self._series.items():
                 if series.version != self._drawn.get(key, 0):
-                    figures[key] = (series.version, series.traces(MAX_POINTS))
+                    traces = series.traces(MAX_POINTS)
+                    figures[key] = (series.version, traces, series.y_axis(traces))
             progress = {r: dict(p) for r, p in self._progress.items()}
             throughput = self._series["throughput"]
             assert isinstance(throughput, plots.ThroughputSeries)
@@ -340,7 +335,8 @@ class Dashboard(widgets.VBox):
         snap = self._snapshot()
         added = False
         rows: dict[str, list[plots.Trace]] = {}  # the changed rows of the base figures
-        for key, (version, traces) in snap["figures"].items():
+        axes: dict[str, dict[str, Any]] = {}
+        for key, (version, traces, axis) in snap["figures"].items():
             panel = self.panels.get(key)
             if panel is None:
                 if not traces:
@@ -348,12 +344,12 @@ class Dashboard(widgets.VBox):
                 panel = self.panels[key] = FigurePanel(plots.empty_figure(self._series[key]))
                 added = True
             if panel is self._rows:
-                rows[key] = traces
+                rows[key], axes[key] = traces, axis
             else:
-                panel.show(traces)
+                panel.show(traces, axis)
             self._drawn[key] = version
         if rows:
-            self._rows.show_rows(rows)
+            self._rows.show_rows(rows, axes)
         if added:
             self._arrange()
         self._draw_bars(snap["progress"], snap["rates"], snap["etas"])
@@ -418,11 +414,7 @@ class Dashboard(widgets.VBox):
         bar.bar_style = BAR_STYLES.get(self.status, "")
 
     def _bars_html(self) -> str:
-        """Every rank's bar, labels in one column so that the bars line up."""
-        return (
-            "<div style='display:grid;grid-template-columns:max-content 1fr;gap:3px 8px;align-items:center;"
-            "margin-top:4px'>" + "".join(self._bars[r].html() for r in sorted(self._bars)) + "</div>"
-        )
+        return bars_html(self._bars)
 
     def _header_html(
         self,
@@ -433,7 +425,7 @@ class Dashboard(widgets.VBox):
         parts = [
             f"<b>{html.escape(self.title)}</b>",
             f"run {self.run_id}",
-            f"ranks {_ranks_text(self.ranks)}",
+            f"ranks {ranks_text(self.ranks)}",
         ]
         parts.append(self._step_text(progress))
         if total:
@@ -448,6 +440,18 @@ class Dashboard(widgets.VBox):
         colour = STATUS_COLOURS.get(self.status, "#555")
         parts.append(f"<span style='color:{colour}'>● {html.escape(state)}</span>")
         return f"<div class='dtwork-dashboard-header'>{' · '.join(parts)}</div>"
+
+    def _summary(self, progress: Mapping[int, Mapping[str, Any]]) -> str:
+        """The header's line for a finished cell: what ran, how far, how it ended."""
+        parts = [
+            f"<b>{html.escape(self.title)}</b>",
+            f"run {self.run_id}",
+            f"ranks {ranks_text(self.ranks)}",
+        ]
+        parts.append(self._step_text(progress))
+        seconds = self._seconds
+        parts.append(self.status + (f" in {format_duration(seconds)}" if seconds else ""))
+        return " · ".join(parts)
 
     def _step_text(self, progress: Mapping[int, Mapping[str, Any]]) -> str:
         steps = [int(p["step"]) for p in progress.values() if p.get("step") is not None]

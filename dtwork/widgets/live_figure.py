@@ -18,6 +18,9 @@ from dtwork import plots
 
 __all__ = ["FigurePanel", "LiveFigureWidget", "RowView", "RowsPanel"]
 
+FIT_FIRST = 10  # draws that each ask the browser to fit the figure to the cell's width
+FIT_EVERY = 10  # after those, every this many draws ask again
+
 
 class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
     """plotly's ``FigureWidget`` whose restyles (every redraw of a live figure) go out as one widget
@@ -46,6 +49,11 @@ class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
                 "source_view_id": source_view_id,
             }
 
+    def __init__(self, fig: go.Figure | dict[str, Any]) -> None:
+        super().__init__(fig)
+        self._config = {"responsive": True}  # follows the browser window's width
+        self._fits = 0  # relayouts sent that make the browser fit the figure to the cell's width
+
     def restyle_xy(self, xs: Sequence[Any], ys: Sequence[Any], index: Sequence[int]) -> None:
         """Set ``x`` and ``y`` of the traces at ``index`` and send them in one restyle.
 
@@ -61,10 +69,37 @@ class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
             props["y"] = y
         self._send_restyle_msg({"x": list(xs), "y": list(ys)}, index)
 
+    def fit_width(self) -> None:
+        """Ask the browser to size the figure to its cell again (``autosize``), in the message of the
+        next restyle when one is pending.
+
+        plotly's widget draws a new view before JupyterLab attaches it to the page, so it cannot
+        measure the cell and takes plotly's default width; a relayout with ``autosize`` measures
+        again. The kernel cannot tell when the view is attached: the dashboard asks now and then.
+        """
+        self._fits += 1
+        with self.hold_sync():
+            self._last_layout_edit_id += 1
+            self._layout_edit_in_process = True
+            self._py2js_relayout = {
+                "relayout_data": {"autosize": True},
+                "layout_edit_id": self._last_layout_edit_id,
+                "source_view_id": None,
+            }
+
+    def release(self) -> None:
+        """Replace the JavaScript module in the model's state with a stub before the widget closes:
+        a notebook executed headlessly saves every widget's last state, and plotly's module is
+        megabytes per figure. Call it only once no view shows the figure."""
+        if self.has_trait("_esm"):
+            self._esm = "export default {};"
+
     def settle(self) -> None:
-        """Clear the last restyle (the figure's data hold it already)."""
+        """Clear the last restyle and relayout (the figure's data hold them already)."""
         if self._py2js_restyle is not None:
             self._py2js_restyle = None  # type: ignore[assignment]  # traitlets types Dict(allow_none) as dict
+        if self._py2js_relayout is not None:
+            self._py2js_relayout = None  # type: ignore[assignment]
 
 
 class FigurePanel:
@@ -75,11 +110,32 @@ class FigurePanel:
         self.figure = LiveFigureWidget(fig)
         self.view = self.figure
         self.names = [trace.name for trace in self.figure.data]
+        self.axes: dict[str, dict[str, Any]] = {}  # the y axes' layout set so far, by axis name
+        self.draws = 0
 
-    def show(self, traces: Sequence[plots.Trace]) -> None:
-        """Draw ``traces`` (a series' ``traces(...)``): in place when the figure has those traces
-        already, the new ones added at the end, all of them again when their order changed.
+    def _fit(self) -> None:
+        """Ask the browser to fit the figure to the cell's width on the first FIT_FIRST draws, then
+        on every FIT_EVERY-th (the view may be attached late; the window may be resized)."""
+        self.draws += 1
+        if self.draws <= FIT_FIRST or self.draws % FIT_EVERY == 0:
+            self.figure.fit_width()
+
+    def _set_axis(self, name: str, axis: Mapping[str, Any]) -> None:
+        """Set the y axis ``name`` ("yaxis", "yaxis2", ...) when its layout changed."""
+        if axis and self.axes.get(name) != axis:
+            self.figure.layout[name].update(axis)
+            self.axes[name] = dict(axis)
+
+    def show(self, traces: Sequence[plots.Trace], axis: Mapping[str, Any] | None = None) -> None:
+        """Draw ``traces`` (a series' ``traces(...)``) on a y axis laid out as ``axis``: in place when
+        the figure has those traces already, the new ones added at the end, all of them again when
+        their order changed.
         """
+        with self.figure.hold_sync():  # the restyle and the fit in one message
+            self._show(traces, axis or {})
+            self._fit()
+
+    def _show(self, traces: Sequence[plots.Trace], axis: Mapping[str, Any]) -> None:
         names = [t.name for t in traces]
         have = len(self.names)
         if names[:have] != self.names:  # order changed: draw them all again
@@ -92,6 +148,7 @@ class FigurePanel:
             if len(names) > have:
                 self.figure.add_traces([plots.scatter(t) for t in traces[have:]])
             self._no_data(not names)
+            self._set_axis("yaxis", axis)
         self.names = names
 
     def settle(self) -> None:
@@ -130,12 +187,11 @@ class RowView:
 class RowsPanel(FigurePanel):
     """Several series' figures as the rows of one figure on screen (:func:`plots.stacked_figure`),
     so that a redraw updates every changed row with one restyle, one widget message.
-    The traces of a row are grouped in the legend under the row's title.
+    Each row has its own axes and its own legend beside it.
     """
 
     def __init__(self, series: Mapping[str, plots.Series]) -> None:
         self.keys = list(series)
-        self.titles = {key: s.title for key, s in series.items()}
         super().__init__(plots.stacked_figure(list(series.values())))
         # (row key, trace name) of each trace on screen, in order; the rows' empty traces have no key
         self.order: list[tuple[str, str]] = [(t.legendgroup or "", t.name or "") for t in self.figure.data]
@@ -144,9 +200,19 @@ class RowsPanel(FigurePanel):
     def row(self, key: str) -> RowView:
         return RowView(self, key)
 
-    def show_rows(self, rows: Mapping[str, Sequence[plots.Trace]]) -> None:
-        """Draw each row's traces (a series' ``traces(...)``): the ones on screen already in one restyle,
-        the new ones added at the end; a row whose traces came in a new order is drawn again."""
+    def show_rows(
+        self, rows: Mapping[str, Sequence[plots.Trace]], axes: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
+        """Draw each row's traces (a series' ``traces(...)``) on its y axis laid out as ``axes[row]``:
+        the ones on screen already in one restyle, the new ones added at the end; a row whose traces
+        came in a new order is drawn again."""
+        with self.figure.hold_sync():  # the restyle and the fit in one message
+            self._show_rows(rows, axes or {})
+            self._fit()
+
+    def _show_rows(
+        self, rows: Mapping[str, Sequence[plots.Trace]], axes: Mapping[str, Mapping[str, Any]]
+    ) -> None:
         fig = self.figure
         have = {key: [name for k, name in self.order if k == key] for key in rows}
         again = {
@@ -172,17 +238,15 @@ class RowsPanel(FigurePanel):
                 fig.add_traces([self._scatter(key, t) for key, t in new])
                 self.order += [(key, t.name) for key, t in new]
             self._row_notes({key: not traces for key, traces in rows.items()})
+            for key, axis in axes.items():
+                row_y = plots.row_axes(self.keys.index(key) + 1)[1]
+                self._set_axis(row_y.replace("y", "yaxis", 1), axis)
 
     def _scatter(self, key: str, trace: plots.Trace) -> go.Scatter:
-        xa, ya = plots.row_axes(self.keys.index(key) + 1)
-        style = {
-            **trace.style,
-            "xaxis": xa,
-            "yaxis": ya,
-            "legendgroup": key,
-            "legendgrouptitle": {"text": self.titles[key]},
-        }
-        return plots.scatter(trace._replace(style=style))
+        """The trace on its row's axes and legend, grouped under the row's key (:class:`RowView`)."""
+        return plots.on_row(
+            trace._replace(style={**trace.style, "legendgroup": key}), self.keys.index(key) + 1
+        )
 
     def _row_notes(self, empty: Mapping[str, bool]) -> None:
         """Show or drop the "no data yet" note of each row in ``empty`` (row -> it has no trace); the
