@@ -91,6 +91,10 @@ class Session:
                 self.store.add_event(self.run_id, rec.get("event", "rank"), rec.get("message", ""), rec)
         if rows:
             self.store.add_metrics(self.run_id, rows)
+        if self.run_id is not None and self.cluster.config.tensorboard:  # live scalars, after the store
+            from dtwork.export.tensorboard import live_tensorboard
+
+            live_tensorboard(self.cluster.config.tensorboard, self.run_id, self.cluster.config.name, records)
 
     def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
         if self.run_id is not None:

@@ -116,8 +116,8 @@ class CheckpointConfig(_Section):
 @dataclass(frozen=True)
 class GNSConfig(_Section):
     enabled: bool = leaf(False, BOOL)
-    ema_decay: float = leaf(0.95, Rule("float", lo=0, hi=1, lo_open=True, hi_open=True))
-    every: int = leaf(4, INT1)
+    ema_decay: float = leaf(0.999, Rule("float", lo=0, hi=1, lo_open=True, hi_open=True))
+    every: int = leaf(1, INT1)
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,7 @@ class ExperimentConfig(_Section):
     gns: GNSConfig = section(GNSConfig)
     hyperparameters: dict[str, Any] = field(default_factory=dict, metadata={"rule": MAPPING})
     data: dict[str, Any] = field(default_factory=dict, metadata={"rule": MAPPING})
+    tensorboard: str | None = leaf(None, STR_OPT)
     # The Determined fields this file set that dtwork ignores, as one line for the user.
     notes: tuple[str, ...] = field(default=(), compare=False, repr=False, metadata={"derived": True})
 

@@ -1,6 +1,8 @@
 """Runs as TensorBoard event files, written with the tensorboard package's own event writer.
 
-Each run gets a folder ``<dir>/run-<id>-<name>`` holding its aggregated metrics as scalars at
+``export_tensorboard`` writes runs from the store; ``live_tensorboard`` is called by the kernel's
+session with each batch of records it has stored, when the config names ``tensorboard: DIR`` (never
+on the ranks). Each run gets a folder ``<dir>/run-<id>-<name>`` holding its aggregated metrics as scalars at
 their steps (training logs, throughput, GNS), its scaling sweeps as ``scaling/<mode>/<field>``
 scalars at step = number of ranks, and its hyperparameters and config through the HParams plugin.
 """
@@ -9,20 +11,23 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dtwork.export import RunView, require, run_view, select_runs
 from dtwork.store import RunStore
 
-__all__ = ["export_tensorboard", "run_folder"]
+__all__ = ["export_tensorboard", "live_tensorboard", "run_folder"]
 
 _SCALING_FIELDS = ("throughput", "step_time", "comm_time")
 
 
-def run_folder(view: RunView) -> str:
+def run_folder(run_id: int, name: str | None) -> str:
     """The folder name of a run: ``run-<id>-<name>`` with the name made safe for a path."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", view.name).strip("._") or "run"
-    return f"run-{view.id}" if safe == f"run-{view.id}" else f"run-{view.id}-{safe}"[:120]
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name or "").strip("._")
+    return f"run-{run_id}-{safe}"[:120] if safe and safe != f"run-{run_id}" else f"run-{run_id}"
 
 
 def export_tensorboard(
@@ -46,7 +51,7 @@ def _write(view: RunView, directory: Path) -> Path:
     from tensorboard.plugins.hparams import summary_v2 as hp
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    folder = directory / run_folder(view)
+    folder = directory / run_folder(view.id, view.name)
     folder.mkdir(parents=True, exist_ok=True)
     writer = EventFileWriter(str(folder))
     try:
@@ -72,3 +77,54 @@ def _write(view: RunView, directory: Path) -> Path:
     finally:
         writer.close()
     return folder
+
+
+_LIVE: dict[str, tuple[int, Any]] = {}  # directory -> (run id, its open EventFileWriter)
+
+
+_FAILED: set[str] = set()  # directories that could not be written: said once, then left alone
+
+
+def live_tensorboard(
+    directory: str, run_id: int, name: str | None, records: Sequence[Mapping[str, Any]]
+) -> None:
+    """Append the aggregated values of ``records`` to run ``run_id``'s event file under ``directory``.
+
+    Never raises: training and the store go on when TensorBoard cannot be written (said once).
+    """
+    key = os.path.abspath(directory)
+    if key in _FAILED:
+        return
+    try:
+        _live(key, run_id, name, records)
+    except Exception as exc:  # the live view is a convenience; the store already holds the records
+        _FAILED.add(key)
+        print(f"dtwork: tensorboard: {directory}: live scalars stop here ({type(exc).__name__}: {exc})")
+
+
+def _live(key: str, run_id: int, name: str | None, records: Sequence[Mapping[str, Any]]) -> None:
+    require("tensorboard", "tensorboard")
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    from dtwork.records import to_rows
+
+    rows = [row for row in to_rows(records) if row["rank"] is None and row["value"] is not None]
+    if not rows:
+        return
+    held = _LIVE.get(key)
+    if held is None or held[0] != run_id:
+        if held is not None:
+            held[1].close()  # the run before this one is over
+        folder = Path(key) / run_folder(run_id, name)
+        folder.mkdir(parents=True, exist_ok=True)
+        held = _LIVE[key] = (run_id, EventFileWriter(str(folder)))
+    writer = held[1]
+    for row in rows:
+        summary = summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag=row["name"], simple_value=row["value"])]
+        )
+        writer.add_event(
+            event_pb2.Event(wall_time=row["time"] or time.time(), step=row["step"], summary=summary)
+        )
+    writer.flush()
