@@ -1,9 +1,9 @@
-"""``python -m benchmarks [--smoke] [--out DIR] [--report-only] [--doc PATH | --no-doc]``.
+"""``python -m benchmarks [--smoke] [--out DIR] [--doc PATH | --no-doc] [--report-only] [--live MINUTES]``.
 
-Runs every measurement side by side in one run, writes ``DIR/results.json`` (default
-``benchmarks/results/``), ``DIR/plots.html``, ``DIR/summary.md`` and (full runs) ``docs/benchmarks.md``,
-and prints the ratios. ``--smoke`` runs a few steps of everything (for the test suite).
-``--report-only`` regenerates the plots and documents from an existing ``DIR/results.json``.
+Runs every measurement side by side, writes ``DIR/results.json`` (default ``benchmarks/results/``)
+and the tables of ``docs/benchmarks.md`` (full runs), and prints the targets. ``--smoke`` runs a
+few steps of everything; ``--report-only`` rewrites the tables from ``DIR/results.json`` and
+``DIR/live.json``; ``--live MINUTES`` measures the live view's cost longer, from a real ipykernel.
 """
 
 from __future__ import annotations
@@ -17,72 +17,44 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "benchmarks" / "results"
-DEFAULT_DOC = ROOT / "docs" / "benchmarks.md"
-
-
-def _relative(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
+from benchmarks import live, suite, tables
+from benchmarks.util import ROOT, exit_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--smoke", action="store_true", help="a few steps of everything (well under 2 minutes)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where results.json and the plots go")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    ap.add_argument("--smoke", action="store_true", help="a few steps of everything; writes no page")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where the JSON goes")
+    ap.add_argument("--doc", type=Path, default=None, help="the page whose tables to write")
+    ap.add_argument("--no-doc", action="store_true", help="write no page")
+    ap.add_argument("--report-only", action="store_true", help="only rewrite the tables from DIR")
+    ap.add_argument("--live", type=float, metavar="MINUTES", help="the live view's on/off windows, longer")
     ap.add_argument(
-        "--report-only", action="store_true", help="regenerate plots and docs from DIR/results.json"
+        "--ranks", type=int, default=2, help="ranks of the --live cluster (1 leaves the kernel a core)"
     )
-    ap.add_argument(
-        "--doc",
-        type=Path,
-        default=None,
-        help=f"the markdown summary to write (default {_relative(DEFAULT_DOC)} "
-        "for full runs, none for --smoke)",
-    )
-    ap.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
     args = ap.parse_args(argv)
-
-    from benchmarks import report
-
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    if args.report_only:
-        results = report.load(out)
-    else:
-        from benchmarks import suite
-        from benchmarks.util import exit_on_sigterm
-
-        exit_on_sigterm()  # so that a killed run still stops the engines it started
-        # The run store of the benchmark's clusters goes to a temporary place, not ./.dtwork.
-        store_dir = None
-        if not os.environ.get("DTWORK_STORE"):
-            store_dir = tempfile.mkdtemp(prefix="dtwork-bench-store-")
-            os.environ["DTWORK_STORE"] = os.path.join(store_dir, "runs.sqlite")
-        cmd = "python -m benchmarks" + "".join(
-            f" {shlex.quote(a)}" for a in (sys.argv[1:] if argv is None else argv)
-        )
-        plan = suite.Plan.smoke_plan() if args.smoke else suite.Plan()
-        try:
+    cmd = shlex.join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)])
+    exit_on_sigterm()  # a killed run still stops the engines it started
+    store = tempfile.mkdtemp(prefix="dtwork-bench-store-")  # the clusters' run store, not ./.dtwork
+    os.environ.setdefault("DTWORK_STORE", os.path.join(store, "runs.sqlite"))
+    try:
+        if args.live is not None:
+            if args.live < 0 or args.ranks < 1:
+                ap.error("--live takes minutes >= 0 and --ranks at least 1")
+            long = live.main(args.live, args.ranks, args.out, cmd)
+            print(tables.live_long_table(long))
+        elif not args.report_only:
+            plan = suite.Plan.smoke_plan() if args.smoke else suite.Plan()
             results = suite.run(plan, cmd)
-        finally:
-            if store_dir:
-                shutil.rmtree(store_dir, ignore_errors=True)
-        (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-        if not results["meta"].get("smoke"):
-            results = report.with_long_live(results, out)
-    doc = None
-    if not args.no_doc:
-        doc = args.doc if args.doc is not None else (None if results["meta"].get("smoke") else DEFAULT_DOC)
-    written = report.write_all(results, out, doc, _relative(out / "results.json"))
-    print("\n".join(report.summary_lines(results)))
-    made = written if args.report_only else [out / "results.json", *written]
-    print("\nwrote " + ", ".join(_relative(p) for p in made))
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+            print(tables.targets_table(results) + "\n\n" + tables.alternatives_table(results))
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+    doc = args.doc or (None if args.smoke else ROOT / "docs" / "benchmarks.md")
+    if doc is not None and not args.no_doc and (args.out / "results.json").exists():
+        tables.write_doc(args.out, doc)
+        print(f"wrote the tables of {doc}")
     return 0
 
 

@@ -1,17 +1,9 @@
-"""A stand-in notebook kernel for launchers that fork their workers from the notebook process.
+"""A stand-in notebook kernel for the launchers that fork their workers from it (Accelerate, Fabric).
 
-``python -m benchmarks.launch_worker accelerate|fabric`` imports the launcher (never touching a
-device: both fork), answers ``BENCH {"ok": ...}``, then reads one JSON spec per line on stdin and
-answers one ``BENCH {...}`` line per spec:
-
-- ``{"mode": "throughput", "kinds": [...], "warmup": {...}, "steps": {...}}``: one launch that
-  measures steps/s of each workload inside the ranks (after a warmup)
-- ``{"mode": "latency", "kinds": [kind]}``: one launch that builds the model and runs one step
-  (what re-running a changed training cell costs with these launchers: every call is a launch)
-
-Every answer carries ``ready_s``: seconds from the launch call to a ready process group.
-The training code is ``benchmarks.workload.SOURCE``'s models and data, driven through each
-library's own API (``accelerator.prepare`` / ``fabric.setup`` and their ``backward``).
+``python -m benchmarks.launch_worker accelerate|fabric`` imports the launcher, answers ``BENCH
+{"ok": ...}``, then answers one ``BENCH`` line per JSON spec read on stdin: ``throughput`` (one launch
+measuring steps/s of each workload) or ``latency`` (one launch, one step: what a changed cell costs).
+Every answer carries ``ready_s``, the seconds from the launch call to a ready process group.
 """
 
 from __future__ import annotations
@@ -25,6 +17,7 @@ import traceback
 from typing import Any
 
 from benchmarks import workload as W
+from benchmarks.util import free_port
 
 
 def _say(obj: dict[str, Any]) -> None:
@@ -32,29 +25,19 @@ def _say(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _workload_ns() -> dict[str, Any]:
+def _measure(
+    spec: dict[str, Any], prepare: Any, backward: Any, barrier: Any, t_call: float
+) -> dict[str, Any]:
+    """Run the spec on this rank through the library's prepare/backward; what rank 0 reports."""
     ns: dict[str, Any] = {}
     exec(W.SOURCE, ns)
-    ns["torch"].set_num_threads(1)  # one intra-op thread per rank, as torchrun gives its workers
-    return ns
-
-
-def _measure(
-    spec: dict[str, Any],
-    ns: dict[str, Any],
-    prepare: Any,
-    backward: Any,
-    barrier: Any,
-    t_call: float,
-    ready: float,
-) -> dict[str, Any]:
-    """Run the spec on this rank with the library's prepare/backward; return what rank 0 reports."""
     torch, F = ns["torch"], ns["F"]
-    out: dict[str, Any] = {"ready_s": ready, "results": {}}
+    torch.set_num_threads(1)  # one intra-op thread per rank, as torchrun gives its workers
+    barrier()
+    out: dict[str, Any] = {"ready_s": time.time() - t_call, "results": {}}
     for kind in spec["kinds"]:
         model = ns["make_model"](kind)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        model, opt = prepare(model, opt)
+        model, opt = prepare(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
         batches = ns["make_batches"](kind, torch.distributed.get_rank())
 
         def train(n: int, model: Any = model, opt: Any = opt, batches: Any = batches) -> None:
@@ -79,17 +62,11 @@ def _measure(
     return out
 
 
-# -- Accelerate ----------------------------------------------------------------------------------------
-
-
 def _accelerate_fn(spec: dict[str, Any], t_call: float, out_path: str) -> None:
     from accelerate import Accelerator
 
-    ns = _workload_ns()
     acc = Accelerator(cpu=True)
-    acc.wait_for_everyone()
-    ready = time.time() - t_call
-    out = _measure(spec, ns, acc.prepare, acc.backward, acc.wait_for_everyone, t_call, ready)
+    out = _measure(spec, acc.prepare, acc.backward, acc.wait_for_everyone, t_call)
     if acc.process_index == 0:
         with open(out_path, "w") as f:
             json.dump(out, f)
@@ -97,8 +74,6 @@ def _accelerate_fn(spec: dict[str, Any], t_call: float, out_path: str) -> None:
 
 def run_accelerate(spec: dict[str, Any]) -> dict[str, Any]:
     from accelerate import notebook_launcher
-
-    from benchmarks.util import free_port
 
     fd, path = tempfile.mkstemp(prefix="bench-accelerate-", suffix=".json")
     os.close(fd)
@@ -114,14 +89,8 @@ def run_accelerate(spec: dict[str, Any]) -> dict[str, Any]:
     return {**out, "wall_s": wall}
 
 
-# -- Lightning Fabric ----------------------------------------------------------------------------------
-
-
 def _fabric_fn(fabric: Any, spec: dict[str, Any], t_call: float) -> dict[str, Any]:
-    ns = _workload_ns()
-    fabric.barrier()
-    ready = time.time() - t_call
-    return _measure(spec, ns, fabric.setup, fabric.backward, fabric.barrier, t_call, ready)
+    return _measure(spec, fabric.setup, fabric.backward, fabric.barrier, t_call)
 
 
 def run_fabric(spec: dict[str, Any]) -> dict[str, Any]:
@@ -144,10 +113,8 @@ def main(argv: list[str]) -> int:
     package, run = RUNNERS[name]
     try:
         t0 = time.perf_counter()
-        mod = __import__(package)
-        import torch  # noqa: F401  (already imported by the package; named for clarity)
-
-        _say({"ok": True, "version": getattr(mod, "__version__", None), "import_s": time.perf_counter() - t0})
+        __import__(package)  # torch with it
+        _say({"ok": True, "import_s": time.perf_counter() - t0})
     except Exception as exc:
         _say({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
@@ -157,13 +124,7 @@ def main(argv: list[str]) -> int:
         try:
             _say({"ok": True, **run(json.loads(line))})
         except Exception as exc:
-            _say(
-                {
-                    "ok": False,
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc()[-3000:],
-                }
-            )
+            _say({"ok": False, "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"})
     return 0
 
 

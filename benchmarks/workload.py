@@ -1,18 +1,10 @@
 """The training workload: one source text that every launcher runs unchanged.
 
-``SOURCE`` defines plain PyTorch: two models (an MLP on 1x28x28 inputs, a small convnet on
-3x32x32), synthetic batches kept in memory (so data loading costs nothing), and a hand-written
-DDP training loop. It assumes only that a gloo process group is initialised. dtwork runs it in
-a ``%%dtrain`` cell, raw ipyparallel in a ``%px`` cell, torchrun in a script: the code that trains
-is the same text. Accelerate and Fabric take its models and data inside their launched function
-and train them through their own API (``prepare``/``setup`` and ``backward``).
-
-Thread count: the training source does not touch ``torch.set_num_threads``. torchrun gives each of
-its workers one intra-op thread (it sets ``OMP_NUM_THREADS=1`` when it starts more than one
-process); the persistent engines (dtwork, raw ipyparallel) and the forked workers (Accelerate,
-Fabric) get ``PIN_THREADS`` (one thread per rank) from the cells and functions that drive them, so
-that the launchers compare on equal threads. What the engines would use on their own is recorded
-apart (``threads`` in the results).
+``SOURCE`` is plain PyTorch (an MLP on 1x28x28, a small convnet on 3x32x32, synthetic batches in
+memory, a hand-written DDP loop) assuming only an initialised gloo group: dtwork runs it in a
+``%%dtrain`` cell, raw ipyparallel in a ``%px`` cell, torchrun in a script; Accelerate and Fabric
+train its models and data through their own API. Every launcher gets one intra-op thread per rank
+(torchrun sets ``OMP_NUM_THREADS=1`` itself), so that the comparison is of launchers, not threads.
 """
 
 from __future__ import annotations
@@ -102,96 +94,60 @@ def timed(model, opt, batches, warmup, steps):
 
 PIN_THREADS = "torch.set_num_threads(1)\n"
 
-# The "changed training cell" of the iteration-latency measurement: a new learning rate, one step.
-CHANGED_CELL = """
-for _g in {state}[1].param_groups:
-    _g["lr"] = 0.02
-_first_loss = train(*{state}, 1)
-"""
+# The persistent engines (dtwork, raw ipyparallel) build each workload once; its state then lives on.
+SETUP_CELL = SOURCE + PIN_THREADS + "W = {kind: setup(kind) for kind in ('mlp', 'convnet')}\n"
+TIMED_CELL = "_sps = timed(*W[{kind!r}], {warmup}, {steps})\n"
+TURNS_CELL = "serve_turns({port}, 'dtwork', W)\n"
+# The changed training cell of the iteration-latency measurement: a new learning rate, one step.
+CHANGED_CELL = "for _g in W[{kind!r}][1].param_groups:\n    _g['lr'] = 0.02\ntrain(*W[{kind!r}], 1)\n"
+
+# dtwork's idiom for the same training (ctx.wrap + ctx.steps + ctx.log), defined on dtwork's ranks only.
+DTWORK_SOURCE = '''
+def idiom(kind, gns=None):
+    model = ctx.wrap(make_model(kind), gns=gns)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), make_batches(kind, ctx.rank)
 
 
-# The same change in dtwork's idiom: ``ctx.steps`` over a ``ctx.wrap``-ped model kept on the ranks.
-CHANGED_STEPS_CELL = """
-for _g in _lat_opt.param_groups:
-    _g["lr"] = 0.02
-for step, (x, y) in ctx.steps(_lat_batches, max_steps=1):
-    loss = F.cross_entropy(_lat_model(x), y)
-    ctx.backward(loss)
-    ctx.step(_lat_opt)
-    ctx.log(loss=loss)
-"""
+def train_steps(model, opt, batches, steps, timed_from=None):
+    """``steps`` steps of ctx.steps; the steps/s of those after ``timed_from`` when given."""
+    t0 = None
+    for step, (x, y) in ctx.steps(batches, max_steps=steps):
+        if step == timed_from and t0 is None:
+            dist.barrier()
+            t0 = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        ctx.backward(loss)
+        ctx.step(opt)
+        ctx.log(loss=loss)
+    if t0 is not None:
+        dist.barrier()
+        return (steps - timed_from) / (time.perf_counter() - t0)
+'''
 
-LATENCY_STEPS_SETUP = """
-_lat_model = ctx.wrap(make_model({kind!r}))
-_lat_opt = torch.optim.SGD(_lat_model.parameters(), lr=0.01, momentum=0.9)
-_lat_batches = make_batches({kind!r}, ctx.rank)
-"""
+# A fresh wrapped model per measurement, dropped after, so that ctx's bookkeeping sees only that one.
+TIMED_STEPS_CELL = "_m = idiom({kind!r}, gns=False)\n_sps = train_steps(*_m, {total}, {warmup})\ndel _m\n"
+LATENCY_STEPS_SETUP = "_lat = idiom({kind!r})\n"
+CHANGED_STEPS_CELL = "for _g in _lat[1].param_groups:\n    _g['lr'] = 0.02\ntrain_steps(*_lat, 1)\n"
+LATENCY_STEPS_TEARDOWN = "del _lat\n"
 
-LATENCY_STEPS_TEARDOWN = "del _lat_model, _lat_opt, _lat_batches\n"
-
-
-def state_name(kind: str) -> str:
-    """The namespace variable holding ``setup(kind)`` in a persistent engine (dtwork, raw ipyparallel)."""
-    return f"W_{kind}"
-
-
-def setup_cell(kinds: tuple[str, ...] = KINDS) -> str:
-    """The cell that defines the workload and builds each model once (state then lives on)."""
-    return (
-        SOURCE
-        + "_default_threads = torch.get_num_threads()\n"
-        + PIN_THREADS
-        + "".join(f"{state_name(k)} = setup({k!r})\n" for k in kinds)
-    )
-
-
-def timed_cell(kind: str, warmup: int, steps: int, threads: str = "pinned") -> str:
-    """A cell that measures steps/s into ``_sps``: one thread per rank, or the engine's default."""
-    pin = "torch.set_num_threads(_default_threads)\n" if threads == "default" else PIN_THREADS
-    return pin + f"_sps = timed(*{state_name(kind)}, {warmup}, {steps})\n" + PIN_THREADS
-
-
-def turns_cell(port: int, job: str, kinds: tuple[str, ...] = KINDS) -> str:
-    """The cell a persistent engine runs to train in turns (the states built by ``setup_cell``)."""
-    states = "{" + ", ".join(f"{k!r}: {state_name(k)}" for k in kinds) + "}"
-    return PIN_THREADS + f"serve_turns({port}, {job!r}, {states})\n"
-
-
-def changed_cell(kind: str) -> str:
-    return CHANGED_CELL.format(state=state_name(kind))
-
-
-# -- torchrun: the same source in a script ---------------------------------------------------------
-
-SCRIPT = '''"""Benchmark script for torchrun: the workload source, then measurements on demand."""
-import json
-import os
-import sys
-import time
-
-_T_LAUNCH = float(os.environ["BENCH_T0"])
-{source}
-
+# torchrun runs the same source in a script, measuring as the spec in its argument says.
+SCRIPT_MAIN = """
 def _main():
     spec = json.loads(sys.argv[1])
     dist.init_process_group("gloo")
     dist.barrier()
-    ready = time.time() - _T_LAUNCH
-    out = {{"ready_s": ready, "default_threads": torch.get_num_threads(), "results": {{}}}}
-    if spec["mode"] == "serve":  # train in turns with the other launchers (benchmarks.turns)
-        serve_turns(spec["port"], spec.get("job", "torchrun"), {{kind: setup(kind) for kind in spec["kinds"]}})
-        if dist.get_rank() == 0:
-            print("BENCH " + json.dumps(out), flush=True)
-        dist.destroy_process_group()
-        return
-    for kind in spec["kinds"]:
-        state = setup(kind)
-        if spec["mode"] == "latency":
-            train(*state, 1)
-            dist.barrier()
-            out["first_step_s"] = time.time() - _T_LAUNCH
-        else:
-            out["results"][kind] = timed(*state, spec["warmup"][kind], spec["steps"][kind])
+    out = {"ready_s": time.time() - float(os.environ["BENCH_T0"]), "results": {}}
+    if spec["mode"] == "serve":  # train in turns with dtwork (benchmarks.turns) until told to stop
+        serve_turns(spec["port"], spec["job"], {kind: setup(kind) for kind in spec["kinds"]})
+    else:
+        for kind in spec["kinds"]:
+            state = setup(kind)
+            if spec["mode"] == "latency":
+                train(*state, 1)
+                dist.barrier()
+                out["first_step_s"] = time.time() - float(os.environ["BENCH_T0"])
+            else:
+                out["results"][kind] = timed(*state, spec["warmup"][kind], spec["steps"][kind])
     if dist.get_rank() == 0:
         print("BENCH " + json.dumps(out), flush=True)
     dist.barrier()
@@ -200,8 +156,8 @@ def _main():
 
 if __name__ == "__main__":
     _main()
-'''
+"""
 
 
 def torchrun_script() -> str:
-    return SCRIPT.format(source=SOURCE)
+    return "import json\nimport os\nimport sys\n" + SOURCE + SCRIPT_MAIN
