@@ -187,6 +187,7 @@ class Cluster:
             engines.check_routes(self.client, self.ranks, self.master_addr, iface)
         self.master_port = self.client[rank0.engine_id].apply_sync(engines.free_port, self.master_addr)
         config = self.config.to_dict()
+        hosts = list(dict.fromkeys(p.hostname for p in self.ranks))
         specs = {
             p.engine_id: {
                 "rank": p.rank,
@@ -201,6 +202,9 @@ class Cluster:
                     (g["uuid"] for g in probes[p.engine_id]["gpus"] if g["index"] == p.gpu), None
                 ),
                 "local_world_size": sum(1 for q in self.ranks if q.hostname == p.hostname),
+                "group_rank": hosts.index(p.hostname),  # torchrun's node rank, for scripts
+                "group_world_size": len(hosts),
+                "run_id": self.cluster_id,
                 "interface": iface or rendezvous.loopback_interface(probes[p.engine_id]),
                 "global_batch_size": self.global_batch_size,
                 "config": config,
@@ -425,6 +429,16 @@ class Cluster:
         if callable(source_or_fn):
             return self._call(source_or_fn, args, kwargs, ranks)
         return self.session.run_cell(source_or_fn, ranks=ranks, rank0=rank0, bg=bg, quiet=quiet)
+
+    def run_script(self, path: str | os.PathLike[str], args: list[str] | None = None, **kwargs: Any) -> Any:
+        """Run a torchrun-style script unchanged on every rank, as a cell (see ``run``'s options).
+
+        Each rank executes it as ``__main__`` with ``sys.argv`` and torchrun's environment, in its
+        working directory; ``init_process_group`` joins the warm group, ``destroy_process_group``
+        keeps it. The script's top-level names stay in the ranks' namespace, as with ``%run``.
+        """
+        call = f"run_script({os.fspath(path)!r}, {[str(a) for a in args or []]!r}, namespace=globals())"
+        return self.run(f"__import__('dtwork.runtime.script', fromlist=['_']).{call}", **kwargs)
 
     def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, ranks: list[int] | None) -> list[Any]:
         return engines.call_on_ranks(self.view(ranks), fn, args, kwargs)

@@ -31,6 +31,8 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   config EXP.yaml load an experiment config on every rank as ``ctx.config`` (starts a new run)
   runs [list|show ID|compare A B|export [ID] --tensorboard DIR|--mlflow URI|--report PATH]
                   the runs in the run store, as ``dtwork runs`` in a shell
+  run SCRIPT.py [ARGS...]
+                  run a torchrun-style script unchanged on every rank (also %run in %%dtrain)
   wait | attach   bring a background (--bg) cell back: live view, wait for its end
   scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape 20] [--batch B] MODEL_EXPR
                   throughput and scaling efficiency on synthetic data, by world size
@@ -238,6 +240,12 @@ class DtrainMagics(Magics):
             return None
         with RunStore(path, readonly=True) as s:
             print(format_runs_table(s.list_runs(), path))
+        return None
+
+    def _sub_run(self, argv: list[str]) -> Any:
+        if not argv or argv[0].startswith("-"):
+            raise DtworkError("%dtrain run needs a script: %dtrain run SCRIPT.py [ARGS...]")
+        current().run_script(argv[0], argv[1:])
         return None
 
     def _sub_wait(self, argv: list[str]) -> Any:

@@ -154,6 +154,7 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
     from dtwork import runtime
+    from dtwork.runtime import script
     from dtwork.runtime.context import Context
 
     if dist.is_initialized():
@@ -183,6 +184,7 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     dist.all_reduce(probe_t)
     if int(probe_t.item()) != spec["world_size"]:
         raise RuntimeError(f"process group check failed: all_reduce gave {probe_t.item()}")
+    script.install(spec)  # torchrun's environment and %run for scripts run on this rank
     gpu = _gpu_facts(spec.get("gpu"))
     threading.Thread(target=_warm_imports, name="dtwork-warm-imports", daemon=True).start()
     return {"rank": ctx.rank, "device": str(device), "pid": os.getpid(), **gpu}
