@@ -238,6 +238,8 @@ class CellWatcher:
             self.session.persist(batch, self.seq)
             if self.on_records is not None and self.session.live:
                 self.on_records(batch)
+        else:
+            self.session.flush()  # what the store refused earlier is tried again
         dash = self.session.dashboard
         if dash is None or self.on_records is None or not self.session.live:
             return

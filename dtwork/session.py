@@ -18,7 +18,7 @@ import ipyparallel as ipp
 from dtwork import engines
 from dtwork.collector import POLL_SECONDS, CellResult, CellWatcher, error_line
 from dtwork.errors import DtworkError
-from dtwork.records import Kind, to_rows
+from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
 
 if TYPE_CHECKING:
     from dtwork.cluster import Cluster
@@ -39,6 +39,8 @@ class Session:
         # resumes with the records that arrive from then on.
         self.live: bool = True
         self._store: RunStore | None = None
+        # Every write during a cell goes through the writer: what the store refuses waits.
+        self.writer = StoreWriter(lambda: self.store, cluster.store_file)
         self.background: CellWatcher | None = None
         self._bg_thread: threading.Thread | None = None
         self.dashboard: Any = None  # the current cell's live view (dtwork.widgets), if any
@@ -77,28 +79,34 @@ class Session:
     def new_run(self) -> None:
         """End the current run; the next cell starts a new one (after a config change)."""
         if self.run_id is not None:
-            self.store.set_run_status(self.run_id, "completed", ended=True)
+            self.writer.run_status(self.run_id, self._final_status())
+            self.writer.flush(force=True)
         self.run_id = None
         self.restarts_used = 0
 
+    def _final_status(self) -> str:
+        """How the run ended, from its last cell: completed, failed or interrupted."""
+        last = self.last.status if self.last is not None else "ok"
+        return {"error": "failed", "interrupted": "interrupted"}.get(last, "completed")
+
     def persist(self, records: list[dict[str, Any]], seq: int | None) -> None:
-        """Write records to the store (first), as rows; events go to the events table."""
-        if self.run_id is None:
-            return
-        rows: list[dict[str, Any]] = [{**row, "cell_seq": seq} for row in to_rows(records)]
-        for rec in records:
-            if rec.get("kind") == Kind.EVENT:
-                self.store.add_event(self.run_id, rec.get("event", "rank"), rec.get("message", ""), rec)
-        if rows:
-            self.store.add_metrics(self.run_id, rows)
+        """Write records to the store (first), as rows and events; the store refusing keeps them."""
+        if self.run_id is not None:
+            self.writer.records(self.run_id, seq, records)
+        self.writer.flush()
         if self.run_id is not None and self.cluster.config.tensorboard:  # live scalars, after the store
             from dtwork.export.tensorboard import live_tensorboard
 
             live_tensorboard(self.cluster.config.tensorboard, self.run_id, self.cluster.config.name, records)
 
+    def flush(self) -> None:
+        """Try again to write what the store refused (at most once a second)."""
+        self.writer.flush()
+
     def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
         if self.run_id is not None:
-            self.store.add_event(self.run_id, kind, message, data)
+            self.writer.event(self.run_id, kind, message, data)
+            self.writer.flush()
 
     # -- health ----------------------------------------------------------------------------
 
@@ -127,9 +135,15 @@ class Session:
     ) -> CellResult:
         if self.background is not None and not self.background.done.is_set():
             raise DtworkError("a background cell is still training: %dtrain wait (or attach) first")
-        run_id = self.ensure_run()
+        self.writer.flush(force=True)
+        try:
+            run_id = self.ensure_run()
+            if self.last is not None and self.last.status == "error":  # the run goes on after a failed cell
+                self.store.set_run_status(run_id, "running")
+            seq = self.store.add_cell(run_id, source, ranks=ranks)
+        except STORE_ERRORS as exc:
+            raise DtworkError(f"the cell did not start: {store_problem(exc, self.writer.path)}") from None
         self._tell_ranks(run_id)
-        seq = self.store.add_cell(run_id, source, ranks=ranks)
         rank_list = list(range(self.cluster.world_size)) if ranks is None else list(ranks)
         if not quiet:
             from dtwork.widgets import dashboard_ready
@@ -173,9 +187,11 @@ class Session:
         status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
         err = None if not result.errors else error_line(result.errors[min(result.errors)])
         if result.seq is not None and self.run_id is not None:
-            self.store.finish_cell(self.run_id, result.seq, status, err)
+            self.writer.finish_cell(self.run_id, result.seq, status, err)
             if status == "error":
+                self.writer.run_status(self.run_id, "failed", ended=False)
                 self.event("error", f"cell {result.seq}: {err}")
+            self.writer.flush(force=True)
         self.last = result
         if self.dashboard is not None:
             self.dashboard.finish(result)
@@ -238,7 +254,7 @@ class Session:
                 result = replay.wait()
                 if result.errors:
                     return self._conclude(replay, result)
-                self.store.finish_cell(self.run_id, cell["seq"], "ok")
+                self.writer.finish_cell(self.run_id, cell["seq"], "ok")
             return result
         finally:
             if self.cluster.state == "running":
@@ -264,9 +280,12 @@ class Session:
         return feed
 
     def close(self) -> None:
-        if self.run_id is not None and self._store is not None:
-            self.store.set_run_status(self.run_id, "completed", ended=True)
-            self.event("stop", "cluster stopped")
+        """End the session's run (completed, failed or interrupted) and close the store."""
+        if self.run_id is not None:
+            self.writer.event(self.run_id, "stop", "cluster stopped")
+            self.writer.run_status(self.run_id, self._final_status())
+        if not self.writer.flush(force=True):
+            self.writer.lost(f"{self.writer.problem}; the cluster stopped")
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -290,7 +290,8 @@ class RunStore:
             try:
                 yield cur
             except BaseException:
-                cur.execute("ROLLBACK")
+                if self._connection().in_transaction:  # SQLite rolls back by itself on a full disk
+                    cur.execute("ROLLBACK")
                 raise
             else:
                 cur.execute("COMMIT")

@@ -1,0 +1,175 @@
+"""A run store that refuses writes mid-cell (locked, full, read-only, damaged) loses no record."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dtwork.store import RunStore
+from dtwork.writer import StoreWriter, store_problem
+
+STEPS = 40
+CELL = """
+import os, time
+for step, _ in ctx.steps(range(10**6), max_steps={steps}):
+    ctx.log(kept=float(step))
+    if step == 9:  # say so, then wait (bounded) until the test has made the store refuse writes
+        open({at9!r} + str(ctx.rank), "w").close()
+        t0 = time.time()
+        while not os.path.exists({go!r}) and time.time() - t0 < 120:
+            time.sleep(0.01)
+"""
+
+
+def _wait(cond: Callable[[], Any], seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+class _Lock:
+    """Another program holding the store's write lock (BEGIN EXCLUSIVE): stops root too."""
+
+    def __init__(self, path: Path) -> None:
+        self.conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+
+    def refuse(self) -> None:
+        self.conn.execute("BEGIN EXCLUSIVE")
+
+    def allow(self) -> None:
+        self.conn.execute("COMMIT")
+        self.conn.close()
+
+
+class _Full:
+    """The disk is full for the store: SQLite may not grow the file past its present size."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.conn = store._connection()  # the kernel's own connection: the limit is per connection
+
+    def refuse(self) -> None:
+        pages = self.conn.execute("PRAGMA page_count").fetchone()[0]
+        self.conn.execute(f"PRAGMA max_page_count = {pages}")
+
+    def allow(self) -> None:
+        self.conn.execute("PRAGMA max_page_count = 1073741823")
+
+
+@pytest.mark.parametrize("trouble", ["locked", "full"])
+def test_a_store_refusing_writes_mid_cell_loses_no_record(cluster, tmp_path, capsys, trouble) -> None:
+    cluster.configure(None)
+    session = cluster.session
+    go = tmp_path / "go"
+    at9 = tmp_path / "at9-"
+    cluster.run(CELL.format(steps=STEPS, go=str(go), at9=str(at9)), bg=True, quiet=True)
+    run_id = session.run_id
+    _wait(lambda: all(Path(f"{at9}{r}").exists() for r in (0, 1)))
+    blocker = _Lock(session.store.path) if trouble == "locked" else _Full(session.store)
+    blocker.refuse()
+    try:
+        go.touch()
+        _wait(lambda: session.writer.problem is not None)
+        _wait(session.background.done.is_set)  # the cell ended while the store refused writes
+        assert session.writer.unsaved > 0
+    finally:
+        blocker.allow()
+    result = session.wait_background()
+    assert result is not None and result.status == "ok"
+    rows = session.store.metrics(run_id, "kept")
+    assert [r["step"] for r in rows] == list(range(STEPS))  # every step once: none lost, none twice
+    assert [r["value"] for r in rows] == [float(s) for s in range(STEPS)]
+    assert session.store.cells(run_id)[-1]["status"] == "ok"
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "records are kept" in line]
+    assert len(said) == 1, err
+    assert ("locked by another program" if trouble == "locked" else "is full") in said[0]
+    assert "takes writes again" in err
+
+
+def test_malformed_records_and_writes_are_dropped_with_one_warning_each(tmp_path) -> None:
+    said: list[str] = []
+    with RunStore(tmp_path / "s.sqlite") as store:
+        run = store.create_run(name="x", world_size=2, backend="gloo")
+        writer = StoreWriter(lambda: store, store.path, said.append)
+        good = {"kind": "log", "step": 0, "rank": 0, "time": 1.0, "values": {"loss": 2.0}}
+        writer.records(run, None, [good, "junk", {"kind": "log", "step": 1}, "more junk", good | {"step": 1}])
+        writer.finish_cell(run, 99, "ok")  # no such cell: the store refuses it
+        writer.event(run, "after", "still written")
+        assert writer.flush()
+        assert [r["step"] for r in store.metrics(run, "loss")] == [0, 1]
+        assert [e["kind"] for e in store.events(run)] == ["after"]
+    assert len(said) == 3, said
+    assert all(line.startswith("dtwork: warning: dropped") for line in said)
+
+
+def _locked(path: Path) -> BaseException:
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with RunStore(path) as s:
+            s._connection().execute("PRAGMA busy_timeout = 0")
+            s.add_event(None, "x", "y")
+    except sqlite3.Error as exc:
+        return exc
+    finally:
+        holder.close()
+    raise AssertionError("the write went through")
+
+
+def _full(path: Path) -> BaseException:
+    with RunStore(path) as s:
+        conn = s._connection()
+        conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+        try:
+            s.add_event(None, "x", "y" * 100_000)
+        except sqlite3.Error as exc:
+            return exc
+    raise AssertionError("the write went through")
+
+
+def _readonly(path: Path) -> BaseException:
+    conn = sqlite3.connect(path.as_uri() + "?mode=ro", uri=True)
+    try:
+        conn.execute("INSERT INTO events (time, kind, message) VALUES (0, 'x', 'y')")
+    except sqlite3.Error as exc:
+        return exc
+    finally:
+        conn.close()
+    raise AssertionError("the write went through")
+
+
+def _damaged(path: Path) -> BaseException:
+    with open(path, "r+b") as f:
+        f.seek(0)
+        f.write(b"\xff" * 100)
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("INSERT INTO events (time, kind, message) VALUES (0, 'x', 'y')")
+    except sqlite3.Error as exc:
+        return exc
+    finally:
+        conn.close()
+    raise AssertionError("the write went through")
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (_locked, "locked by another program"),
+        (_full, "is full: free some space"),
+        (_readonly, "read-only"),
+        (_damaged, "is damaged"),
+    ],
+)
+def test_each_real_store_error_gets_a_line_that_says_what_to_do(tmp_path, make, says) -> None:
+    path = tmp_path / "s.sqlite"
+    with RunStore(path) as s:
+        s.add_event(None, "start", "made")
+    line = store_problem(make(path), path)
+    assert says in line and str(path) in line and "\n" not in line
