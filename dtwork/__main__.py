@@ -1,4 +1,7 @@
-"""``python -m dtwork run NOTEBOOK``: execute a notebook headlessly, write the executed copy under reports/."""
+"""``python -m dtwork run NOTEBOOK``: execute a notebook headlessly, write the executed copy under reports/.
+
+``python -m dtwork script NOTEBOOK -o train.py``: write its ``%%dtrain`` cells as a torchrun script.
+"""
 
 from __future__ import annotations
 
@@ -40,9 +43,22 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("notebook", type=Path)
     run.add_argument("--out", type=Path, default=Path("reports"))
     run.add_argument("--timeout", type=int, default=900)
+    script = sub.add_parser("script", help="write a notebook's %%%%dtrain cells as a torchrun script")
+    script.add_argument("notebook", type=Path)
+    script.add_argument("-o", "--output", type=Path, default=None, help="default: NOTEBOOK.py beside it")
     args = parser.parse_args(argv)
     if not args.notebook.exists():
         parser.error(f"no notebook at {args.notebook}")
+    if args.command == "script":
+        from dtwork.errors import DtworkError
+        from dtwork.script_export import write_script
+
+        try:
+            out = write_script(args.notebook, args.output or args.notebook.with_suffix(".py"))
+        except DtworkError as exc:
+            parser.exit(2, f"dtwork: {exc}\n")
+        print(f"dtwork: wrote {out}; run it with torchrun --nproc_per_node=N {out}")
+        return 0
     run_notebook(args.notebook, args.out, args.timeout)
     return 0
 

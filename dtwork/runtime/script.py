@@ -67,10 +67,17 @@ def install(spec: Mapping[str, Any]) -> None:
 
 
 def torchrun_environment() -> dict[str, str]:
-    """The environment variables torchrun would give this rank."""
-    if not _facts:
-        raise DtworkError("this engine has not joined a process group: run %dtrain start first")
+    """The environment variables torchrun would give this rank (none to add under torchrun itself)."""
+    if not _facts and not dist.is_initialized():
+        raise DtworkError("this process has not joined a process group: run %dtrain start first")
     return {k: v for k, v in _facts.items() if not k.startswith("_")}
+
+
+def _identity() -> tuple[str, int, int]:
+    """(backend, world size, rank) of the group a script's init_process_group joins."""
+    if _facts:
+        return _facts["_backend"], int(_facts["WORLD_SIZE"]), int(_facts["RANK"])
+    return str(dist.get_backend()), dist.get_world_size(), dist.get_rank()
 
 
 def run_magic(line: str) -> None:
@@ -147,8 +154,7 @@ def _warm_group() -> Iterator[None]:
     """Make ``init_process_group`` join the warm group and ``destroy_process_group`` keep it."""
     c10d = dist.distributed_c10d
     real_destroy = c10d.destroy_process_group
-    warm = _facts["_backend"]
-    world, rank = int(_facts["WORLD_SIZE"]), int(_facts["RANK"])
+    warm, world, rank = _identity()
 
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
         if not _backend_family(backend, warm):

@@ -1,0 +1,86 @@
+"""``python -m dtwork script NB.ipynb -o train.py``: a notebook's %%dtrain cells as a torchrun script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from dtwork.errors import DtworkError
+from dtwork.script_export import notebook_to_script
+
+QUICKSTART = Path(__file__).parent.parent / "notebooks" / "quickstart.ipynb"
+
+
+def _notebook(tmp_path: Path, *cells: str) -> Path:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_quickstart_as_a_torchrun_script_reaches_the_notebooks_loss(cluster: Any, tmp_path: Path) -> None:
+    nb = nbformat.read(QUICKSTART, as_version=4)
+    sources = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert "%dtrain start -n 2 --global-batch-size 64" in sources  # what the cluster below mirrors
+    script = tmp_path / "train.py"
+    cmd = [sys.executable, "-m", "dtwork", "script", str(QUICKSTART), "-o", str(script)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    with script.open("a") as f:
+        f.write("\nif ctx.rank == 0:\n    print('FINAL', repr(loss.item()))\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    proc = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "test accuracy" in proc.stdout and proc.stdout.count("trained 120 steps") == 1  # --rank0 kept
+    exported = float(proc.stdout.split("FINAL ")[1].split()[0])
+
+    cluster.configure({"global_batch_size": 64})
+    try:
+        for source in sources:
+            if source.startswith("%%dtrain"):
+                first, _, body = source.partition("\n")
+                cluster.run(body, rank0="--rank0" in first)
+        notebook = [float(v.detach()) for v in cluster.pull("loss")]
+    finally:
+        cluster.configure(None)
+    assert abs(notebook[0] - exported) <= 1e-6, (notebook, exported)
+
+
+def test_cell_options_and_run_become_python(tmp_path: Path) -> None:
+    path = _notebook(
+        tmp_path,
+        "%load_ext dtwork\n%dtrain start --config exp.yaml --backend gloo",
+        "%%dtrain --ranks 0\ntext = '''two\nlines'''\nfor i in range(2):\n    print(i)",
+        "%%dtrain\n%run train.py --epochs 3",
+        "%dtrain config other.yaml",
+        "x = cluster.pull('a')\nprint(x)",
+    )
+    text = notebook_to_script(path)
+    assert "context_from_env(global_batch_size=None, config='exp.yaml', backend='gloo')" in text
+    assert (
+        "if ctx.rank in (0,):\n    text = '''two\nlines'''\n    for i in range(2):\n        print(i)" in text
+    )
+    assert "run_script('train.py', ['--epochs', '3'], namespace=globals())" in text
+    assert "ctx.configure('other.yaml')" in text
+    assert "#   cell 5: x = cluster.pull('a') ..." in text
+    compile(text, "train.py", "exec")
+
+
+def test_ipython_syntax_in_a_rank_cell_is_refused(tmp_path: Path) -> None:
+    path = _notebook(tmp_path, "%%dtrain\n%time y = 1")
+    with pytest.raises(DtworkError, match="cell 1 uses IPython syntax"):
+        notebook_to_script(path)
+
+
+def test_the_cli_says_what_is_wrong(tmp_path: Path) -> None:
+    path = _notebook(tmp_path, "print('kernel only')")
+    cmd = [sys.executable, "-m", "dtwork", "script", str(path), "-o", str(tmp_path / "t.py")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "has no %%dtrain cell" in proc.stderr
+    assert not (tmp_path / "t.py").exists()
