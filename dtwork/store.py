@@ -5,7 +5,8 @@ thread, the Jupyter server extension (read-only) and the report exporter read th
 
 * Location: ``$DTWORK_STORE`` if set, else ``./.dtwork/runs.sqlite`` (see
   :func:`default_store_path`), or an explicit path.
-* Durability: WAL journal, ``synchronous=NORMAL``; every writing method commits before it
+* Durability: WAL journal (a rollback journal on a network filesystem: see
+  :mod:`dtwork.mounts`), ``synchronous=NORMAL``; every writing method commits before it
   returns, so a killed process loses nothing already written (only a power loss can drop
   the last few transactions).
 * Threads: one connection opened with ``check_same_thread=False``; every statement runs
@@ -211,7 +212,9 @@ class RunStore:
         try:
             conn.execute("PRAGMA busy_timeout = 5000")
             if not self._readonly:
-                conn.execute("PRAGMA journal_mode = WAL")
+                from dtwork.mounts import journal_mode  # WAL only on a local filesystem
+
+                conn.execute(f"PRAGMA journal_mode = {journal_mode(self._path)}")
                 conn.execute("PRAGMA synchronous = NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
