@@ -77,9 +77,7 @@ def test_smoke_run_measures_everything_and_fills_the_pages_tables(tmp_path: Path
         _positive(row["iteration_latency_s"], f"{alt} iteration latency")
     for alt in ("accelerate", "fabric"):  # optional: measured, or skipped with the reason
         row = r["alternatives"][alt]
-        assert row.get("skipped", "skipped:").startswith("skipped:") and (
-            row.get("skipped") or row["available"]
-        )
+        assert row["skipped"].startswith("skipped:") if "skipped" in row else row["available"], row
 
     turns = r["turns"]
     assert turns["errors"] == [], turns["errors"]
@@ -125,6 +123,21 @@ def test_the_tables_are_written_only_between_their_markers() -> None:
     assert fill(page, {"a": "| x |"}) == "prose\n<!-- generated: a -->\n| x |\n<!-- end: a -->\nmore prose\n"
     with pytest.raises(ValueError, match="no '<!-- generated: b -->'"):
         fill(page, {"b": "| y |"})
+
+
+def test_a_verdict_is_within_noise_when_the_interval_spans_the_target() -> None:
+    from benchmarks.suite import _target
+    from benchmarks.tables import verdict
+
+    assert _target("2c", 2, "steps/s", 0.99, ">= 0.98", [0.97, 1.01])["conclusive"] is False
+    cold = _target("2a", 2, "cold start", 0.6, "< 1.0", [0.55, 0.65])
+    assert cold["met"] is True and cold["conclusive"] is True
+    assert _target("2b", 2, "round trip", 1.3, "<= 1.2", None)["met"] is False
+    assert (
+        verdict(0.985, [0.975, 0.995], 0.99)
+        == "**not met** (within noise: the 95% interval spans the target)"
+    )
+    assert verdict(0.993, [0.991, 0.995], 0.99) == "**met**"
 
 
 def test_interleaved_summary_pairs_each_on_window_with_its_off_window() -> None:
