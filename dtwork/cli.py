@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dtwork.errors import DtworkError
+from dtwork.export import run_result
 from dtwork.store import RunStore, default_store_path
 
 __all__ = ["main", "store_path"]
@@ -37,30 +38,6 @@ def store_path(where: str | None) -> Path:
 
 
 # -- reading a run ----------------------------------------------------------------------------------
-
-
-def _result_spec(run: dict[str, Any]) -> tuple[str | None, bool]:
-    """The run's result metric and whether smaller is better (the config's ``searcher``)."""
-    from dtwork.config import load_config
-
-    if not run.get("config_yaml"):
-        return None, True
-    try:
-        searcher = load_config(run["config_yaml"]).searcher
-    except DtworkError:
-        return None, True
-    return searcher.metric, searcher.smaller_is_better
-
-
-def _result(store: RunStore, run: dict[str, Any]) -> dict[str, Any] | None:
-    metric, smaller = _result_spec(run)
-    if metric is None:
-        return None
-    values = [(m["value"], m["step"]) for m in store.metrics(run["id"], metric) if m["value"] is not None]
-    if not values:
-        return {"metric": metric, "best": None, "step": None, "smaller_is_better": smaller}
-    best, step = min(values) if smaller else max(values)
-    return {"metric": metric, "best": best, "step": step, "smaller_is_better": smaller}
 
 
 def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:
@@ -88,7 +65,7 @@ def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:
         "per_slot_batch_size": run.get("per_slot_batch_size"),
         "cells": run.get("n_cells"),
         "steps": run.get("last_step"),
-        "result": _result(store, run),
+        "result": run_result(store, run),
         "metrics": metrics,
         "scaling": [r["data"] for r in store.results(rid, kind="scaling")],
         "events": len(store.events(rid)),
@@ -140,7 +117,7 @@ def _result_text(result: dict[str, Any] | None) -> str:
 def _cmd_list(store: RunStore, ns: argparse.Namespace) -> str:
     runs = store.list_runs()
     if ns.json:
-        return json.dumps([{**run, "result": _result(store, run)} for run in runs], default=str, indent=1)
+        return json.dumps([{**run, "result": run_result(store, run)} for run in runs], default=str, indent=1)
     if not runs:
         return f"no runs yet in {store.path}: run a %%dtrain cell to start one"
     rows = [
@@ -151,7 +128,7 @@ def _cmd_list(store: RunStore, ns: argparse.Namespace) -> str:
             _num(run.get("world_size")),
             _num(run.get("global_batch_size")),
             _num(run.get("last_step")),
-            _result_text(_result(store, run)),
+            _result_text(run_result(store, run)),
             _when(run.get("created_at")),
         ]
         for run in runs

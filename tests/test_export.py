@@ -147,3 +147,17 @@ def test_config_tensorboard_writes_live_from_the_kernel(cluster: object, tmp_pat
     assert [s for s, _ in read] == [s for s, _ in stored]
     assert [v for _, v in read] == pytest.approx([v for _, v in stored], rel=1e-6)
     c.configure(None)  # type: ignore[attr-defined]
+
+
+def test_report_shows_the_searcher_metric_as_the_result(tmp_path: Path) -> None:
+    import nbformat
+
+    from dtwork.report import export
+
+    run, logged = fill_store(tmp_path / "runs.sqlite")
+    export(run, tmp_path / "r.ipynb", store=tmp_path / "runs.sqlite")
+    text = "\n".join(c.source for c in nbformat.read(tmp_path / "r.ipynb", as_version=4).cells)
+    best_value, best_step = min((v, s) for s, v in logged["validation_loss"])
+    assert (
+        f"| result: lowest validation\\_loss | {best_value:.6g} at step {best_step} |" in text
+    )  # markdown-escaped

@@ -103,8 +103,21 @@ def _header(store: RunStore, run: dict[str, Any], data: dict[str, Any], title: s
     return (
         f"# dtwork report: {escape(title)}\n\nRun **{run['id']}** ({escape(run['status'])}, started "
         f"{started}) from {code_span(store.path.name)}, exported {now()} by dtwork {escape(version or '')}.\n\n"
-        + table(_summary(run, data, store.last_metrics(run["id"])), ("summary", ""))
+        + table(_summary(run, data, store.last_metrics(run["id"])) + _result_row(store, run), ("summary", ""))
     )
+
+
+def _result_row(store: RunStore, run: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The config's searcher.metric at its best, as Determined reports a trial's result."""
+    from dtwork.export import run_result
+
+    result = run_result(store, run)
+    if result is None:
+        return []
+    best = "no value yet" if result["best"] is None else f"{result['best']:.6g} at step {result['step']}"
+    return [
+        (f"result: {'lowest' if result['smaller_is_better'] else 'highest'} {escape(result['metric'])}", best)
+    ]
 
 
 def _environment(env: dict[str, Any], seed: Any) -> str:
