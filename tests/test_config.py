@@ -55,7 +55,7 @@ def test_defaults() -> None:
     assert cfg.lr == LRConfig(base=0.1, scaling="none", base_batch_size=None, warmup=0)
     assert cfg.lr_schedule.type == "constant"
     assert cfg.checkpoint == CheckpointConfig(every=None, keep=3, directory=".dtwork/checkpoints")
-    assert cfg.gns == GNSConfig(enabled=False, ema_decay=0.95, every=4)
+    assert cfg.gns == GNSConfig(enabled=False, ema_decay=0.999, every=1)
     assert cfg.mixed_precision == "none" and cfg.max_restarts == 0 and cfg.seed == 0
     assert cfg.hyperparameters == {}
 
