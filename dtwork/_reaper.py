@@ -1,7 +1,8 @@
 """Reaper: a tiny process per cluster that kills the cluster's processes when its kernel dies.
 
 Started detached by ``Cluster.start`` as ``python -m dtwork._reaper ENTRY.json``. It exits
-on its own when the entry file disappears (the cluster was stopped normally).
+on its own when the entry file disappears (the cluster was stopped normally). A dead kernel's
+scheduler jobs (Slurm) are cancelled with ``scancel``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ def watch(path: Path) -> int:
             return 0  # stopped normally (or removed by a cleaner)
         if not registry.alive(data.get("kernel")):
             registry.discard(data)
+            if data.get("jobs"):
+                from dtwork.launchers import cancel  # imports ipyparallel: only for scheduler jobs
+
+                cancel([str(j) for j in data["jobs"]])
             return 0
         time.sleep(POLL_SECONDS)
 

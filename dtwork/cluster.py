@@ -23,7 +23,7 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from dtwork import engines, registry, rendezvous, telemetry
+from dtwork import engines, launchers, registry, rendezvous, telemetry
 from dtwork.errors import DtworkError
 from dtwork.session import Session
 
@@ -55,6 +55,8 @@ class Cluster:
         config: Any = None,
         store: Any = None,
         engine_timeout: int = ENGINE_TIMEOUT,
+        launcher: str | None = None,
+        launch_options: launchers.LaunchOptions | None = None,
     ) -> None:
         from dtwork.config import load_config
         from dtwork.config.determined import check_slots
@@ -63,7 +65,11 @@ class Cluster:
         if global_batch_size is None:
             global_batch_size = self.config.global_batch_size
         self.profile = profile
-        gpus = None if profile else telemetry.gpu_count()  # a profile's engines may be elsewhere
+        if profile and launcher not in (None, "local"):
+            raise DtworkError("use --launcher or --profile, not both (a profile names its own launcher)")
+        self.launcher = launchers.get(launcher, launch_options)
+        remote = profile or self.launcher.remote  # engines may be elsewhere: this host's GPUs say nothing
+        gpus = None if remote else telemetry.gpu_count()
         if n is None:
             n = self.config.resources.slots_per_trial
             if gpus is not None:
@@ -73,6 +79,7 @@ class Cluster:
         self.n, self.backend = rendezvous.validate_request(
             n, backend, gpus, timeout=timeout, global_batch_size=global_batch_size
         )
+        self.launcher.check(self.n)
         self.requested_backend = backend
         self.timeout = float(timeout)
         self.interface = interface
@@ -154,9 +161,11 @@ class Cluster:
             kwargs["controller_ip"] = rendezvous.LOOPBACK
         if self.interface and not self.profile:
             kwargs["controller_ip"] = "*"
+        if not self.profile:
+            kwargs.update(self.launcher.cluster_kwargs(self.interface))
         self._ipp = ipp.Cluster(**kwargs)
         try:
-            self.client = self._ipp.start_and_connect_sync()
+            self.client = self.launcher.connect(self._ipp, self.n, self.engine_timeout, self._register)
         except TimeoutError as exc:
             raise DtworkError(
                 f"not all {self.n} engines registered within {self.engine_timeout} s: "
@@ -178,6 +187,8 @@ class Cluster:
         if self.backend == "nccl" and not any_gpus:
             raise DtworkError("--backend nccl needs a GPU on every engine host, and NVML sees none on some")
         self.ranks = rendezvous.assign_ranks(probes, use_gpus=self.backend == "nccl", first_host=host)
+        if self.launcher.remote:
+            self.ranks = launchers.order_ranks(self.client, self.ranks, probes, self.backend == "nccl")
         self._probes = probes
         self._register()
         iface = rendezvous.choose_interface(probes, self.interface)
@@ -230,6 +241,7 @@ class Cluster:
                 "master": f"{self.master_addr}:{self.master_port}" if self.master_port else None,
                 "ranks": self.rank_info or [p.to_dict() for p in self.ranks],
                 "processes": procs,
+                "jobs": self.launcher.jobs(self._ipp) if self._ipp is not None else [],
                 "files": files,
                 "started_at": self.started_at,
                 "cwd": os.getcwd(),
@@ -309,10 +321,12 @@ class Cluster:
             except Exception:
                 pass
         if self._ipp is not None:
+            jobs = self.launcher.jobs(self._ipp)
             try:
                 self._ipp.stop_cluster_sync()
             except Exception:
                 pass
+            launchers.cancel(jobs)  # stop_cluster's own scancel may have failed silently
         registry.kill_processes(procs, grace=2.0)  # whatever is left
         registry.remove(self.cluster_id)
         if self._reaper is not None:
@@ -488,5 +502,12 @@ class Cluster:
 
 
 def start(n: int | None = None, **kwargs: Any) -> Cluster:
-    """Start a cluster of ``n`` ranks (GPUs present: one per GPU with NCCL; else 2 CPU ranks, gloo)."""
+    """Start a cluster of ``n`` ranks (GPUs present: one per GPU with NCCL; else 2 CPU ranks, gloo).
+
+    ``launcher="slurm"|"mpi"|"ssh"`` starts engines elsewhere; its options (``partition``, ``time``,
+    ``account``, ``gpus_per_node``, ``nodes``, ``hosts``) are keywords here too.
+    """
+    opts = {k: kwargs.pop(k) for k in launchers.OPTION_NAMES if k in kwargs}
+    if opts:
+        kwargs["launch_options"] = launchers.LaunchOptions(**opts)
     return Cluster(n, **kwargs).start()

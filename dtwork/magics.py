@@ -25,6 +25,10 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
       joined in a torch.distributed process group. The port is a free one per cluster;
       --timeout bounds every collective (default 300 s). --profile uses an ipyparallel
       profile whose launcher (SSH, MPI, Slurm) starts engines on other hosts.
+        [--launcher local|slurm|mpi|ssh] [--partition P] [--time T] [--account A]
+        [--gpus-per-node G] [--nodes K] [--hosts h1:4,h2:4]
+      --launcher starts the engines as the tasks of one Slurm job (sbatch, or srun inside an
+      allocation), with mpiexec, or over SSH; dtwork writes the launcher configuration.
   status          the ranks, hosts, devices, backend and state
   stop            stop every engine and the controller
   restart         same ranks and settings, fresh engines and process group
@@ -92,6 +96,11 @@ def _start_parser() -> _Parser:
     p.add_argument("--global-batch-size", type=int, default=None)
     p.add_argument("--config", default=None)
     p.add_argument("--store", default=None)
+    p.add_argument("--launcher", default=None)
+    for name in ("--partition", "--time", "--account", "--hosts"):
+        p.add_argument(name, default=None)
+    p.add_argument("--gpus-per-node", type=int, default=None)
+    p.add_argument("--nodes", type=int, default=None)
     return p
 
 
@@ -114,8 +123,10 @@ def _split(line: str) -> list[str]:
 def plan_start(argv: list[str]) -> Cluster:
     """Parse ``%dtrain start`` options into a validated, not yet started, Cluster."""
     from dtwork.cluster import DEFAULT_TIMEOUT, Cluster
+    from dtwork.launchers import OPTION_NAMES, LaunchOptions
 
     ns = _start_parser().parse_args(argv)
+    options = {k: getattr(ns, k) for k in OPTION_NAMES if getattr(ns, k) is not None}
     return Cluster(
         ns.n,
         backend=ns.backend,
@@ -125,6 +136,8 @@ def plan_start(argv: list[str]) -> Cluster:
         global_batch_size=ns.global_batch_size,
         config=ns.config,
         store=ns.store,
+        launcher=ns.launcher,
+        launch_options=LaunchOptions(**options),
     )
 
 

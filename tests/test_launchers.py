@@ -1,0 +1,265 @@
+"""Launchers against real schedulers: a single-node Slurm (sbatch) and Debian's Open MPI (mpiexec).
+
+Every cluster here is real: engines start as the tasks of a Slurm job or of mpiexec, join a gloo
+group, train, and leave nothing behind (no job in squeue, no process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.nn.functional as F
+from slurm_fixtures import openmpi, slurm, squeue_jobs, wait_for  # noqa: F401  (fixtures used by name)
+from test_core import MODEL, _reference_model
+
+import dtwork
+from dtwork import launchers
+from dtwork.errors import DtworkError
+from dtwork.launchers import LaunchOptions, SlurmLauncher
+
+STEPS, GLOBAL_BATCH = 4, 16
+
+DDP_CELL = MODEL + textwrap.dedent(
+    f"""
+    model = ctx.wrap(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn({STEPS} * {GLOBAL_BATCH}, 8, generator=g); Y = torch.randn({STEPS} * {GLOBAL_BATCH}, 1, generator=g)
+    half = {GLOBAL_BATCH} // ctx.world_size
+    for s in range({STEPS}):
+        lo = s * {GLOBAL_BATCH} + ctx.rank * half
+        loss = F.mse_loss(model(X[lo:lo + half]), Y[lo:lo + half])
+        opt.zero_grad(); loss.backward(); opt.step()
+    params = [p.detach().clone() for p in model.module.parameters()]
+    """
+)
+
+
+def _assert_equals_one_process(by_rank: list[list[torch.Tensor]]) -> None:
+    ref = _reference_model()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(STEPS * GLOBAL_BATCH, 8, generator=g)
+    Y = torch.randn(STEPS * GLOBAL_BATCH, 1, generator=g)
+    for s in range(STEPS):
+        sl = slice(s * GLOBAL_BATCH, (s + 1) * GLOBAL_BATCH)
+        loss = F.mse_loss(ref(X[sl]), Y[sl])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for p0, p1, pr in zip(by_rank[0], by_rank[1], ref.parameters(), strict=True):
+        assert torch.equal(p0, p1)
+        assert torch.allclose(p0, pr.detach(), atol=1e-5)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _cluster_processes(cluster_id: str) -> list[int]:
+    """Every process on this host whose command line names the cluster (engines, controller, srun)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(cluster_id in part for part in p.info["cmdline"] or []):
+            out.append(p.pid)
+    return out
+
+
+ENV_CELL = """import os
+_env = {k: os.environ.get(k) for k in
+        ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")}
+"""
+
+
+@pytest.fixture()
+def shell() -> Iterator[object]:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "dtwork")
+    yield ip
+    ip.run_line_magic("dtrain", "stop")
+
+
+def _train_and_stop(ip: object, launcher: str, capsys: pytest.CaptureFixture[str]) -> tuple[str, list[dict]]:
+    """Start through ``launcher``, train DDP in a %%dtrain cell, stop; return start output and envs."""
+    from dtwork import magics
+
+    ip.run_line_magic("dtrain", f"start --launcher {launcher} -n 2 --backend gloo --timeout 60")  # type: ignore[attr-defined]
+    started = capsys.readouterr().out
+    c = magics.current()
+    c.run(ENV_CELL, quiet=True)
+    envs = c.pull("_env")
+    ip.run_cell_magic("dtrain", "--quiet", DDP_CELL)  # type: ignore[attr-defined]
+    _assert_equals_one_process(c.pull("params"))
+    assert [r["rank"] for r in c.rank_info] == [0, 1] and c.backend == "gloo"
+    pids = [r["pid"] for r in c.rank_info] + _cluster_processes(c.cluster_id)
+    ip.run_line_magic("dtrain", "stop")  # type: ignore[attr-defined]
+    wait_for(lambda: not _alive(pids), 30, f"the cluster's processes to end: {_alive(pids)}")
+    wait_for(lambda: not _cluster_processes(c.cluster_id), 30, "no process naming the cluster")
+    return started, envs
+
+
+# -- Slurm -------------------------------------------------------------------------------------
+
+
+def test_slurm_batch_script_asks_for_whole_gpu_nodes() -> None:
+    script = SlurmLauncher(
+        LaunchOptions(gpus_per_node=4, nodes=2, partition="gpu", time="04:00:00", account="proj")
+    ).batch_template()
+    lines = script.splitlines()
+    for line in (
+        "#SBATCH --ntasks={n}",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --nodes=2",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=04:00:00",
+        "#SBATCH --account=proj",
+    ):
+        assert line in lines
+    assert lines[-1] == "srun {program_and_args}"
+    with pytest.raises(
+        DtworkError, match=r"-n 6 ranks are not whole nodes of --gpus-per-node 4: use a multiple of 4"
+    ):
+        SlurmLauncher(LaunchOptions(gpus_per_node=4)).check(6)
+    with pytest.raises(DtworkError, match=r"has characters Slurm does not take"):
+        SlurmLauncher(LaunchOptions(partition="gpu\n#SBATCH --x")).check(2)
+    with pytest.raises(DtworkError, match="use --launcher or --profile, not both"):
+        dtwork.Cluster(2, launcher="slurm", profile="x")
+    with pytest.raises(DtworkError, match="unknown launcher 'pbs': use one of local, slurm, mpi, ssh"):
+        dtwork.Cluster(2, launcher="pbs")
+
+
+@pytest.mark.usefixtures("slurm")
+def test_slurm_start_trains_ddp_and_stop_leaves_no_job(shell: object, capsys) -> None:
+    started, envs = _train_and_stop(shell, "slurm", capsys)
+    job = re.search(r"submitted Slurm job (\d+) \(2 tasks, sbatch\)", started)
+    assert job, started
+    with capsys.disabled():
+        print(f"\n[slurm] {started.strip().splitlines()[0]}")
+    assert {e["SLURM_JOB_ID"] for e in envs} == {job.group(1)}
+    assert sorted(e["SLURM_PROCID"] for e in envs) == ["0", "1"]  # ranks are the job's tasks
+    wait_for(lambda: not squeue_jobs(), 30, "squeue to list no job")
+
+
+@pytest.mark.usefixtures("slurm")
+def test_slurm_queue_wait_is_shown_with_the_job_id_and_bounded(capsys) -> None:
+    hold = subprocess.run(
+        ["sbatch", "--parsable", "-n", str(os.cpu_count()), "--wrap", "sleep 600"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        wait_for(lambda: launchers.job_state(hold)[0] == "RUNNING", 30, "the job holding every CPU to run")
+        t0 = time.monotonic()
+        with pytest.raises(
+            DtworkError,
+            match=r"only 0 of 2 engines registered within 5 s \(Slurm job \d+ PENDING \(Resources\)",
+        ):
+            dtwork.start(n=2, launcher="slurm", backend="gloo", engine_timeout=5)
+        assert time.monotonic() - t0 < 60
+        out = capsys.readouterr().out
+        assert re.search(r"Slurm job \d+ PENDING \(Resources\); waited \d+ s for the engines", out), out
+        wait_for(lambda: squeue_jobs() == [hold], 30, "the waiting job to be cancelled")
+    finally:
+        subprocess.run(["scancel", hold], check=False)
+    wait_for(lambda: not squeue_jobs(), 30, "squeue to list no job")
+
+
+@pytest.mark.usefixtures("slurm")
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({"n": 4 * (os.cpu_count() or 1)}, "Requested node configuration is not available"),
+        ({"n": 2, "partition": "nosuch"}, "invalid partition name specified"),
+    ],
+)
+def test_slurm_request_the_queue_cannot_satisfy_fails_at_once_with_its_reason(
+    options: dict, reason: str
+) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(DtworkError, match=f"sbatch refused the job: .*(?i:{reason})"):
+        dtwork.start(launcher="slurm", backend="gloo", **options)
+    assert time.monotonic() - t0 < 30  # the scheduler's answer, not a timeout
+    assert not squeue_jobs()
+
+
+KERNEL = """
+import json, sys, dtwork
+c = dtwork.start(n=2, backend="gloo", launcher=sys.argv[1])
+c.run("import torch.distributed as dist; t = __import__('torch').ones(1); dist.all_reduce(t)", quiet=True)
+entry = json.load(open(dtwork.registry.entry_path(c.cluster_id)))
+print(json.dumps({"cluster": c.cluster_id, "jobs": entry["jobs"], "pids": [p["pid"] for p in entry["processes"]]}), flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def _kill_kernel_mid_run(tmp_path: Path, launcher: str) -> dict:
+    script = tmp_path / "kernel.py"
+    script.write_text(KERNEL)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), launcher], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        info = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    wait_for(lambda: not _alive(info["pids"]), 30, f"the reaper to end {_alive(info['pids'])}")
+    wait_for(lambda: not _cluster_processes(info["cluster"]), 30, "no process naming the cluster")
+    return info
+
+
+@pytest.mark.usefixtures("slurm")
+def test_slurm_kernel_killed_mid_run_gets_its_job_cancelled(tmp_path: Path) -> None:
+    info = _kill_kernel_mid_run(tmp_path, "slurm")
+    assert len(info["jobs"]) == 1
+    wait_for(lambda: not squeue_jobs(), 30, f"the reaper to scancel job {info['jobs']}")
+
+
+# -- MPI ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("openmpi")
+def test_mpi_start_trains_ddp_and_stop_leaves_no_process(shell: object, capsys) -> None:
+    _, envs = _train_and_stop(shell, "mpi", capsys)
+    assert sorted(e["OMPI_COMM_WORLD_RANK"] for e in envs) == ["0", "1"]
+    assert sorted(e["OMPI_COMM_WORLD_LOCAL_RANK"] for e in envs) == ["0", "1"]
+
+
+@pytest.mark.usefixtures("openmpi")
+def test_mpi_more_ranks_than_slots_fails_at_once_with_mpiexecs_reason() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(
+        DtworkError, match=r"the engines cannot start: mpi launcher exited .*not enough slots"
+    ):
+        dtwork.start(n=4 * (os.cpu_count() or 1), launcher="mpi", backend="gloo")
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.usefixtures("openmpi")
+def test_mpi_kernel_killed_mid_run_leaves_no_process(tmp_path: Path) -> None:
+    info = _kill_kernel_mid_run(tmp_path, "mpi")
+    assert info["jobs"] == []
