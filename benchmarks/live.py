@@ -69,8 +69,9 @@ def _brief(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(minutes: float, ranks: int, out: Path, command: str) -> dict[str, Any]:
-    """``take_runs_here`` in a fresh ipykernel, whose messages this process reads; writes ``out/live.json``."""
-    code = f"import json\nfrom benchmarks.live import take_runs_here\nprint('RESULT', json.dumps(take_runs_here({minutes!r}, {ranks!r})))\n"
+    """``take_runs_here`` in a fresh ipykernel, whose messages this process reads; writes out/live.json."""
+    code = "import json\nfrom benchmarks.live import take_runs_here\n"
+    code += f"print('RESULT', json.dumps(take_runs_here({minutes!r}, {ranks!r})))\n"
     started, t0, cpu0 = now(), time.perf_counter(), time.process_time()
     with Kernel(ROOT) as kernel:
         runs, counts = kernel.run(code, timeout=minutes * 60 + 900)

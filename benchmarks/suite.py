@@ -32,7 +32,6 @@ from benchmarks.util import git_commit, log, machine, now, versions
 
 KINDS = W.KINDS
 OPTIONAL = ("accelerate", "fabric")
-ALTERNATIVES = ("dtwork", "dtwork_steps", "raw_ipyparallel", "torchrun", *OPTIONAL)
 
 
 def _kinds(mlp: int, convnet: int) -> Any:
@@ -200,7 +199,7 @@ class Suite:
         return res
 
     def _turn_block(self, b: int) -> dict[str, Any]:
-        """Fresh launches of both (the first block reuses the cluster); the dtwork cell runs in this thread."""
+        """Fresh launches of both (the first block reuses the cluster); dtwork's cell runs in this thread."""
         if b > 0:
             assert self.dt.cluster is not None
             self.dt.cluster.restart()
@@ -331,11 +330,8 @@ def alternatives(results: dict[str, Any], suite: Suite) -> dict[str, Any]:
         **{n: plus(r.import_s, median(r.cold_starts)) for n, r in suite.optional.items()},
     }
     cold_by["dtwork_steps"] = cold_by["dtwork"]
-    rows: dict[str, Any] = {}
-    for a in ALTERNATIVES:
-        if a in suite.skipped:
-            rows[a] = {"available": False, "skipped": suite.skipped[a]}
-            continue
+    rows: dict[str, Any] = {a: {"available": False, "skipped": why} for a, why in suite.skipped.items()}
+    for a in tp["ratio_vs_torchrun"]:
         err = tp["errors"].get(a) or lat["errors"].get(a)
         rows[a] = {
             "available": err is None,

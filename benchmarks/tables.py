@@ -124,13 +124,14 @@ def core_table(r: dict[str, Any]) -> str:
     def med(d: dict[str, Any], scale: float = 1.0, nd: int = 2) -> str:
         return fmt(None if d.get("median") is None else d["median"] * scale, nd)
 
+    torchrun = f"{med(lat['torchrun']['wall_s'])} / {med(lat['torchrun']['first_step_s'])}"
     rows = [
         ["cold start to a ready process group (s)", med(cold["dtwork_s"]), med(cold["raw_ipyparallel_s"]),
          med(cold["raw_ipyparallel_ddp_s"]), ""],
-        ["round trip of a trivial cell (ms)", med(rt["dtwork_quiet_s"], 1e3, 1), med(rt["raw_px_s"], 1e3, 1), "", ""],
-        ["changed training cell (s; torchrun: relaunch / launch to first step)", med(lat["dtwork"]["wall_s"], nd=3),
-         med(lat["raw_ipyparallel"]["wall_s"], nd=3), "",
-         f"{med(lat['torchrun']['wall_s'])} / {med(lat['torchrun']['first_step_s'])}"],
+        ["round trip of a trivial cell (ms)", med(rt["dtwork_quiet_s"], 1e3, 1), med(rt["raw_px_s"], 1e3, 1),
+         "", ""],
+        ["changed training cell (s; torchrun: relaunch / launch to first step)",
+         med(lat["dtwork"]["wall_s"], nd=3), med(lat["raw_ipyparallel"]["wall_s"], nd=3), "", torchrun],
     ]  # fmt: skip
     return table("median of each | dtwork | raw ipyparallel | raw ipyparallel + DDP setup | torchrun", rows)
 
@@ -183,7 +184,8 @@ def live_long_table(long: dict[str, Any]) -> str:
     return table(f"workload | runs | cycles | {CYCLES} | in CPU seconds | >= 0.99", rows) + (
         f"\n\n`{long['command']}`, started {long['started']}, {long['duration_s'] / 60:.0f} min, "
         f"dtwork {long['dtwork_commit']}, {ranks}; the kernel sent {widget:,} widget messages "
-        f"({widget / sent['seconds']:.1f} a second), read here at {100 * sent['client_cpu_share']:.2f}% of a core."
+        f"({widget / sent['seconds']:.1f} a second), read here at {100 * sent['client_cpu_share']:.2f}% "
+        "of a core."
     )
 
 
@@ -208,9 +210,8 @@ def fill(doc: str, generated: dict[str, str]) -> str:
 def write_doc(out: Path, doc: Path) -> None:
     """The tables of ``doc`` from ``out/results.json`` and, when there, ``out/live.json``."""
     r = json.loads((out / "results.json").read_text())
-    tables = {"run": run_table, "targets": targets_table, "alternatives": alternatives_table, "core": core_table,
-              "turns": turns_table, "live": live_table, "gns": gns_table}  # fmt: skip
-    generated = {name: make(r) for name, make in tables.items()}
+    makers = [run_table, targets_table, alternatives_table, core_table, turns_table, live_table, gns_table]
+    generated = {make.__name__.removesuffix("_table"): make(r) for make in makers}
     if (out / "live.json").exists():
         generated["live-long"] = live_long_table(json.loads((out / "live.json").read_text()))
     doc.write_text(fill(doc.read_text(), generated))

@@ -236,7 +236,8 @@ def test_the_long_run_drives_a_real_kernel_that_imports_the_benchmarks() -> None
     from benchmarks.util import ROOT as BENCH_ROOT
     from benchmarks.util import Kernel
 
-    code = "import sys, json\nimport benchmarks.live\nprint('hello', file=sys.stderr)\nprint('RESULT', json.dumps(41 + 1))\n"
+    code = "import sys, json\nimport benchmarks.live\nprint('hello', file=sys.stderr)\n"
+    code += "print('RESULT', json.dumps(41 + 1))\n"
     with Kernel(BENCH_ROOT) as kernel:
         value, counts = kernel.run(code, timeout=120)
     assert value == 42
