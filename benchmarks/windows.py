@@ -46,20 +46,21 @@ def in_windows(kind, warmup, cycles, window, seed, tops, arms, cpus):
 
 
 def gns_windows(kind, warmup, cycles, seed):
-    """GNS measured in on windows, not in off windows, of 2 * gns.every steps (whole measured periods)."""
+    """GNS measured in on windows, not in off windows, of whole measuring periods (8 steps or more)."""
     every = ctx.config.gns.every
+    window = every * max(2, 8 // every)
     model = ctx.wrap(make_model(kind), gns=True)
     state = measure_state(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     tops, cpus, arms = [], [], []
-    for x, y, arm in in_windows(kind, -(-warmup // every) * every, cycles, 2 * every, seed, tops, arms, cpus):
+    for x, y, arm in in_windows(kind, -(-warmup // every) * every, cycles, window, seed, tops, arms, cpus):
         if arm is not None:
             state.gns = arm
         loss = F.cross_entropy(model(x), y)
         ctx.backward(loss)
         ctx.step(opt)
         ctx.log(loss=loss)
-    return [b - a for a, b in zip(tops, tops[1:])], arms, 2 * every
+    return [b - a for a, b in zip(tops, tops[1:])], arms, window
 
 
 def live_windows(kind, warmup, cycles, window, port, seed, aa):

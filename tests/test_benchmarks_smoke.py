@@ -86,7 +86,7 @@ def test_smoke_run_measures_everything_and_fills_the_pages_tables(tmp_path: Path
         assert (t["blocks"], t["cycles"]) == (1, plan["turn_cycles"][kind])
         _positive(t["ratio"], f"turns.{kind}")
         g = r["gns_interleaved"][kind]
-        assert g["cycles"] == plan["gns_cycles"][kind] and g["steps_per_window"] == 8  # 2 * gns.every
+        assert g["cycles"] == plan["gns_cycles"][kind] and g["steps_per_window"] == 8  # gns.every 1 (default)
         _positive(g["ratio"], f"gns.{kind}")
         lv = r["live_interleaved"][kind]
         assert (lv["cycles"], lv["steps_per_window"]) == (
