@@ -174,3 +174,38 @@ def test_sys_exit(cluster: Any, tmp_path: Path) -> None:
     with pytest.raises(RankFailure, match=r"exit3.py called sys.exit\(3\)"):
         cluster.run_script(bad)
     assert cluster.run(os.getpid) == pids  # the engines stayed up
+
+
+@pytest.mark.parametrize(
+    ("package", "fixture", "kind"),
+    [
+        ("accelerate", "accelerate_train.py", "DistributedType.MULTI_CPU"),
+        ("lightning", "fabric_train.py", "DDPStrategy"),
+    ],
+)
+@pytest.mark.parametrize("how", ["script", "cell"])
+def test_accelerate_and_fabric_train_on_the_warm_group(
+    cluster: Any, package: str, fixture: str, kind: str, how: str
+) -> None:
+    pytest.importorskip(package, reason=f"{package} is not installed (pip install {package})")
+    path = Path(__file__).parent / "fixtures" / fixture
+    if how == "script":
+        cluster.run_script(path)
+    else:
+        cluster.run(path.read_text())
+    facts = cluster.pull("facts")
+    assert [f["index"] for f in facts] == [0, 1]
+    assert all(f["type"] == kind and f["processes"] == 2 and f["steps"] == 4 for f in facts), facts
+    assert all(f["same_group"] for f in facts)  # no group of its own: dtwork's warm one
+    first, second = cluster.pull("weights")
+    assert (first - second).abs().max().item() == 0.0  # DDP kept the ranks in step
+
+    def group_works() -> float:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return float(t)
+
+    assert cluster.run(group_works) == [2.0, 2.0]  # end_training's destroy left the group alive

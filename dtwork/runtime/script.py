@@ -64,6 +64,23 @@ def install(spec: Mapping[str, Any]) -> None:
     if shell is not None:
         # IPython's own %run prints a script's error where the kernel never sees it.
         shell.register_magic_function(run_magic, "line", "run")
+        if not getattr(shell, "_dtwork_rank_cells", False):
+            shell.events.register("pre_execute", _cell_starts)
+            shell.events.register("post_execute", _cell_ends)
+            shell._dtwork_rank_cells = True
+
+
+_cell_state = contextlib.ExitStack()
+
+
+def _cell_starts() -> None:
+    """A cell sees what a torchrun script sees (Accelerate, Fabric and plain DDP code in a cell)."""
+    _cell_state.close()
+    _cell_state.enter_context(_rank_process())
+
+
+def _cell_ends() -> None:
+    _cell_state.close()
 
 
 def torchrun_environment() -> dict[str, str]:
@@ -119,13 +136,33 @@ def run_script(path: str, args: Sequence[str] = (), namespace: dict[str, Any] | 
 @contextlib.contextmanager
 def _torchrun_state(file: Path, argv: list[str], module: types.ModuleType) -> Iterator[None]:
     """torchrun's view of the process (environment, argv, __main__, sys.path, cwd), then undone."""
-    env = torchrun_environment()
-    saved_env = {k: os.environ.get(k) for k in env}
     saved = (sys.argv, sys.modules.get("__main__"), list(sys.path), os.getcwd())
-    os.environ.update(env)
     sys.argv = argv
     sys.modules["__main__"] = module
     sys.path.insert(0, str(file.resolve().parent))
+    try:
+        with _rank_process():
+            yield
+    finally:
+        sys.argv, main, sys.path[:], cwd = saved[0], saved[1], saved[2], saved[3]
+        if main is not None:
+            sys.modules["__main__"] = main
+        os.chdir(cwd)
+
+
+@contextlib.contextmanager
+def _rank_process() -> Iterator[None]:
+    """torchrun's environment, the warm group behind init/destroy, and no interactive prompt.
+
+    Libraries that refuse DDP "in an interactive environment" (Lightning) look for ``sys.ps1``:
+    a rank is a process of its own, as under torchrun, so it is hidden while code runs.
+    """
+    env = torchrun_environment()
+    saved_env = {k: os.environ.get(k) for k in env}
+    prompts = {k: getattr(sys, k) for k in ("ps1", "ps2") if hasattr(sys, k)}
+    os.environ.update(env)
+    for k in prompts:
+        delattr(sys, k)
     try:
         with _warm_group():
             yield
@@ -135,10 +172,8 @@ def _torchrun_state(file: Path, argv: list[str], module: types.ModuleType) -> It
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        sys.argv, main, sys.path[:], cwd = saved[0], saved[1], saved[2], saved[3]
-        if main is not None:
-            sys.modules["__main__"] = main
-        os.chdir(cwd)
+        for k, v in prompts.items():
+            setattr(sys, k, v)
 
 
 def _backend_family(backend: Any, warm: str) -> bool:
