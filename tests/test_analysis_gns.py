@@ -19,6 +19,7 @@ from dtwork.analysis import (
     tradeoff_curve,
     unbiased_estimates,
 )
+from dtwork.analysis.gns import t_quantile_975
 
 
 def expected_sq_norm(g2: float, trace_sigma: float, batch: float) -> float:
@@ -130,6 +131,129 @@ def test_estimator_b_simple_converges_on_gaussian_gradients(gaussian_problem):
     assert est.b_simple == pytest.approx(16.0, rel=0.12)
 
 
+# --- the estimate a researcher acts on: default horizon, bias correction, 95% interval ---------
+
+
+def data_parallel_norms(rng, mean, chol, per_rank, ranks, steps):
+    """Per step: (mean over the ranks of |G_rank|^2, |G_all|^2) for Gaussian per-example gradients
+    (a batch mean of ``per_rank`` examples is Gaussian with covariance Sigma / per_rank)."""
+    z = rng.standard_normal((steps, ranks, mean.size)) @ chol.T / np.sqrt(per_rank)
+    small = mean + z
+    return (small**2).sum(-1).mean(-1), (small.mean(1) ** 2).sum(-1)
+
+
+@pytest.fixture
+def linear_like_problem():
+    """B_simple = 13 with 2 ranks of 32: the noise of the closed-form linear-regression problem."""
+    rng = np.random.default_rng(2026)
+    d = 9
+    mean = rng.standard_normal(d)
+    mean *= np.sqrt(3.0) / np.linalg.norm(mean)  # |G|^2 = 3
+    a = rng.standard_normal((d, d))
+    cov = a @ a.T + 0.2 * np.eye(d)
+    cov *= 39.0 / np.trace(cov)  # tr(Sigma) = 39, B_simple = 13
+    return rng, mean, np.linalg.cholesky(cov)
+
+
+def run_estimator(norms, b_small, b_big, **kw):
+    est = GNSEstimator(**kw)
+    for s, b in zip(*(x.tolist() for x in norms), strict=True):
+        est.update(s, b, b_small, b_big)
+    return est
+
+
+def test_default_estimator_is_within_5_percent_and_its_interval_covers(linear_like_problem):
+    """3000 measured steps at the defaults, 40 runs: mean error <= 5%, the 95% interval covers
+    the truth in about 95% of runs, and every run says it settled."""
+    rng, mean, chol = linear_like_problem
+    runs = [run_estimator(data_parallel_norms(rng, mean, chol, 32, 2, 3000), 32, 64) for _ in range(40)]
+    errors = [abs(e.b_simple / 13.0 - 1) for e in runs]
+    covered = [e.interval.lo <= 13.0 <= e.interval.hi for e in runs]
+    assert np.mean(errors) <= 0.05, np.mean(errors)
+    assert 0.85 <= np.mean(covered) <= 1.0, np.mean(covered)
+    assert all(e.settled for e in runs)
+    assert all(e.interval.lo < e.b_simple < e.interval.hi for e in runs)
+
+
+def test_bias_correction_brings_the_mean_estimate_closer(gaussian_problem):
+    """A short horizon on a noisy problem (2 ranks of 2 examples): the plain ratio of the smoothed
+    estimates is biased upward (the ratio of two noisy averages); the corrected one is closer."""
+    rng, mean, chol = gaussian_problem
+    plain, corrected = [], []
+    for _ in range(150):
+        est = run_estimator(data_parallel_norms(rng, mean, chol, 2, 2, 1000), 2, 4, ema_decay=0.995, block=10)
+        assert est.interval is not None
+        corrected.append(est.b_simple)
+        plain.append(est.trace_sigma / est.g2)
+    plain_bias, corrected_bias = np.mean(plain) / 16 - 1, np.mean(corrected) / 16 - 1
+    assert plain_bias > 0.01, plain_bias
+    assert abs(corrected_bias) < plain_bias, (plain_bias, corrected_bias)
+
+
+def test_interval_waits_for_enough_windows_then_settles(linear_like_problem):
+    rng, mean, chol = linear_like_problem
+    small, big = data_parallel_norms(rng, mean, chol, 32, 2, 3000)
+    est = GNSEstimator()
+    assert est.block == 50  # a twentieth of the horizon 1/(1 - 0.999)
+    seen = []
+    for i, (s, b) in enumerate(zip(small.tolist(), big.tolist(), strict=True)):
+        est.update(s, b, 32, 64)
+        seen.append((i + 1, est.interval is not None, est.settled))
+    first_interval = next(n for n, has, _ in seen if has)
+    first_settled = next(n for n, _, ok in seen if ok)
+    assert first_interval >= 8 * 50  # MIN_BLOCKS windows of 50 measurements
+    assert first_interval <= first_settled < 3000
+    early = GNSEstimator()
+    early.update(float(small[0]), float(big[0]), 32, 64)
+    values = early.record_values()
+    assert values["settled"] == 0.0 and "b_simple_lo" not in values and values["b_simple"] > 0
+    values = est.record_values()
+    assert values["settled"] == 1.0 and values["b_simple_lo"] < values["b_simple"] < values["b_simple_hi"]
+
+
+def test_no_interval_while_the_squared_gradient_is_not_clearly_positive():
+    rng = np.random.default_rng(3)
+    est = GNSEstimator(ema_decay=0.99, block=10)
+    for _ in range(2000):  # |G|^2 = 0: the true B_simple is unbounded
+        small = float(rng.chisquare(4) / 4)
+        est.update(small, small / 2 + float(rng.normal(0, 0.05)), 4, 8)
+    assert est.interval is None and not est.settled
+
+
+def test_non_finite_norms_are_left_out():
+    est = GNSEstimator()
+    assert est.update(5.0, 3.0, 2, 8)
+    assert not est.update(float("inf"), 3.0, 2, 8)
+    assert not est.update(5.0, float("nan"), 2, 8)
+    assert (est.steps, est.skipped) == (1, 2)
+    assert est.b_simple == pytest.approx(b_simple(*reversed(unbiased_estimates(5.0, 3.0, 2, 8))))
+
+
+def test_state_dict_keeps_the_windows(linear_like_problem):
+    rng, mean, chol = linear_like_problem
+    small, big = data_parallel_norms(rng, mean, chol, 32, 2, 1000)
+    est, clone = GNSEstimator(), GNSEstimator()
+    for s, b in zip(small[:777].tolist(), big[:777].tolist(), strict=True):
+        est.update(s, b, 32, 64)
+    clone.load_state_dict(est.state_dict())
+    for s, b in zip(small[777:].tolist(), big[777:].tolist(), strict=True):
+        est.update(s, b, 32, 64)
+        clone.update(s, b, 32, 64)
+    assert clone.interval == est.interval and clone.b_simple == est.b_simple
+    assert (clone.g2, clone.trace_sigma, clone.steps) == (est.g2, est.trace_sigma, est.steps)
+
+
+def test_a_state_of_the_earlier_format_loads():
+    est = GNSEstimator(ema_decay=0.9)
+    est.load_state_dict({"ema_decay": 0.9, "g2_ema": 0.1 * 2.0, "trace_ema": 0.1 * 20.0, "steps": 1})
+    assert est.g2 == pytest.approx(2.0) and est.b_simple == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize(("df", "want"), [(5, 2.5706), (10, 2.2281), (30, 2.0423), (1000, 1.9623)])
+def test_t_quantile(df, want):
+    assert t_quantile_975(df) == pytest.approx(want, rel=0.003)
+
+
 # --- EMA -------------------------------------------------------------------------------------
 
 
@@ -208,7 +332,7 @@ def test_no_estimate_reason():
 
 def test_batch_sizes_for():
     assert batch_sizes_for(32, 4, 1) == (32, 128)
-    assert batch_sizes_for(32, 4, 2) == (64, 256)
+    assert batch_sizes_for(32, 4, 2) == (32, 256)  # the micro-batches are the small batches
     assert batch_sizes_for(32, 1, 4) == (32, 128)
     with pytest.raises(ValueError, match="without gradient accumulation"):
         batch_sizes_for(32, 1, 1)

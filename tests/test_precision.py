@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import torch
 
 import dtwork
 
@@ -53,3 +56,56 @@ def test_gns_at_world_size_one_uses_the_micro_batches(capfd) -> None:
         rows = one.session.store.metrics(one.session.run_id, "b_small")
         assert rows and rows[-1]["value"] == 16.0
         assert one.session.store.metrics(one.session.run_id, "b_big")[-1]["value"] == 64.0
+
+
+SKIP = """
+import torch, torch.nn as nn, torch.nn.functional as F
+ctx._scaler = None  # each run starts from a fresh loss scale
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(1)
+X = torch.randn(512, 8, generator=g); Y = 0.01 * X @ torch.randn(8, 1, generator=g)  # no fp16 overflow
+model = ctx.wrap(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)), gns=True)
+opt = ctx.optimizer(model.parameters())
+sched = ctx.scheduler(opt, warmup=30)
+stepped, norms = [], []
+for step, (x, y) in ctx.steps(ctx.loader(torch.utils.data.TensorDataset(X, Y)), max_steps=20):
+    if BY_HAND and step == 7:
+        continue  # the same step left out by hand
+    loss = F.mse_loss(model(x).float(), y)
+    if not BY_HAND and step == 7 and ctx.rank == 0:
+        loss = loss * float("inf")  # inf gradients on rank 0; the exchange spreads them
+    ctx.backward(loss)
+    norms.append(float(ctx.clip_grad_norm(model, 1e6)))
+    stepped.append((step, ctx.step(opt)))
+params = [p.detach().clone() for p in model.module.parameters()]
+lr, gns_steps, estimate = sched.get_last_lr()[0], ctx.gns_state.steps, ctx.gns
+scale = ctx._scaler.get_scale()
+"""
+
+
+def test_fp16_skipped_step_is_skipped_everywhere_and_equals_skipping_it_by_hand(cluster) -> None:
+    cluster.configure({"global_batch_size": 32, "lr": 0.02, "mixed_precision": "fp16"})
+    cluster.run(SKIP.replace("BY_HAND", "False"), quiet=True)
+    injected = {
+        n: cluster.pull(n) for n in ("params", "stepped", "norms", "lr", "gns_steps", "estimate", "scale")
+    }
+    cluster.configure({"global_batch_size": 32, "lr": 0.02, "mixed_precision": "fp16"})
+    cluster.run(SKIP.replace("BY_HAND", "True"), quiet=True)
+    by_hand = {
+        n: cluster.pull(n) for n in ("params", "stepped", "norms", "lr", "gns_steps", "estimate", "scale")
+    }
+    # the first steps may overflow at the initial scale 65536 in both runs: the same ones
+    natural = [step for step, ok in by_hand["stepped"][0] if not ok]
+    for rank in (0, 1):  # skipped on every rank
+        assert [step for step, ok in injected["stepped"][rank] if not ok] == sorted({*natural, 7})
+    assert 7 not in natural and len(natural) < 5
+    for a, b in zip(injected["params"][0], by_hand["params"][0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
+    # the schedule and the noise scale did not count the skipped step; the scale backed off
+    used = 19 - len(natural)
+    assert injected["lr"] == by_hand["lr"] and injected["gns_steps"] == by_hand["gns_steps"] == [used, used]
+    assert injected["estimate"][0] == pytest.approx(by_hand["estimate"][0], rel=1e-6)
+    assert injected["scale"][0] == by_hand["scale"][0] / 2
+    # clip_grad_norm unscaled first: the norms are the gradients', not thousands of times them
+    finite = [n for n in injected["norms"][0] if math.isfinite(n)]
+    assert len(finite) == used and max(finite) < 1e3 and max(by_hand["norms"][0][len(natural) :]) < 1e3

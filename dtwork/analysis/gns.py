@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 def _check_sizes(b_small: float, b_big: float) -> None:
     if b_small < 1 or b_big < 1:
@@ -52,66 +54,207 @@ def b_simple(trace_sigma: float | None, g2: float | None) -> float | None:
     return trace_sigma / g2
 
 
-class GNSEstimator:
-    """Smooth |G|^2 and tr(Sigma) separately with a bias-corrected EMA and report B_simple.
+MIN_BLOCKS = 8  # windows (effective) before an interval is computed
+SETTLED_HALF_WIDTH = 0.25  # "settled": the 95% interval within +-25% of the estimate
+BLOCKS_PER_HORIZON = 20
+MIN_BLOCK = 10  # measurements per window at least (windows close at O(windows) cost)
+_DROP_WEIGHT = 1e-4  # windows weighted less than this are forgotten
 
-    ema_t = d * ema_{t-1} + (1 - d) * x_t and corrected_t = ema_t / (1 - d**t), as in Adam
-    (Kingma & Ba 2015); B_simple = corrected tr(Sigma) / corrected |G|^2 (McCandlish et al. 2018).
+
+def t_quantile_975(df: float) -> float:
+    """Return the 0.975 quantile of Student's t with ``df`` degrees of freedom.
+
+    Cornish-Fisher expansion around z = 1.96 (Abramowitz & Stegun 26.7.5); within 0.2% of
+    the exact value for df >= 5 (MIN_BLOCKS windows give df >= 7).
+    """
+    z = 1.959963984540054
+    if df <= 0:
+        return math.inf
+    z3, z5, z7 = z**3, z**5, z**7
+    return (
+        z
+        + (z3 + z) / (4 * df)
+        + (5 * z5 + 16 * z3 + 3 * z) / (96 * df**2)
+        + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * df**3)
+    )
+
+
+@dataclass(frozen=True)
+class GNSInterval:
+    """The bias-corrected B_simple with its 95% interval, from windows of measurements."""
+
+    estimate: float
+    lo: float
+    hi: float
+    windows: float  # the effective number of windows the interval rests on
+    settled: bool
+
+
+class GNSEstimator:
+    """Estimate B_simple = tr(Sigma) / |G|^2 with a 95% interval, smoothed over a horizon.
+
+    Each measurement t gives unbiased estimates g_t of |G|^2 and s_t of tr(Sigma). Numerator
+    and denominator are averaged separately with exponential weights d^(n - t) (an EMA with
+    decay d, horizon 1/(1 - d) measurements); the EMA ratio R = sum w s / sum w g is the plain
+    estimate (McCandlish et al. 2018, arXiv:1812.06162, Appendix A.1).
+
+    The measurements are also summed in windows of ``block`` consecutive measurements (batch
+    means), which are nearly independent even when successive steps are not. With window sums
+    A_i (numerator), B_i (denominator), weights w_i and centred deviations a_i = A_i - w_i A/W,
+    b_i = B_i - w_i B/W (A, B, W the totals), c = m/(m-1) and m = W^2 / sum w_i^2 windows:
+
+    - V_A = c sum a_i^2, V_B = c sum b_i^2, C = c sum a_i b_i estimate the totals' (co)variances;
+    - the ratio's bias E[R] - rho ~ (rho V_B - C) / B^2 (second-order delta method) is removed:
+      R_c = R - (R V_B - C) / B^2;
+    - the 95% interval is Fieller's: the r with (A - r B)^2 <= t^2 (V_A - 2 r C + r^2 V_B),
+      t the 0.975 quantile of Student's t with m - 1 degrees of freedom; it is bounded only when
+      B^2 > t^2 V_B (|G|^2 clearly positive).
+
+    The interval is given from ``MIN_BLOCKS`` effective windows on, and the estimate is
+    "settled" once the interval lies within +-``SETTLED_HALF_WIDTH`` of it. Statistics are
+    recomputed when a window closes (O(1) work per measurement otherwise). Non-finite norms
+    (a step skipped by the fp16 loss scaler) are not used.
     """
 
-    def __init__(self, ema_decay: float = 0.95) -> None:
-        """Create an estimator whose EMAs use the decay ``ema_decay`` in [0, 1)."""
+    def __init__(self, ema_decay: float = 0.999, block: int | None = None) -> None:
+        """Create an estimator with EMA decay ``ema_decay`` in [0, 1) per measurement and windows
+        of ``block`` measurements (default: a twentieth of the horizon 1/(1 - ema_decay), at
+        least ``MIN_BLOCK``)."""
         if not 0.0 <= ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}.")
+        if block is not None and block < 1:
+            raise ValueError(f"block must be at least 1, got {block}.")
         self.ema_decay = float(ema_decay)
+        horizon = 1.0 / (1.0 - self.ema_decay)
+        self.block = int(block) if block is not None else max(MIN_BLOCK, round(horizon / BLOCKS_PER_HORIZON))
         self.reset()
 
     def reset(self) -> None:
         """Forget all updates."""
-        self._g2_ema = 0.0
-        self._trace_ema = 0.0
         self._steps = 0
+        self._skipped = 0
+        self._tot = [0.0, 0.0, 0.0]  # EMA sums of g, s and of the weights
+        self._cur = [0.0, 0.0, 0.0]  # the same for the open window
+        self._cur_n = 0
+        self._blocks: list[list[float]] = []  # closed windows: [closed at step, g, s, w]
+        self._interval: GNSInterval | None = None
 
-    def update(self, g_small_sq: float, g_big_sq: float, b_small: float, b_big: float) -> None:
-        """Add one step: ``g_small_sq`` is the mean over the small batches of their squared norms."""
+    def update(self, g_small_sq: float, g_big_sq: float, b_small: float, b_big: float) -> bool:
+        """Add one measurement: ``g_small_sq`` is the mean over the small batches of their squared
+        norms, ``g_big_sq`` the squared norm of their union. Return False (and use nothing) when a
+        norm is not finite."""
+        if not (math.isfinite(g_small_sq) and math.isfinite(g_big_sq)):
+            self._skipped += 1
+            return False
         g2, trace_sigma = unbiased_estimates(g_small_sq, g_big_sq, b_small, b_big)
-        d = self.ema_decay
-        self._g2_ema = d * self._g2_ema + (1.0 - d) * g2
-        self._trace_ema = d * self._trace_ema + (1.0 - d) * trace_sigma
+        d, tot, cur = self.ema_decay, self._tot, self._cur
+        tot[0], tot[1], tot[2] = d * tot[0] + g2, d * tot[1] + trace_sigma, d * tot[2] + 1.0
+        cur[0], cur[1], cur[2] = d * cur[0] + g2, d * cur[1] + trace_sigma, d * cur[2] + 1.0
         self._steps += 1
+        self._cur_n += 1
+        if self._cur_n >= self.block:
+            self._close_window()
+        return True
 
-    def _corrected(self, ema: float) -> float | None:
-        if self._steps == 0:
+    def _close_window(self) -> None:
+        self._blocks.append([float(self._steps), *self._cur])
+        self._cur = [0.0, 0.0, 0.0]
+        self._cur_n = 0
+        d = self.ema_decay
+        oldest = self._steps - (math.log(_DROP_WEIGHT) / math.log(d) if d > 0 else 0.0)
+        while self._blocks and self._blocks[0][0] < oldest:
+            self._blocks.pop(0)
+        self._interval = self._window_interval()
+
+    def _window_interval(self) -> GNSInterval | None:
+        if not self._blocks:
             return None
-        return ema / (1.0 - self.ema_decay**self._steps)
+        at, g, s, w = np.array(self._blocks, dtype=np.float64).T
+        f = self.ema_decay ** (self._steps - at)
+        g, s, w = g * f, s * f, w * f
+        tot_g, tot_s, tot_w = float(g.sum()), float(s.sum()), float(w.sum())
+        m = tot_w**2 / float(w @ w)
+        if m < MIN_BLOCKS or tot_g <= 0:
+            return None
+        dev_s, dev_g = s - w * (tot_s / tot_w), g - w * (tot_g / tot_w)
+        c = m / (m - 1)
+        v_s, v_g, cov = c * float(dev_s @ dev_s), c * float(dev_g @ dev_g), c * float(dev_s @ dev_g)
+        ratio = tot_s / tot_g
+        estimate = ratio - (ratio * v_g - cov) / tot_g**2
+        t2 = t_quantile_975(m - 1) ** 2
+        qa = tot_g**2 - t2 * v_g  # Fieller: qa r^2 - 2 qb r + qc <= 0
+        if qa <= 0:
+            return None
+        qb = tot_s * tot_g - t2 * cov
+        qc = tot_s**2 - t2 * v_s
+        root = math.sqrt(max(0.0, qb * qb - qa * qc))
+        lo, hi = (qb - root) / qa, (qb + root) / qa
+        half = max(hi - estimate, estimate - lo)
+        settled = estimate > 0 and lo > 0 and half <= SETTLED_HALF_WIDTH * estimate
+        return GNSInterval(estimate, lo, hi, m, settled)
 
     @property
     def steps(self) -> int:
-        """Return the number of updates so far."""
+        """Return the number of measurements used so far."""
         return self._steps
 
     @property
+    def skipped(self) -> int:
+        """Return the number of measurements left out because a norm was not finite."""
+        return self._skipped
+
+    @property
     def g2(self) -> float | None:
-        """Return the bias-corrected smoothed |G|^2, or None before the first update."""
-        return self._corrected(self._g2_ema)
+        """Return the bias-corrected EMA of |G|^2, or None before the first update."""
+        return self._tot[0] / self._tot[2] if self._steps else None
 
     @property
     def trace_sigma(self) -> float | None:
-        """Return the bias-corrected smoothed tr(Sigma), or None before the first update."""
-        return self._corrected(self._trace_ema)
+        """Return the bias-corrected EMA of tr(Sigma), or None before the first update."""
+        return self._tot[1] / self._tot[2] if self._steps else None
+
+    @property
+    def interval(self) -> GNSInterval | None:
+        """Return the estimate with its 95% interval as of the last closed window, or None while
+        fewer than ``MIN_BLOCKS`` windows (or no clearly positive |G|^2) support one."""
+        return self._interval
+
+    @property
+    def settled(self) -> bool:
+        """Return whether the 95% interval is narrow enough to act on."""
+        return self._interval is not None and self._interval.settled
 
     @property
     def b_simple(self) -> float | None:
-        """Return smoothed tr(Sigma) / smoothed |G|^2, or None when unknown or |G|^2 <= 0."""
+        """Return the bias-corrected B_simple of the last closed window when an interval exists,
+        else the plain EMA ratio; None when unknown or |G|^2 <= 0."""
+        if self._interval is not None:
+            return self._interval.estimate
         return b_simple(self.trace_sigma, self.g2)
 
-    def state_dict(self) -> dict[str, float | int]:
-        """Return the state as a plain dict."""
+    def record_values(self) -> dict[str, float]:
+        """Return the values of a "gns" record: b_simple, g2, trace_sigma, settled (1 or 0) and,
+        when an interval exists, b_simple_lo and b_simple_hi."""
+        est, g2, trace = self.b_simple, self.g2, self.trace_sigma
+        if est is None or g2 is None or trace is None:
+            return {}
+        out = {"b_simple": est, "g2": g2, "trace_sigma": trace, "settled": float(self.settled)}
+        if self._interval is not None:
+            out["b_simple_lo"], out["b_simple_hi"] = self._interval.lo, self._interval.hi
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the state as a plain dict (numbers and lists of numbers)."""
         return {
             "ema_decay": self.ema_decay,
-            "g2_ema": self._g2_ema,
-            "trace_ema": self._trace_ema,
+            "block": self.block,
+            "g2_ema": self._tot[0],
+            "trace_ema": self._tot[1],
+            "weight": self._tot[2],
             "steps": self._steps,
+            "skipped": self._skipped,
+            "window": [*self._cur, float(self._cur_n)],
+            "windows": [list(b) for b in self._blocks],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -122,10 +265,24 @@ class GNSEstimator:
         decay = float(state["ema_decay"])
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {decay}.")
+        block = state.get("block")
+        if block is not None and int(block) < 1:
+            raise ValueError(f"block must be at least 1, got {block}.")
         self.ema_decay = decay
-        self._g2_ema = float(state["g2_ema"])
-        self._trace_ema = float(state["trace_ema"])
-        self._steps = int(state["steps"])
+        self.block = int(block) if block is not None else self.block
+        self.reset()
+        steps = int(state["steps"])
+        self._steps = steps
+        self._skipped = int(state.get("skipped", 0))
+        # a state without "weight" holds EMAs normalised by (1 - d) per step
+        weight = float(state.get("weight", 1.0 - decay**steps))
+        self._tot = [float(state["g2_ema"]), float(state["trace_ema"]), weight]
+        window = state.get("window")
+        if window is not None:
+            self._cur, self._cur_n = [float(v) for v in window[:3]], int(window[3])
+        self._blocks = [[float(v) for v in b] for b in state.get("windows", [])]
+        if self._blocks:
+            self._interval = self._window_interval()
 
     def __repr__(self) -> str:
         return f"GNSEstimator(ema_decay={self.ema_decay}, steps={self._steps}, b_simple={self.b_simple})"
@@ -150,19 +307,17 @@ def no_estimate_reason(world_size: int, accumulation: int) -> str | None:
 
 
 def batch_sizes_for(per_slot_batch: int, world_size: int, accumulation: int) -> tuple[int, int]:
-    """Return (B_small, B_big) for the noise-scale estimate.
+    """Return (B_small, B_big) for the noise-scale estimate: B_small = b, B_big = b*k*n.
 
-    World size n > 1 with k accumulation steps: B_small = b*k, B_big = b*k*n.
-    World size 1 with k >= 2: B_small = b (one micro-batch), B_big = b*k.
+    The small batches are the micro-batches of b examples (k per rank and step with
+    accumulation, on each of n ranks); the big batch is their union, the step's gradient.
     """
     if per_slot_batch < 1:
         raise ValueError(f"per_slot_batch must be at least 1, got {per_slot_batch}.")
     reason = no_estimate_reason(world_size, accumulation)
     if reason is not None:
         raise ValueError(reason)
-    if world_size > 1:
-        return per_slot_batch * accumulation, per_slot_batch * accumulation * world_size
-    return per_slot_batch, per_slot_batch * accumulation
+    return per_slot_batch, per_slot_batch * accumulation * world_size
 
 
 def tradeoff(b_noise: float, batch: float) -> tuple[float, float]:

@@ -239,6 +239,12 @@ class Context:
         """Optimizer step at the last micro-batch of a step; return whether it stepped."""
         return _train.optimizer_step(self, optimizer)
 
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float, **kwargs: Any) -> torch.Tensor | None:
+        """Clip ``model``'s gradients to ``max_norm`` (unscaled first with fp16); return their norm."""
+        from dtwork.runtime.optim import clip_grad_norm
+
+        return clip_grad_norm(self, model, max_norm, **kwargs)
+
     def log(self, **scalars: Any) -> None:
         """Log scalars: averaged over ranks (average_training_metrics) or rank 0's."""
         loop = self.loop

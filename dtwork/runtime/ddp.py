@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dtwork.runtime.hooks import MeasureState, inner_hook, measure_hook
+from dtwork.runtime import handloop
+from dtwork.runtime.hooks import MeasureState, count_forward, inner_hook, measure_hook
 
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
@@ -33,8 +35,15 @@ def wrap_model(ctx: Context, model: torch.nn.Module, *, gns: bool | None = None,
         inner=hook, inner_state=hook_state, gns=use_gns, rank=ctx.rank, world_size=ctx.world_size
     )
     wrapped.register_comm_hook(state, measure_hook)
+    wrapped.register_forward_pre_hook(_counter(state))
     wrapped._dtwork_measure = state  # type: ignore[assignment]
+    ctx.gns, ctx.gns_state = None, None  # a new wrap starts a new estimate
+    handloop.attach(ctx)
     return wrapped
+
+
+def _counter(state: MeasureState) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
+    return lambda _module, args: count_forward(state, args)
 
 
 def measure_state(model: torch.nn.Module) -> MeasureState | None:

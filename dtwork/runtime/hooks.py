@@ -69,11 +69,14 @@ class MeasureState:
     last_launch: float = 0.0
     last_done: float = 0.0
     buckets: int = 0
+    forwards: int = 0  # training forward passes since the last reset
+    samples: int = 0  # their examples
 
     def reset(self) -> None:
         self.local_sq.clear()
         self.reduced_sq.clear()
         self.buckets = 0
+        self.forwards = self.samples = 0
         self.last_launch = self.last_done = 0.0
 
     def exposed_comm(self) -> float:
@@ -100,9 +103,21 @@ def _sq_norm(t: torch.Tensor, part: int = 0, parts: int = 1) -> torch.Tensor:
     return torch.dot(flat, flat)
 
 
+def count_forward(state: MeasureState, args: tuple[Any, ...]) -> None:
+    """Count a training forward pass and its examples (the first tensor's first dimension)."""
+    if not torch.is_grad_enabled():
+        return
+    state.forwards += 1
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    state.samples += int(first.shape[0]) if first is not None and first.dim() else 1
+
+
 def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Time the exchange and (with ``gns``, on a measured step) record the squared norms."""
     gns = state.gns and state.measuring
+    if bucket.index() == 0:  # a new exchange: drop the norms of one no optimizer step used
+        state.local_sq.clear()
+        state.reduced_sq.clear()
     if gns:
         state.local_sq.append(_sq_norm(bucket.buffer()))
     state.buckets += 1

@@ -78,6 +78,7 @@ class StepLoop:
         self._gns_record: tuple[int, dict[str, float]] | None = None  # the estimate not yet sent
         self._gns_published = 0.0
         self._grad_snapshot: torch.Tensor | None = None
+        self.grad_scale = 1.0  # the loss scale of this step's gradients (fp16), set by ctx.backward
         self._micro_len = 0
         self._perf = {"t": 0.0, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
         self._last_gpu = 0.0
@@ -176,6 +177,8 @@ class StepLoop:
         mp = self.ctx.config.mixed_precision
         if mp == "fp16" and self.ctx._scaler is None:
             self.ctx._scaler = torch.amp.GradScaler(self.ctx.device.type)
+        elif mp != "fp16":
+            self.ctx._scaler = None  # bf16 and fp32 need no loss scaling
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         mp = self.ctx.config.mixed_precision
@@ -186,12 +189,17 @@ class StepLoop:
 
     # -- gradient noise scale -------------------------------------------------------------------
 
-    def _gns_models(self) -> list[torch.nn.Module]:
-        return [m for m in self.ctx.models if (s := measure_state(m)) is not None and s.gns]  # once per step
+    def _gns_models(self, active: bool = True) -> list[torch.nn.Module]:
+        """The wrapped models measuring the noise scale; ``active``: those run forward in this step
+        (a model of an earlier loop, still alive, is not trained by this one)."""
+        return [
+            m
+            for m in self.ctx.models
+            if (s := measure_state(m)) is not None and s.gns and (s.forwards or not active)
+        ]
 
     def _setup_gns(self) -> None:
-        self.ctx.gns_state = None  # a new loop starts a new estimate (a resume restores it)
-        if not self._gns_models():
+        if not self._gns_models(active=False):
             return
         from dtwork.analysis.gns import GNSEstimator, no_estimate_reason
 
@@ -201,8 +209,10 @@ class StepLoop:
                 print(f"dtwork: {reason}")
             return
         gns = self.ctx.config.gns
-        # one sample every `every` steps: decay^every per sample keeps the average's span in steps
-        self.ctx.gns_state = GNSEstimator(gns.ema_decay**gns.every)
+        # one sample every `every` steps: decay^every per sample keeps the average's span in steps;
+        # a loop over the same wrapped model goes on with its estimate (ctx.wrap starts a new one)
+        if self.ctx.gns_state is None:
+            self.ctx.gns_state = GNSEstimator(gns.ema_decay**gns.every)
         self._arm_gns()
 
     def _gns_step(self) -> bool:
@@ -214,7 +224,7 @@ class StepLoop:
         if self.ctx.gns_state is None:
             return
         measuring = self._gns_step()
-        for m in self._gns_models():
+        for m in self._gns_models(active=False):
             state = measure_state(m)
             if state is not None:
                 state.measuring = measuring
@@ -229,16 +239,19 @@ class StepLoop:
         return torch.cat(grads) if grads else torch.zeros(1, device=self.ctx.device)
 
     def micro_gns(self) -> bool:
-        """World size 1 with accumulation, on a measured step: the micro-batches are the small batches."""
-        return self.ctx.world_size == 1 and self._gns_step()
+        """Accumulation, on a measured step: the micro-batches are the small batches."""
+        return self.k > 1 and self._gns_step()
 
     def before_backward(self) -> None:
-        if self.micro_gns():
+        if self.micro_gns() and not (self.is_last_micro and self.ctx.world_size > 1):
             self._grad_snapshot = self._grad_vector() if self.micro % self.k else None
 
     def after_backward(self, scale: float) -> None:
+        self.grad_scale = scale
         if not self.micro_gns():
             return
+        if self.is_last_micro and self.ctx.world_size > 1:
+            return  # the exchange replaced the local gradient: the hook measured the step's
         g = self._grad_vector()
         micro = g if self._grad_snapshot is None else g - self._grad_snapshot
         factor = self.k if self.ctx.config.optimizations.average_aggregated_gradients else 1.0
@@ -252,18 +265,24 @@ class StepLoop:
         with accumulation the share is all of it)."""
         if self.ctx.gns_state is None:
             return None
-        if self.micro_gns():
-            micro, self._gns_micro = self._gns_micro, []
-            if len(micro) < 2 or self._gns_big is None:
-                return None
-            big, self._gns_big = self._gns_big, None
-            return sum(micro) / len(micro), big
         states = [measure_state(m) for m in self._gns_models()]
         norms = [s.norms() for s in states if s is not None]
         measured = [n for n in norms if n is not None]
-        if not measured or len(measured) != len(norms):
+        hooked = None
+        if measured and len(measured) == len(norms):
+            hooked = sum(n[0] for n in measured) / scale**2, sum(n[1] for n in measured) / scale**2
+        if not self.micro_gns():
+            return hooked
+        micro, self._gns_micro = self._gns_micro, []
+        big, self._gns_big = self._gns_big, None
+        if self.ctx.world_size > 1:  # k - 1 micro-batches per rank, the exchanged gradient's share
+            averaged = self.ctx.config.optimizations.average_aggregated_gradients
+            big = None if hooked is None else hooked[1] / (1.0 if averaged else self.k**2)
+        elif len(micro) < 2:
             return None
-        return sum(n[0] for n in measured) / scale**2, sum(n[1] for n in measured) / scale**2
+        if not micro or big is None:
+            return None
+        return sum(micro) / len(micro), big
 
     def _gns_sizes(self) -> tuple[int, int]:
         from dtwork.analysis.gns import batch_sizes_for
@@ -276,7 +295,7 @@ class StepLoop:
         ctx = self.ctx
         if self.validate is not None and self.validate_every and (self.step + 1) % self.validate_every == 0:
             self.add_log(dict(self.validate() or {}))  # logged at this step, like ctx.log
-        scale = float(ctx._scaler.get_scale()) if ctx._scaler is not None else 1.0
+        scale = self.grad_scale if ctx._scaler is not None else 1.0  # the scale the gradients carry
         norms = self._local_norms(scale) if self.stepped or ctx._scaler is None else None
         self.step += 1
         comm = 0.0
@@ -372,17 +391,9 @@ class StepLoop:
         b_small, b_big = self._gns_sizes()
         est.update(small, big, b_small, b_big)
         ctx.gns = est.b_simple
-        if ctx.rank == 0 and ctx.gns is not None and est.g2 is not None and est.trace_sigma is not None:
-            self._gns_record = (
-                step,
-                {
-                    "b_simple": ctx.gns,
-                    "g2": est.g2,
-                    "trace_sigma": est.trace_sigma,
-                    "b_small": float(b_small),
-                    "b_big": float(b_big),
-                },
-            )
+        values = est.record_values()
+        if ctx.rank == 0 and values:
+            self._gns_record = (step, {**values, "b_small": float(b_small), "b_big": float(b_big)})
             self._publish_gns()
 
     def _publish_gns(self, force: bool = False) -> None:

@@ -90,6 +90,41 @@ def make_optimizer(ctx: Context, params: Any, **overrides: Any) -> torch.optim.O
     raise DtworkError(f"unknown optimizer {kind!r}: use sgd, adam, adamw or lars")
 
 
+def clip_grad_norm(
+    ctx: Context,
+    model: torch.nn.Module,
+    max_norm: float,
+    norm_type: float = 2.0,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> torch.Tensor | None:
+    """Clip the gradients of ``model`` to ``max_norm``; return their total norm before clipping.
+
+    With fp16 the gradients carry the loss scale: the optimizers of ``model`` (``optimizer``, or
+    those ``ctx`` knows) are unscaled first, once per step, as ``GradScaler.unscale_`` requires.
+    Inside ``ctx.steps`` with accumulation, only the last micro-batch clips (None before it).
+    """
+    loop = ctx.loop
+    if loop is not None and not loop.is_last_micro:
+        return None
+    params = [p for p in model.parameters() if p.grad is not None]
+    scaler = ctx._scaler
+    if scaler is not None:
+        mine = {id(p) for p in params}
+        optimizers = [optimizer] if optimizer is not None else ctx.optimizers
+        for opt in optimizers:
+            if any(id(p) in mine for g in opt.param_groups for p in g["params"]):
+                _unscale_once(scaler, opt)
+    return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+
+
+def _unscale_once(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+    try:
+        scaler.unscale_(optimizer)
+    except RuntimeError as exc:
+        if "already been called" not in str(exc):
+            raise
+
+
 def make_scheduler(
     ctx: Context, optimizer: torch.optim.Optimizer, **overrides: Any
 ) -> torch.optim.lr_scheduler.LambdaLR:

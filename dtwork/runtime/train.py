@@ -35,18 +35,22 @@ def optimizer_step(ctx: Context, optimizer: torch.optim.Optimizer) -> bool:
     ctx.register("optimizers", optimizer)
     if loop is not None and not loop.is_last_micro:
         return False
+    stepped = True
     if ctx._scaler is not None:
+        scale = ctx._scaler.get_scale()
         ctx._scaler.step(optimizer)
         ctx._scaler.update()
+        stepped = ctx._scaler.get_scale() >= scale  # a skipped step (inf/NaN gradients) backs it off
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    for sched in ctx.schedulers:
-        if getattr(sched, "optimizer", None) is optimizer:
-            sched.step()
+    if stepped:  # a step the scaler skipped moves no schedule
+        for sched in ctx.schedulers:
+            if getattr(sched, "optimizer", None) is optimizer:
+                sched.step()
     if loop is not None:
-        loop.stepped = True
-    return True
+        loop.stepped = stepped
+    return stepped
 
 
 def log_scalars(ctx: Context, scalars: dict[str, Any]) -> None:

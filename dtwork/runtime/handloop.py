@@ -1,0 +1,185 @@
+"""Loops written by hand (no ``ctx.steps``): throughput and the noise scale from the optimizer's step.
+
+``ctx.wrap`` counts each training forward pass of the wrapped model (``hooks.count_forward``)
+and installs, once per process, a post-hook on every optimizer's ``step``. Outside
+``ctx.steps``, a step that follows an exchange of a wrapped model is a training step:
+
+- the rank publishes "perf" records (samples/s from the counted examples, seconds per step,
+  exposed communication) every ``PERF_SECONDS``, like the steps loop;
+- with ``gns`` on, the step's squared norms measured by the comm hook are kept, and every
+  ``every`` steps one small all-reduce sums them over the ranks (with the examples and the
+  seconds per step) and feeds ``ctx.gns_state``; ``every`` follows the ranks' mean step time
+  from that same all-reduce, so every rank agrees on when the next one comes.
+
+A step the fp16 loss scaler skips never calls ``optimizer.step``, so it is not counted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.hooks import RemovableHandle
+
+from dtwork.runtime.hooks import MeasureState
+
+if TYPE_CHECKING:
+    from dtwork.runtime.context import Context
+
+PERF_SECONDS = 0.1
+SYNC_SECONDS = 0.1  # the ranks sum the kept norms about this often
+MAX_EVERY = 64
+ROW = 4  # per step: local |G_small|^2, share of |G_big|^2, examples, measured (1 or 0)
+
+
+class HandLoop:
+    """The live view of the hand-written loops of one rank since the last ``ctx.wrap``."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.reset()
+
+    def reset(self) -> None:
+        """Start over (a new ``ctx.wrap``): a new estimate, a new step count."""
+        self.step = 0
+        self.every = 1  # steps per all-reduce of the norms; the same on every rank
+        self._rows: list[float] = []
+        self._said_why = False
+        self._perf: dict[str, float] = {}
+        self.pause()
+
+    def pause(self) -> None:
+        """Between cells: the time until the next step is not training time."""
+        self._perf = {"t": 0.0, "steps": 0, "samples": 0, "comm": 0.0}
+        self._last_sync = 0.0
+
+    def on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """After an optimizer step: count it, publish throughput, keep (and sum) the norms."""
+        ctx = self.ctx
+        if ctx.loop is not None:  # ctx.steps keeps its own books
+            return
+        states = [s for m in ctx.models if (s := _state(m)) is not None and s.buckets]
+        if not states:  # no wrapped model exchanged since the last step: not a training step
+            return
+        samples = max(s.samples for s in states)
+        comm = sum(s.exposed_comm() for s in states)
+        gns = [s for s in states if s.gns]
+        norms = [s.norms() for s in gns]
+        measured = [n for n in norms if n is not None]
+        scale = float(ctx._scaler.get_scale()) if ctx._scaler is not None else 1.0  # before its update
+        for s in states:
+            s.reset()
+        self.step += 1
+        self._perf_tick(samples, comm)
+        if not gns or not self._estimating():
+            return
+        if measured and len(measured) == len(norms):
+            small, big = sum(n[0] for n in measured), sum(n[1] for n in measured)
+            self._rows += [small / scale**2, big / scale**2, float(samples), 1.0]
+        else:
+            self._rows += [0.0, 0.0, float(samples), 0.0]
+        if len(self._rows) >= ROW * self.every:
+            self._sync()
+
+    def _estimating(self) -> bool:
+        ctx = self.ctx
+        if ctx.gns_state is not None:
+            return True
+        from dtwork.analysis.gns import GNSEstimator
+
+        if ctx.world_size < 2:  # a hand loop's micro-batches are not seen: one batch size only
+            if ctx.rank == 0 and not self._said_why:
+                print("dtwork: no gradient noise scale estimate for a hand-written loop at world size 1")
+            self._said_why = True
+            return False
+        ctx.gns_state = GNSEstimator(ctx.config.gns.ema_decay)
+        return True
+
+    def _sync(self) -> None:
+        """Sum the kept steps over the ranks (one all-reduce) and feed the estimate."""
+        ctx, est = self.ctx, self.ctx.gns_state
+        assert est is not None  # _estimating made it
+        rows, self._rows = self._rows, []
+        n = len(rows) // ROW
+        now = time.perf_counter()
+        per_step = (now - self._last_sync) / n if self._last_sync else 0.0
+        self._last_sync = now
+        vec = torch.tensor([per_step, *rows], dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(vec)
+        values = vec.tolist()
+        ws = ctx.world_size
+        if values[0] > 0:
+            self.every = max(1, min(MAX_EVERY, int(SYNC_SECONDS * ws / values[0])))
+        for i in range(n):
+            small, big, samples, measured = values[1 + ROW * i : 1 + ROW * (i + 1)]
+            if measured == ws and samples > 0:
+                est.update(small / ws, big, samples / ws, samples)
+        ctx.gns = est.b_simple
+        record = est.record_values()
+        if ctx.rank == 0 and record:
+            b_big = values[-2]
+            record.update(b_small=b_big / ws, b_big=b_big)
+            ctx.publisher.record("gns", self.step - 1, record)
+
+    def _perf_tick(self, samples: int, comm: float) -> None:
+        p = self._perf
+        now = time.perf_counter()
+        if not p["t"]:  # the first step only starts the clock
+            p["t"] = now
+            return
+        p["steps"] += 1
+        p["samples"] += samples
+        p["comm"] += comm
+        elapsed = now - p["t"]
+        if elapsed < PERF_SECONDS:
+            return
+        steps = p["steps"]
+        values = {
+            "samples_per_s": p["samples"] / elapsed,
+            "step_time": elapsed / steps,
+            "comm_time": p["comm"] / steps,
+        }
+        self.ctx.publisher.record("perf", self.step - 1, values)
+        self._perf = {"t": now, "steps": 0, "samples": 0, "comm": 0.0}
+
+
+def _state(model: torch.nn.Module) -> MeasureState | None:
+    return getattr(model, "_dtwork_measure", None)
+
+
+_current: HandLoop | None = None
+_handle: RemovableHandle | None = None
+
+
+def _on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if _current is not None:
+        _current.on_step(optimizer, args, kwargs)
+
+
+def _flush_after_cell() -> None:
+    if _current is not None:  # the last records of a hand loop leave with its cell
+        _current.ctx.publisher.flush()
+        _current.pause()
+
+
+def attach(ctx: Context) -> HandLoop:
+    """Start the hand-loop view of ``ctx`` over (a new ``ctx.wrap``); install the hooks once."""
+    global _current, _handle
+    if _current is None or _current.ctx is not ctx:
+        _current = HandLoop(ctx)
+    else:
+        _current.reset()
+    if _handle is None:
+        _handle = register_optimizer_step_post_hook(_on_step)
+        try:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+        except ImportError:
+            shell = None
+        if shell is not None:
+            shell.events.register("post_execute", _flush_after_cell)
+    return _current
