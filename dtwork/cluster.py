@@ -444,15 +444,22 @@ class Cluster:
             return self._call(source_or_fn, args, kwargs, ranks)
         return self.session.run_cell(source_or_fn, ranks=ranks, rank0=rank0, bg=bg, quiet=quiet)
 
-    def run_script(self, path: str | os.PathLike[str], args: list[str] | None = None, **kwargs: Any) -> Any:
-        """Run a torchrun-style script unchanged on every rank, as a cell (see ``run``'s options).
+    def run_script(
+        self,
+        path: str | os.PathLike[str],
+        args: list[str] | None = None,
+        *,
+        bg: bool = False,
+        quiet: bool = False,
+    ) -> Any:
+        """Run a torchrun-style script unchanged on every rank, as a cell (``bg``, ``quiet``: see ``run``).
 
         Each rank executes it as ``__main__`` with ``sys.argv`` and torchrun's environment, in its
         working directory; ``init_process_group`` joins the warm group, ``destroy_process_group``
         keeps it. The script's top-level names stay in the ranks' namespace, as with ``%run``.
         """
         call = f"run_script({os.fspath(path)!r}, {[str(a) for a in args or []]!r}, namespace=globals())"
-        return self.run(f"__import__('dtwork.runtime.script', fromlist=['_']).{call}", **kwargs)
+        return self.run(f"__import__('dtwork.runtime.script', fromlist=['_']).{call}", bg=bg, quiet=quiet)
 
     def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, ranks: list[int] | None) -> list[Any]:
         return engines.call_on_ranks(self.view(ranks), fn, args, kwargs)
