@@ -23,7 +23,7 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from dtwork import engines, launchers, registry, rendezvous, telemetry
+from dtwork import devices, engines, launchers, registry, rendezvous, telemetry
 from dtwork.errors import DtworkError
 from dtwork.session import Session
 
@@ -69,7 +69,7 @@ class Cluster:
             raise DtworkError("use --launcher or --profile, not both (a profile names its own launcher)")
         self.launcher = launchers.get(launcher, launch_options)
         remote = profile or self.launcher.remote  # engines may be elsewhere: this host's GPUs say nothing
-        gpus = None if remote else telemetry.gpu_count()
+        gpus = None if remote else len(devices.visible([g.to_dict() for g in telemetry.cuda_devices()]))
         if n is None:
             n = self.config.resources.slots_per_trial
             if gpus is not None:
@@ -181,11 +181,9 @@ class Cluster:
         ids = sorted(self.client.ids)[: self.n]
         host = socket.gethostname()
         probes = dict(zip(ids, engines.probe_engines(self.client, ids, _kernel_record(), host), strict=True))
-        any_gpus = all(p["gpus"] for p in probes.values())
-        if self.backend == "auto":
-            self.backend = "nccl" if any_gpus else "gloo"
-        if self.backend == "nccl" and not any_gpus:
-            raise DtworkError("--backend nccl needs a GPU on every engine host, and NVML sees none on some")
+        self.backend, note = devices.choose_backend(self.requested_backend, probes)  # from what torch can use
+        if note:
+            engines.show_warnings([note])
         self.ranks = rendezvous.assign_ranks(probes, use_gpus=self.backend == "nccl", first_host=host)
         if self.launcher.remote:
             self.ranks = launchers.order_ranks(self.client, self.ranks, probes, self.backend == "nccl")
@@ -209,9 +207,7 @@ class Cluster:
                 "master_port": self.master_port,
                 "timeout": self.timeout,
                 "gpu": p.gpu,
-                "gpu_uuid": next(
-                    (g["uuid"] for g in probes[p.engine_id]["gpus"] if g["index"] == p.gpu), None
-                ),
+                "gpu_uuid": p.gpu_uuid,
                 "local_world_size": sum(1 for q in self.ranks if q.hostname == p.hostname),
                 "group_rank": hosts.index(p.hostname),  # torchrun's node rank, for scripts
                 "group_world_size": len(hosts),

@@ -25,6 +25,7 @@ import ipyparallel as ipp
 from ipyparallel.cluster.launcher import MPIEngineSetLauncher, SlurmEngineSetLauncher
 from traitlets.config import Config
 
+from dtwork import devices
 from dtwork.errors import DtworkError
 from dtwork.rendezvous import RankPlan
 
@@ -393,16 +394,17 @@ def order_ranks(
     if any(v is None for v in found.values()):
         return plans
     ordered = sorted(plans, key=lambda p: found[p.engine_id])
+    pinned: dict[int, dict[str, Any]] = {}
+    for host in dict.fromkeys(p.hostname for p in ordered) if use_gpus else []:
+        mine = sorted((p for p in ordered if p.hostname == host), key=lambda p: found[p.engine_id][1])
+        lists = [probes[p.engine_id].get("gpus", []) for p in mine]
+        got = devices.pin(host, lists, [found[p.engine_id][1] for p in mine])  # each task's own binding
+        pinned.update((p.engine_id, d) for p, d in zip(mine, got, strict=True))
     out = []
     for rank, p in enumerate(ordered):
-        local = found[p.engine_id][1]
-        gpus = [g["index"] for g in probes[p.engine_id].get("gpus", [])]
-        if use_gpus and local >= len(gpus):
-            raise DtworkError(
-                f"rank {rank} on {p.hostname} is local rank {local} but sees {len(gpus)} GPU(s): "
-                "ask the scheduler for one GPU per task (--gpus-per-node equal to the tasks per node)"
-            )
-        out.append(replace(p, rank=rank, local_rank=local, gpu=gpus[local] if use_gpus else None))
+        dev = pinned.get(p.engine_id)
+        gpu, uuid = (dev["index"], dev.get("uuid")) if dev else (None, None)
+        out.append(replace(p, rank=rank, local_rank=found[p.engine_id][1], gpu=gpu, gpu_uuid=uuid))
     return out
 
 

@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dtwork import devices
 from dtwork.errors import DtworkError
 
 BACKENDS = ("auto", "nccl", "gloo")
@@ -30,6 +31,7 @@ class RankPlan:
     local_rank: int
     gpu: int | None
     pid: int
+    gpu_uuid: str | None = None  # the device the rank is pinned to (a GPU or a MIG instance)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,15 +123,12 @@ def assign_ranks(
     plans: list[RankPlan] = []
     for host in host_order:
         eids = sorted(e for e in probes if probes[e]["hostname"] == host)
-        gpus = [g["index"] for g in probes[eids[0]].get("gpus", [])]  # NVML order, or the scheduler's
-        if use_gpus and len(eids) > len(gpus):
-            raise DtworkError(
-                f"host {host} runs {len(eids)} engines but has {len(gpus)} GPU(s): "
-                f"start at most {len(gpus)} engine(s) there, or use --backend gloo"
-            )
+        lists = [probes[e].get("gpus", []) for e in eids]  # each engine's own: NVML order, or the scheduler's
+        pinned = devices.pin(host, lists, [probes[e].get("slurm_localid") for e in eids]) if use_gpus else []
         for local_rank, eid in enumerate(eids):
-            gpu = gpus[local_rank] if use_gpus else None
-            plans.append(RankPlan(len(plans), eid, host, local_rank, gpu, probes[eid]["pid"]))
+            dev = pinned[local_rank] if use_gpus else None
+            gpu, uuid = (dev["index"], dev.get("uuid")) if dev else (None, None)
+            plans.append(RankPlan(len(plans), eid, host, local_rank, gpu, probes[eid]["pid"], uuid))
     if use_gpus and len(host_order) > 1:
         per_host = [
             len(probes[next(e for e in probes if probes[e]["hostname"] == h)].get("gpus", []))

@@ -24,6 +24,7 @@ class GPUInfo:
     uuid: str
     memory_total_mb: float
     driver: str
+    mig: bool = False  # a MIG instance of GPU ``index`` (its UUID starts with "MIG-")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +99,38 @@ def gpu_inventory() -> list[GPUInfo]:
             )
     except nv.NVMLError:
         return out
+    return out
+
+
+def cuda_devices() -> list[GPUInfo]:
+    """The devices CUDA can be given, in NVML order: each GPU, or the MIG instances of a MIG-enabled one."""
+    nv = _init()
+    out: list[GPUInfo] = []
+    for gpu in gpu_inventory():
+        migs = _mig_instances(nv, gpu) if nv is not None else []
+        out.extend(migs or [gpu])
+    return out
+
+
+def _mig_instances(nv: Any, gpu: GPUInfo) -> list[GPUInfo]:
+    try:
+        h = nv.nvmlDeviceGetHandleByIndex(gpu.index)
+        if nv.nvmlDeviceGetMigMode(h)[0] != 1:
+            return []
+        slots = nv.nvmlDeviceGetMaxMigDeviceCount(h)
+    except (nv.NVMLError, AttributeError):  # no MIG support on this GPU or this NVML
+        return []
+    out = []
+    for i in range(slots):
+        m = _try(nv.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+        if m is None:
+            continue  # an empty slot
+        name, uuid, mem = (
+            _try(f, m) for f in (nv.nvmlDeviceGetName, nv.nvmlDeviceGetUUID, nv.nvmlDeviceGetMemoryInfo)
+        )
+        if uuid is not None:
+            total = mem.total / 2**20 if mem is not None else 0.0
+            out.append(GPUInfo(gpu.index, _text(name), _text(uuid), total, gpu.driver, True))
     return out
 
 

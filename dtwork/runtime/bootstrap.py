@@ -58,7 +58,7 @@ def _watch_kernel(kernel: dict[str, Any], poll: float = 1.0) -> None:
 
 def probe(kernel: dict[str, Any] | None, kernel_host: str) -> dict[str, Any]:
     """Describe this engine: host, addresses, PIDs, visible GPUs (via NVML, not CUDA)."""
-    from dtwork import telemetry
+    from dtwork import devices, telemetry
 
     host = socket.gethostname()
     if kernel is not None and host == kernel_host:
@@ -70,23 +70,19 @@ def probe(kernel: dict[str, Any] | None, kernel_host: str) -> dict[str, Any]:
         "create_time": me.create_time(),
         "parent": {"pid": me.ppid(), "create_time": psutil.Process(me.ppid()).create_time()},
         "addresses": _addresses(),
-        "gpus": _visible_gpus([g.to_dict() for g in telemetry.gpu_inventory()]),
+        "gpus": (gpus := devices.visible([g.to_dict() for g in telemetry.cuda_devices()])),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "slurm_localid": devices.slurm_local_id(),
+        **(_torch_cuda() if gpus else {}),
     }
 
 
-def _visible_gpus(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The GPUs this engine may use: all, or those a scheduler named in CUDA_VISIBLE_DEVICES (in its order)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return gpus
-    out = []
-    for token in (t.strip() for t in visible.split(",") if t.strip()):
-        match = [g for g in gpus if str(g["index"]) == token or g["uuid"].startswith(token)]
-        if not match:
-            break  # CUDA stops at the first invalid entry too
-        out.append(match[0])
-    return out
+def _torch_cuda() -> dict[str, Any]:
+    """Whether this engine's torch is a CUDA build (asked without starting CUDA: the rank's
+    CUDA_VISIBLE_DEVICES is set later, and CUDA reads it once)."""
+    import torch
+
+    return {"torch": torch.__version__, "torch_cuda": bool(torch.backends.cuda.is_built())}
 
 
 def free_port(address: str) -> int:
@@ -136,10 +132,11 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     timeout (s), gpu (physical index or None), interface, global_batch_size, config (dict).
     Return what the rank ended up with (device, GPU name and UUID through NVML).
     """
-    if spec.get("gpu") is not None:
-        # Before CUDA is initialised in this process: the rank sees exactly one device, named by
-        # UUID so that CUDA's device order (fastest first) cannot differ from NVML's.
-        os.environ["CUDA_VISIBLE_DEVICES"] = spec.get("gpu_uuid") or str(spec["gpu"])
+    from dtwork.devices import rank_environment
+
+    # Before CUDA is initialised in this process: the rank sees exactly one device, named by
+    # UUID so that CUDA's device order (fastest first) cannot differ from NVML's.
+    os.environ.update(rank_environment(spec.get("gpu_uuid") if spec.get("gpu") is not None else None))
     if spec.get("interface"):
         os.environ["GLOO_SOCKET_IFNAME"] = spec["interface"]
         os.environ["NCCL_SOCKET_IFNAME"] = spec["interface"]
@@ -163,6 +160,11 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     # two ranks each running all-core kernels on 2 cores thrash and slow every collective.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, spec.get("local_world_size", 1))))
     if spec["backend"] == "nccl":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"rank {spec['rank']}: torch.cuda.is_available() is False with CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES')}: check the NVIDIA driver and torch's CUDA build, or use --backend gloo"
+            )
         torch.cuda.set_device(0)
         device = torch.device("cuda", 0)
     else:
@@ -185,7 +187,7 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     if int(probe_t.item()) != spec["world_size"]:
         raise RuntimeError(f"process group check failed: all_reduce gave {probe_t.item()}")
     script.install(spec)  # torchrun's environment and %run for scripts run on this rank
-    gpu = _gpu_facts(spec.get("gpu"))
+    gpu = _gpu_facts(spec.get("gpu_uuid") if spec.get("gpu") is not None else None)
     threading.Thread(target=_warm_imports, name="dtwork-warm-imports", daemon=True).start()
     return {"rank": ctx.rank, "device": str(device), "pid": os.getpid(), **gpu}
 
@@ -231,13 +233,13 @@ def _warm_imports() -> None:
         pass
 
 
-def _gpu_facts(index: int | None) -> dict[str, Any]:
-    if index is None:
+def _gpu_facts(uuid: str | None) -> dict[str, Any]:
+    if uuid is None:
         return {"gpu_name": None, "gpu_uuid": None}
     from dtwork import telemetry
 
-    for g in telemetry.gpu_inventory():
-        if g.index == index:
+    for g in telemetry.cuda_devices():
+        if g.uuid == uuid:
             return {"gpu_name": g.name, "gpu_uuid": g.uuid}
     return {"gpu_name": None, "gpu_uuid": None}
 
