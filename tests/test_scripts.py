@@ -209,3 +209,14 @@ def test_accelerate_and_fabric_train_on_the_warm_group(
         return float(t)
 
     assert cluster.run(group_works) == [2.0, 2.0]  # end_training's destroy left the group alive
+
+
+def test_launchers_that_start_processes_are_refused(cluster: Any) -> None:
+    pytest.importorskip("lightning", reason="lightning is not installed (pip install lightning)")
+    cell = (
+        "from lightning.fabric import Fabric\n"
+        "Fabric(accelerator='cpu', strategy='ddp_spawn', devices=2).launch(lambda fabric: 1)\n"
+    )
+    with pytest.raises(RankFailure, match="every dtwork rank already is one process of the group"):
+        cluster.run(cell)
+    assert cluster.run(lambda: 1) == [1, 1]

@@ -164,7 +164,7 @@ def _rank_process() -> Iterator[None]:
     for k in prompts:
         delattr(sys, k)
     try:
-        with _warm_group():
+        with _warm_group(), _no_worker_processes():
             yield
     finally:
         for k, v in saved_env.items():
@@ -221,6 +221,27 @@ def _warm_group() -> Iterator[None]:
         for mod, fns in saved.items():
             for name, fn in fns.items():
                 setattr(mod, name, fn)
+
+
+@contextlib.contextmanager
+def _no_worker_processes() -> Iterator[None]:
+    """Refuse launchers that start a process per rank (Fabric ddp_spawn/ddp_notebook, notebook_launcher)."""
+    import torch.multiprocessing as mp
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise DtworkError(
+            "this starts a process per rank, but every dtwork rank already is one process of the group: "
+            'use Fabric(strategy="ddp") or a plain Accelerator(), or call the training function directly'
+        )
+
+    saved = {name: getattr(mp, name) for name in ("start_processes", "spawn")}
+    for name in saved:
+        setattr(mp, name, refuse)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(mp, name, fn)
 
 
 def context_from_env(
