@@ -46,6 +46,12 @@ HOPELESS = (
     "JobHeldAdmin",
     "DependencyNeverSatisfied",
 )
+_MEANING = {
+    "PartitionConfig": "the request exceeds what the partition's nodes have (CPUs, GPUs or memory per node)",
+    "PartitionTimeLimit": "--time is longer than the partition allows",
+    "PartitionNodeLimit": "--nodes is more than the partition allows",
+    "InvalidAccount": "--account is not one you may charge",
+}
 _ENDED = {
     "FAILED",
     "CANCELLED",
@@ -96,9 +102,12 @@ class Launcher:
     def failure(self, cluster: ipp.Cluster) -> str | None:
         """Why the engines will never come (the launcher ended or was refused), or None."""
         for es in cluster.engines.values():
-            if es.state == "after":
+            if es.state == "after" or _exited(getattr(es, "process", None)):
                 out = _tail(es.get_output(remove=False)) if hasattr(es, "get_output") else ""
-                return f"{self.name} launcher exited ({es.stop_data}){': ' + out if out else ''}"
+                said = f": {out.rstrip(':')}" if out else ""
+                return (
+                    f"{self.name} launcher exited{said}; ask for fewer ranks or change the launcher's options"
+                )
         return None
 
     def progress(self, cluster: ipp.Cluster, waited: float) -> str | None:
@@ -139,7 +148,7 @@ class Launcher:
                     print(f"dtwork: {line}", flush=True)
                 said = time.monotonic()
             try:
-                client.wait_for_engines(n, timeout=1.0, block=True)
+                client.wait_for_engines(n, timeout=1.0, block=True, interactive=False)
             except TimeoutError:
                 pass
         return client
@@ -224,7 +233,8 @@ class SlurmLauncher(Launcher):
         for job in self.jobs(cluster):
             state, reason = job_state(job)
             if state == "PENDING" and reason.startswith(HOPELESS):
-                return f"Slurm job {job} cannot start: {reason} (squeue); scancel'd, change the request"
+                why = _MEANING.get(reason.split(",")[0], "the scheduler will not run it as asked")
+                return f"Slurm job {job} cannot start: {reason} ({why}); it is cancelled: change the request"
             if state is None or state in _ENDED:
                 out = _tail(next(iter(cluster.engines.values())).get_output(remove=False))
                 return f"Slurm job {job} ended ({state or 'gone'}) before its engines registered: {out or 'no output'}"
@@ -246,6 +256,8 @@ class DtworkSlurmEngineSetLauncher(SlurmEngineSetLauncher):  # type: ignore[misc
     def _run_command(self, command: list[str], **kwargs: Any) -> str:
         kwargs.pop("stdin", None)
         proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, **kwargs)
+        if proc.returncode and command[0] != "sbatch":
+            return proc.stdout + proc.stderr  # scancel of a job that already ended: nothing to do
         if proc.returncode:
             why = (proc.stderr or proc.stdout).strip().splitlines()
             raise DtworkError(f"{command[0]} refused the job: {why[-1] if why else proc.returncode}")
@@ -256,6 +268,11 @@ class DtworkSlurmEngineSetLauncher(SlurmEngineSetLauncher):  # type: ignore[misc
         extra: dict[str, Any] = self.namespace  # type: ignore[has-type]
         self.namespace = {**extra, "n_per_node": n // int(nodes.group(1)) if nodes else n}
         super().write_batch_script(n)
+
+    def stop(self) -> Any:
+        if not self.job_id:  # sbatch refused: there is no job to cancel
+            return self.notify_stop({"job_id": "", "output": ""})
+        return super().stop()
 
     def start(self, n: int = 1) -> Any:
         job = super().start(n)
@@ -418,8 +435,29 @@ def interface_address(interface: str) -> str:
     raise DtworkError(f"network interface {interface!r} has no IPv4 address on this host: name another")
 
 
+def _exited(proc: Any) -> bool:
+    """Whether a launcher's local process (a psutil.Process) has ended; no event loop needed."""
+    if proc is None:
+        return False
+    try:
+        return bool(proc.status() == "zombie")
+    except Exception:  # psutil.NoSuchProcess: reaped already
+        return True
+
+
 def _tail(text: Any, lines: int = 3) -> str:
+    """The message of a tool's output: the first paragraph of an MPI-style ``-----`` block, else the last lines."""
     if isinstance(text, bytes):
         text = text.decode("utf8", "replace")
-    rows = [r for r in str(text or "").strip().splitlines() if r.strip()]
+    rows = str(text or "").strip().splitlines()
+    starts = [i for i, r in enumerate(rows) if r.startswith("-----")]
+    if starts:
+        para = []
+        for r in rows[starts[0] + 1 :]:
+            if not r.strip():
+                break
+            para.append(r.strip())
+        if para:
+            return " ".join(para)
+    rows = [r for r in rows if r.strip()]
     return " | ".join(rows[-lines:])
