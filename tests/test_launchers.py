@@ -208,6 +208,34 @@ def test_slurm_request_the_queue_cannot_satisfy_fails_at_once_with_its_reason(
     assert not squeue_jobs()
 
 
+ALLOCATION_KERNEL = """
+import json, os, dtwork
+with dtwork.start(n=2, backend="gloo", launcher="slurm") as c:
+    c.run("import os, torch, torch.distributed as dist; t = torch.ones(1); dist.all_reduce(t)", quiet=True)
+    c.run("step = (os.environ.get('SLURM_JOB_ID'), os.environ.get('SLURM_STEP_ID'))", quiet=True)
+    print(json.dumps({"sums": [t.item() for t in c.pull("t")], "steps": c.pull("step")}), flush=True)
+"""
+
+
+@pytest.mark.usefixtures("slurm")
+def test_slurm_inside_an_allocation_starts_the_engines_as_an_srun_step(tmp_path: Path) -> None:
+    script, out = tmp_path / "kernel.py", tmp_path / "out.txt"
+    script.write_text(ALLOCATION_KERNEL)
+    job = subprocess.run(
+        ["sbatch", "--parsable", "-n", "2", f"--output={out}", "--wrap", f"{sys.executable} {script}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout.strip()
+    wait_for(lambda: job not in squeue_jobs(), 180, f"the batch job {job} to finish")
+    lines = [line for line in out.read_text().splitlines() if line.startswith("{")]
+    assert lines, out.read_text()[-2000:]
+    result = json.loads(lines[-1])
+    assert result["sums"] == [2.0, 2.0]
+    assert {tuple(s) for s in result["steps"]} == {(job, "0")}  # one srun step of the notebook's own job
+
+
 KERNEL = """
 import json, sys, dtwork
 c = dtwork.start(n=2, backend="gloo", launcher=sys.argv[1])
