@@ -122,6 +122,28 @@ def _train_and_stop(ip: object, launcher: str, capsys: pytest.CaptureFixture[str
 # -- Slurm -------------------------------------------------------------------------------------
 
 
+def test_ranks_and_gpus_follow_the_schedulers_ranks_and_local_ranks() -> None:
+    """Two nodes x 2 GPUs: engines registered out of order get SLURM_PROCID's ranks, and local
+    rank L the L-th GPU the allocation shows the engine (its CUDA_VISIBLE_DEVICES, here 2 and 3)."""
+    from dtwork.rendezvous import assign_ranks
+
+    gpus = [{"index": 2, "uuid": "GPU-a"}, {"index": 3, "uuid": "GPU-b"}]
+    hosts = {0: "n2", 1: "n1", 2: "n2", 3: "n1"}
+    probes = {e: {"hostname": h, "pid": 100 + e, "gpus": gpus, "addresses": {}} for e, h in hosts.items()}
+    found = {0: (3, 1), 1: (0, 0), 2: (2, 0), 3: (1, 1)}  # (SLURM_PROCID, SLURM_LOCALID) by engine
+    plans = launchers.scheduler_plans(assign_ranks(probes, use_gpus=True), found, probes, use_gpus=True)
+    assert [(p.rank, p.engine_id, p.hostname, p.local_rank, p.gpu) for p in plans] == [
+        (0, 1, "n1", 0, 2),
+        (1, 3, "n1", 1, 3),
+        (2, 2, "n2", 0, 2),
+        (3, 0, "n2", 1, 3),
+    ]
+    assert [p.gpu_uuid for p in plans] == ["GPU-a", "GPU-b", "GPU-a", "GPU-b"]
+    one_gpu = {e: {**p, "gpus": gpus[:1]} for e, p in probes.items()}
+    with pytest.raises(DtworkError, match="host n1 runs 2 engines but they can use 1 GPU"):
+        launchers.scheduler_plans(assign_ranks(one_gpu, use_gpus=False), found, one_gpu, use_gpus=True)
+
+
 def test_slurm_batch_script_asks_for_whole_gpu_nodes() -> None:
     script = SlurmLauncher(
         LaunchOptions(gpus_per_node=4, nodes=2, partition="gpu", time="04:00:00", account="proj")
