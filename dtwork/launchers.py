@@ -410,16 +410,6 @@ def order_ranks(
     found = dict(zip(ids, client[ids].apply_sync(scheduler_rank), strict=True))
     if any(v is None for v in found.values()):
         return plans
-    return scheduler_plans(plans, found, probes, use_gpus)
-
-
-def scheduler_plans(
-    plans: list[RankPlan],
-    found: dict[int, tuple[int, int]],
-    probes: dict[int, dict[str, Any]],
-    use_gpus: bool,
-) -> list[RankPlan]:
-    """Ranks in the scheduler's order (``found``: engine id -> (rank, local rank)); GPUs by local rank."""
     ordered = sorted(plans, key=lambda p: found[p.engine_id])
     pinned: dict[int, dict[str, Any]] = {}
     for host in dict.fromkeys(p.hostname for p in ordered) if use_gpus else []:

@@ -332,20 +332,6 @@ def _latest(store: Any, run_id: int, name: str) -> float | None:
     return float(rows[-1]["value"]) if rows else None
 
 
-def _interval_text(store: Any, run_id: int) -> str:
-    """The latest estimate's 95% interval, and "not yet settled" until it is narrow enough to act on."""
-    rows = store.metrics(run_id, "b_simple")
-    step = rows[-1]["step"] if rows else None
-    lo, hi, settled = (
-        next((r["value"] for r in reversed(store.metrics(run_id, n)) if r["step"] == step), None)
-        for n in ("b_simple_lo", "b_simple_hi", "settled")
-    )
-    text = f" (95% interval {lo:.1f}-{hi:.1f})" if lo is not None and hi is not None else ""
-    if settled is not None and not settled:
-        text += ", not yet settled: train more steps before acting on it"
-    return text
-
-
 def gns_advice(
     cluster: Any, *, dataset_size: int | None = None, run_id: int | None = None, quiet: bool = False
 ) -> Any:
@@ -383,9 +369,7 @@ def gns_advice(
     except ValueError as exc:
         raise DtworkError(str(exc)) from None
     if not quiet:
-        print(
-            f"dtwork: B_simple ~ {b_simple:.1f}{_interval_text(store, rid)} at global batch {global_batch} (run {rid})"
-        )
+        print(f"dtwork: B_simple ~ {b_simple:.1f} at global batch {global_batch} (run {rid})")
         for line in advice.summary():
             print(f"  {line}")
     if _in_ipython():

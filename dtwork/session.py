@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import ipyparallel as ipp
 
 from dtwork import engines
+from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.collector import POLL_SECONDS, CellResult, CellWatcher, error_line
 from dtwork.errors import DtworkError
 from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
@@ -47,6 +48,7 @@ class Session:
         self.last: CellResult | None = None
         self.restarts_used = 0
         self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
+        self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
 
     # -- store -----------------------------------------------------------------------------
 
@@ -93,6 +95,11 @@ class Session:
         """Write records to the store (first), as rows and events; the store refusing keeps them."""
         if self.run_id is not None:
             self.writer.records(self.run_id, seq, records)
+            eff = self.efficiency.add(records, time.monotonic()) if self.efficiency else None
+            if eff is not None:  # an aggregated row of its own, for the sidebar and the report
+                self.writer.records(self.run_id, seq, [eff])
+                if self.dashboard is not None:
+                    self.dashboard.feed([eff])
         self.writer.flush()
         if self.run_id is not None and self.cluster.config.tensorboard:  # live scalars, after the store
             from dtwork.export.tensorboard import live_tensorboard
@@ -153,6 +160,7 @@ class Session:
             dashboard_ready()
         ar = self.cluster.view(rank_list).execute(source, silent=False, block=False)
         on_records = self._dashboard_feed(run_id, rank_list, quiet)
+        self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
         if bg:
             self.background = watcher
@@ -260,6 +268,18 @@ class Session:
             if self.cluster.state == "running":
                 self.cluster.run(engines.set_auto_resume, False)
 
+    def _live_efficiency(self, run_id: int, n: int) -> LiveEfficiency | None:
+        """The cell's efficiency estimate, measured against a sweep's 1-rank throughput where known."""
+        if n < 2:
+            return None
+        c = self.cluster
+        per_slot = c.global_batch_size // c.world_size if c.global_batch_size else None
+        try:
+            sweeps = [r["data"] for r in self.store.results(run_id, "scaling")]
+        except STORE_ERRORS:
+            sweeps = []
+        return LiveEfficiency(n, sweep_baseline(sweeps, per_slot))
+
     def _dashboard_feed(
         self, run_id: int, ranks: list[int], quiet: bool
     ) -> Callable[[list[dict[str, Any]]], None] | None:
@@ -275,6 +295,8 @@ class Session:
             # Made at the first records: a cell that logs nothing shows no empty dashboard.
             if self.dashboard is None:
                 self.dashboard = Dashboard.for_cell(self, run_id, ranks)
+                if self.efficiency is not None and self.efficiency.last is not None:
+                    self.dashboard.feed([self.efficiency.last])
             self.dashboard.feed(records)
 
         return feed

@@ -31,6 +31,7 @@ from dtwork.plots.figures import (
     tradeoff_figure,
 )
 from dtwork.plots.series import (
+    EFFICIENCY_NAME,
     GNS_INTERVAL,
     GNS_NAMES,
     GPU_NAMES,
@@ -50,6 +51,7 @@ from dtwork.plots.series import (
 )
 
 __all__ = [
+    "EFFICIENCY_NAME",
     "GNS_INTERVAL",
     "GNS_NAMES",
     "LOG_SPAN",

@@ -81,7 +81,7 @@ def _summary(run: dict[str, Any], data: dict[str, Any], last: dict[str, float]) 
         if r["rank"] is not None and r["name"] == "samples_per_s":
             by_rank.setdefault(r["rank"], []).append(r["value"])
     throughput = run["summary"].get("throughput") or sum(statistics.median(v) for v in by_rank.values())
-    eff = run["summary"].get("scaling_efficiency")
+    eff = run["summary"].get("scaling_efficiency", last.get(plots.EFFICIENCY_NAME))  # else the live estimate
     if eff is None and (result := helpers.scaling(data)) is not None:
         eff = result.efficiencies().get(run["world_size"])
     adv = helpers.advice(data)
@@ -92,7 +92,11 @@ def _summary(run: dict[str, Any], data: dict[str, Any], last: dict[str, float]) 
         ("throughput (samples/s, over all ranks)", throughput or None),
         ("scaling efficiency", f"{eff:.0%}" if isinstance(eff, (int, float)) else "not measured"),
         ("steps", run["last_step"]),
-        *[(f"final {escape(k)}", v) for k, v in last.items() if k not in plots.GNS_NAMES],
+        *[
+            (f"final {escape(k)}", v)
+            for k, v in last.items()
+            if k not in plots.GNS_NAMES + (plots.EFFICIENCY_NAME,)
+        ],
         ("B_simple", helpers.b_simple(data) or "not measured"),
         ("suggested global batch", helpers.suggested_batch(adv) if adv else "not measured"),
     ]

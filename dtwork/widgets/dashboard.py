@@ -121,6 +121,7 @@ class Dashboard(widgets.VBox):
             "gns": plots.GnsSeries(global_batch),
         }
         self._last_step: int | None = None  # of the last row fed
+        self.efficiency: float | None = None  # the session's live scaling-efficiency estimate
         self._progress: dict[int, dict[str, Any]] = {}
         self._first_progress: dict[int, tuple[float, int]] = {}
         self._seconds: float | None = None
@@ -296,6 +297,9 @@ class Dashboard(widgets.VBox):
                 for key in KIND_SERIES.get(kind, ()):
                     self._series[key].add(kind_rows)
             self.rows_fed += len(rows)
+            for row in rows:
+                if row["name"] == plots.EFFICIENCY_NAME and row["kind"] == "log":
+                    self.efficiency = row["value"]
             self._last_step = rows[-1]["step"]
             self._dirty = True
 
@@ -430,6 +434,8 @@ class Dashboard(widgets.VBox):
         parts.append(self._step_text(progress))
         if total:
             parts.append(f"{total:,.0f} samples/s")
+        if self.efficiency is not None:
+            parts.append(f"{self.efficiency:.0%} scaling efficiency")
         known = [eta for eta in etas.values() if eta is not None]
         if known and self.status == "running":
             parts.append(f"ETA {format_duration(max(known))}")

@@ -1,0 +1,114 @@
+"""Live scaling efficiency: estimated kernel-side from the ranks' perf records, stored as an aggregated
+log row, read by the server's run list and the report; and the sweep's intervals and warnings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from dtwork.analysis.scaling import (
+    EFFICIENCY_NAME,
+    LiveEfficiency,
+    ScalingPoint,
+    ScalingResult,
+    mean_interval,
+    settled,
+    sweep_baseline,
+)
+from dtwork.records import make_record, to_rows
+
+CELL = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+model = ctx.wrap(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
+opt = ctx.optimizer(model.parameters())
+data = ctx.synthetic((32,), (1,), size=2048)
+for step, (x, y) in ctx.steps(ctx.loader(data, batch_size=16), max_steps=60):
+    loss = F.mse_loss(model(x), y); ctx.backward(loss); ctx.step(opt); ctx.log(loss=loss)
+"""
+
+
+def perf(rank: int, step: int, samples: float, step_time: float, comm: float) -> dict[str, object]:
+    values = {"samples_per_s": samples, "step_time": step_time, "comm_time": comm}
+    return dict(make_record("perf", step, rank, values))
+
+
+def test_estimate_waits_for_every_rank_then_reports_the_share_not_waiting() -> None:
+    live = LiveEfficiency(2, every=1.0)
+    assert live.add([perf(0, 5, 100.0, 0.1, 0.02)], now=0.0) is None  # rank 1 not heard from yet
+    rec = live.add([perf(1, 6, 100.0, 0.1, 0.04)], now=0.1)
+    assert rec is not None and rec["values"][EFFICIENCY_NAME] == pytest.approx(0.7)  # 1 - (0.2+0.4)/2
+    assert live.add([perf(0, 7, 100.0, 0.1, 0.0)], now=0.5) is None  # at most once a second
+    rows = to_rows([live.add([], now=1.2)])  # type: ignore[list-item]
+    assert rows[0]["rank"] is None and rows[0]["kind"] == "log" and rows[0]["step"] == 7
+    assert rows[0]["value"] == pytest.approx(0.8)
+
+
+def test_a_sweep_baseline_gives_the_measured_ratio() -> None:
+    sweep = ScalingResult("weak", [ScalingPoint(1, 100.0, 0.1, 0.0, 16, 16)]).to_dict()
+    assert sweep_baseline([sweep], per_slot=8) is None  # another per-slot batch: not comparable
+    live = LiveEfficiency(2, sweep_baseline([sweep], per_slot=16))
+    rec = live.add([perf(0, 1, 90.0, 0.1, 0.05), perf(1, 1, 80.0, 0.1, 0.05)], now=0.0)
+    assert rec is not None and rec["values"][EFFICIENCY_NAME] == pytest.approx(170 / 200)
+
+
+def test_one_rank_has_no_estimate() -> None:
+    assert LiveEfficiency(1).add([perf(0, 1, 90.0, 0.1, 0.05)], now=0.0) is None
+
+
+def test_interval_settles_and_bounds_efficiency() -> None:
+    mean, low, high = mean_interval([100.0, 102.0, 98.0, 101.0])
+    assert low is not None and high is not None and low < mean < high
+    assert settled([100.0, 101.0, 99.0]) and not settled([100.0, 150.0, 60.0]) and not settled([1.0, 1.0])
+    res = ScalingResult(
+        "weak",
+        [
+            ScalingPoint(1, 100.0, 0.1, 0.0, 16, 16, low=95.0, high=105.0, repeats=3),
+            ScalingPoint(2, 160.0, 0.1, 0.06, 16, 32, low=150.0, high=170.0, repeats=5, settled=False),
+        ],
+    )
+    lo, hi = res.efficiency_intervals()[2]
+    assert lo == pytest.approx(150 / 210) and hi == pytest.approx(170 / 190)
+    assert "95% interval" in res.headline()
+    warnings = res.warnings()
+    assert any("latency dominates" in w for w in warnings) and any("did not settle" in w for w in warnings)
+    assert ScalingResult.from_dict(res.to_dict()) == res
+
+
+def test_a_two_rank_run_writes_its_efficiency_for_the_sidebar_and_report(
+    fresh_run: object, tmp_path: Path
+) -> None:
+    from dtwork.report import export
+    from dtwork.server import data
+
+    cluster = fresh_run
+    cluster.run(CELL, quiet=True)  # type: ignore[attr-defined]
+    session = cluster.session  # type: ignore[attr-defined]
+    run_id, store = session.run_id, session.store.path
+    session.writer.flush(force=True)
+    eff = session.store.last_metrics(run_id)[EFFICIENCY_NAME]
+    assert 0.0 < eff <= 1.0
+    rows = [r for r in session.store.metrics(run_id, EFFICIENCY_NAME)]
+    assert rows and all(r["rank"] is None for r in rows)
+
+    listed = {r["id"]: r for r in data.list_runs(str(tmp_path))["runs"]}  # GET /dtwork/runs
+    assert listed[run_id]["scaling_efficiency"] == pytest.approx(eff)
+
+    rep = export(run_id, tmp_path / "r.ipynb", store=store)
+    text = "\n".join(c.source for c in nbformat.read(rep.path, as_version=4).cells)
+    assert f"| scaling efficiency | {eff:.0%} |" in text
+    assert "final scaling_efficiency" not in text
+
+
+def test_dashboard_shows_it_beside_throughput_not_among_the_metrics() -> None:
+    from dtwork.widgets.dashboard import Dashboard
+
+    dash = Dashboard(1, [0, 1])
+    dash.feed([perf(0, 3, 100.0, 0.1, 0.02), perf(1, 3, 100.0, 0.1, 0.02)])
+    dash.feed([make_record("log", 3, 0, {"loss": 1.0, EFFICIENCY_NAME: 0.8})])
+    dash.flush()
+    assert "samples/s · 80% scaling efficiency" in dash._header.value
+    assert [t.name for t in dash._series["metrics"].traces()] == ["loss"]
+    dash.close()
