@@ -26,9 +26,10 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
       --timeout bounds every collective (default 300 s). --profile uses an ipyparallel
       profile whose launcher (SSH, MPI, Slurm) starts engines on other hosts.
         [--launcher local|slurm|mpi|ssh] [--partition P] [--time T] [--account A]
-        [--gpus-per-node G] [--nodes K] [--hosts h1:4,h2:4]
+        [--gpus-per-node G] [--nodes K] [--hosts h1:4,h2:4] [--engine-timeout SECONDS]
       --launcher starts the engines as the tasks of one Slurm job (sbatch, or srun inside an
       allocation), with mpiexec, or over SSH; dtwork writes the launcher configuration.
+      --engine-timeout bounds the wait for the engines, a batch queue included (default 60 s).
   status          the ranks, hosts, devices, backend and state
   stop            stop every engine and the controller
   restart         same ranks and settings, fresh engines and process group
@@ -101,6 +102,7 @@ def _start_parser() -> _Parser:
         p.add_argument(name, default=None)
     p.add_argument("--gpus-per-node", type=int, default=None)
     p.add_argument("--nodes", type=int, default=None)
+    p.add_argument("--engine-timeout", type=int, default=None)
     return p
 
 
@@ -138,6 +140,7 @@ def plan_start(argv: list[str]) -> Cluster:
         store=ns.store,
         launcher=ns.launcher,
         launch_options=LaunchOptions(**options),
+        **({} if ns.engine_timeout is None else {"engine_timeout": ns.engine_timeout}),
     )
 
 

@@ -122,6 +122,28 @@ def _train_and_stop(ip: object, launcher: str, capsys: pytest.CaptureFixture[str
 # -- Slurm -------------------------------------------------------------------------------------
 
 
+def test_ranks_and_gpus_follow_the_schedulers_ranks_and_local_ranks() -> None:
+    """Two nodes x 2 GPUs: engines registered out of order get SLURM_PROCID's ranks, and local
+    rank L the L-th GPU the allocation shows the engine (its CUDA_VISIBLE_DEVICES, here 2 and 3)."""
+    from dtwork.rendezvous import assign_ranks
+
+    gpus = [{"index": 2, "uuid": "GPU-a"}, {"index": 3, "uuid": "GPU-b"}]
+    hosts = {0: "n2", 1: "n1", 2: "n2", 3: "n1"}
+    probes = {e: {"hostname": h, "pid": 100 + e, "gpus": gpus, "addresses": {}} for e, h in hosts.items()}
+    found = {0: (3, 1), 1: (0, 0), 2: (2, 0), 3: (1, 1)}  # (SLURM_PROCID, SLURM_LOCALID) by engine
+    plans = launchers.scheduler_plans(assign_ranks(probes, use_gpus=True), found, probes, use_gpus=True)
+    assert [(p.rank, p.engine_id, p.hostname, p.local_rank, p.gpu) for p in plans] == [
+        (0, 1, "n1", 0, 2),
+        (1, 3, "n1", 1, 3),
+        (2, 2, "n2", 0, 2),
+        (3, 0, "n2", 1, 3),
+    ]
+    assert [p.gpu_uuid for p in plans] == ["GPU-a", "GPU-b", "GPU-a", "GPU-b"]
+    one_gpu = {e: {**p, "gpus": gpus[:1]} for e, p in probes.items()}
+    with pytest.raises(DtworkError, match="host n1 runs 2 engines but they can use 1 GPU"):
+        launchers.scheduler_plans(assign_ranks(one_gpu, use_gpus=False), found, one_gpu, use_gpus=True)
+
+
 def test_slurm_batch_script_asks_for_whole_gpu_nodes() -> None:
     script = SlurmLauncher(
         LaunchOptions(gpus_per_node=4, nodes=2, partition="gpu", time="04:00:00", account="proj")
@@ -163,7 +185,7 @@ def test_slurm_start_trains_ddp_and_stop_leaves_no_job(shell: object, capsys) ->
 
 
 @pytest.mark.usefixtures("slurm")
-def test_slurm_queue_wait_is_shown_with_the_job_id_and_bounded(capsys) -> None:
+def test_slurm_queue_wait_is_shown_with_the_job_id_and_bounded(shell: object, capsys) -> None:
     hold = subprocess.run(
         ["sbatch", "--parsable", "-n", str(os.cpu_count()), "--wrap", "sleep 600"],
         capture_output=True,
@@ -177,7 +199,7 @@ def test_slurm_queue_wait_is_shown_with_the_job_id_and_bounded(capsys) -> None:
             DtworkError,
             match=r"only 0 of 2 engines registered within 5 s \(Slurm job \d+ PENDING \(Resources\)",
         ):
-            dtwork.start(n=2, launcher="slurm", backend="gloo", engine_timeout=5)
+            shell.run_line_magic("dtrain", "start --launcher slurm -n 2 --backend gloo --engine-timeout 5")  # type: ignore[attr-defined]
         assert time.monotonic() - t0 < 60
         out = capsys.readouterr().out
         assert re.search(r"Slurm job \d+ PENDING.*; waited \d+ s for the engines", out), out
@@ -206,6 +228,34 @@ def test_slurm_request_the_queue_cannot_satisfy_fails_at_once_with_its_reason(
         dtwork.start(launcher="slurm", backend="gloo", **options)
     assert time.monotonic() - t0 < 30  # the scheduler's answer, not a timeout
     assert not squeue_jobs()
+
+
+ALLOCATION_KERNEL = """
+import json, os, dtwork
+with dtwork.start(n=2, backend="gloo", launcher="slurm") as c:
+    c.run("import os, torch, torch.distributed as dist; t = torch.ones(1); dist.all_reduce(t)", quiet=True)
+    c.run("step = (os.environ.get('SLURM_JOB_ID'), os.environ.get('SLURM_STEP_ID'))", quiet=True)
+    print(json.dumps({"sums": [t.item() for t in c.pull("t")], "steps": c.pull("step")}), flush=True)
+"""
+
+
+@pytest.mark.usefixtures("slurm")
+def test_slurm_inside_an_allocation_starts_the_engines_as_an_srun_step(tmp_path: Path) -> None:
+    script, out = tmp_path / "kernel.py", tmp_path / "out.txt"
+    script.write_text(ALLOCATION_KERNEL)
+    job = subprocess.run(
+        ["sbatch", "--parsable", "-n", "2", f"--output={out}", "--wrap", f"{sys.executable} {script}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout.strip()
+    wait_for(lambda: job not in squeue_jobs(), 180, f"the batch job {job} to finish")
+    lines = [line for line in out.read_text().splitlines() if line.startswith("{")]
+    assert lines, out.read_text()[-2000:]
+    result = json.loads(lines[-1])
+    assert result["sums"] == [2.0, 2.0]
+    assert {tuple(s) for s in result["steps"]} == {(job, "0")}  # one srun step of the notebook's own job
 
 
 KERNEL = """
