@@ -421,6 +421,12 @@ def test_a_cells_logged_steps_reach_its_live_dashboard(cluster: Any) -> None:
         cluster.session.live = False
 
 
+def _read_fed(dash: Dashboard) -> int:
+    """The rows fed to ``dash`` so far, what its drawer has not read yet included."""
+    dash._add_queued()
+    return dash.rows_fed
+
+
 def _settled(read: Any, quiet: float = 0.3, within: float = 10.0) -> Any:
     """Return ``read()`` once it has not changed for ``quiet`` seconds."""
     value, since, deadline = read(), time.monotonic(), time.monotonic() + within
@@ -450,10 +456,10 @@ def test_switching_live_off_mid_cell_pauses_the_dashboard_but_not_the_store(clus
             ) and time.monotonic() < deadline:
                 time.sleep(0.02)
             session.live = False
-            # a batch fed at the switch lands (the dashboard's drawer reads what was fed once per interval)
-            paused_at = _settled(lambda: session.dashboard.rows_fed, quiet=1.0)
+            # a batch fed at the switch lands; what was fed is read at once here, not at the drawer's pace
+            paused_at = _settled(lambda: _read_fed(session.dashboard), quiet=1.0)
             time.sleep(0.8)
-            assert session.dashboard.rows_fed == paused_at  # nothing fed while paused
+            assert _read_fed(session.dashboard) == paused_at  # nothing fed while paused
             session.live = True
             session.wait_background()
         assert session.dashboard.rows_fed > paused_at  # fed again after the pause
@@ -481,6 +487,7 @@ WARM_PROBE = """
 import json, sys
 from dtwork import Cluster, widgets
 c = Cluster(n=2, backend="gloo")
+c.session.live = True  # as in a notebook (a script shows no live view)
 try:
     c.start()
     out = {"spare": c._spare_core(), "started": widgets._warming is not None,

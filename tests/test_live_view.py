@@ -170,6 +170,8 @@ def test_a_finished_cell_leaves_plotly_json_in_its_output_and_closes_its_widgets
     assert "width" not in spec["layout"] and "legend2" in spec["layout"]
     assert len(json.dumps(spec)) < 100_000
     assert "finished" in last.data["text/plain"]
+    loss = next(t for t in spec["data"] if t["name"] == "loss")
+    assert loss["y"] == [1.0 / (s + 1) for s in range(10)]  # plain lists, which every reader takes
     figures = [dash._rows.figure, dash.panels["gns"].figure]
     assert all(f._esm == "export default {};" and f.comm is None for f in figures)
     assert dash.comm is None and dash._header.comm is None

@@ -198,6 +198,7 @@ def _stack(panels: Sequence[tuple[str, str]], title: str = "") -> go.Figure:
         template=_template(),
         height=HEIGHT * n + (40 if title else 0),
         autosize=True,
+        showlegend=True,  # every row's legend, also one with a single trace
         margin={"l": 60, "r": 20, "t": 80 if title else 40, "b": 50},
         uirevision="dtwork",
     )

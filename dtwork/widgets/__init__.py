@@ -23,8 +23,8 @@ def warm_dashboard() -> None:
     """Load the live dashboard's modules in a background thread, once per process.
 
     The first ``FigureWidget`` pulls in plotly's widget stack and, through it, nbformat and
-    jsonschema, seconds of CPU: loaded while the engines start, the first training cell does not
-    pay for it with a late dashboard and CPU taken from its ranks.
+    jsonschema, which are slow to load: loaded while the engines start, the first training cell
+    does not pay for it with a late dashboard and CPU taken from its ranks.
     """
     global _warming
     with _lock:

@@ -12,7 +12,9 @@ The metrics, throughput and step-time figures are the rows of one figure widget
 (:class:`~dtwork.widgets.live_figure.RowsPanel`), updated in one message a redraw; the GPU and
 noise-scale figures, shown once they have data, are widgets of their own. Each figure is drawn from
 a :class:`dtwork.plots.Series`, the code the reports draw with. The header line and the bars are
-one HTML widget: one message a redraw, however many ranks.
+one HTML widget: one message a redraw, however many ranks. When the cell ends, its output is
+replaced by the same figures as one static plotly figure and the widgets close, so that a saved
+notebook holds plotly JSON rather than widget models.
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ def _session_info(session: Any) -> tuple[str, int | None]:
     name = getattr(getattr(cluster, "config", None), "name", None)
     batch = getattr(cluster, "global_batch_size", None)
     return (str(name) if name else "dtwork"), (batch if isinstance(batch, int) else None)
+
+
+def _as_lists(trace: plots.Trace) -> plots.Trace:
+    """The trace with plain lists: plotly JSON that any reader of a notebook takes as it is."""
+    return trace._replace(x=list(trace.x.tolist()), y=list(trace.y.tolist()))
 
 
 class Dashboard(widgets.VBox):
@@ -212,7 +219,7 @@ class Dashboard(widgets.VBox):
         """Every figure on screen as the rows of one plotly figure, titled with the header line."""
         with self._lock:
             parts = [
-                (self._series[key], self._series[key].traces(MAX_POINTS))
+                (self._series[key], [_as_lists(t) for t in self._series[key].traces(MAX_POINTS)])
                 for key in (*BASE_FIGURES, *(k for k in KIND_FIGURES if k in self.panels))
             ]
             progress = {r: dict(p) for r, p in self._progress.items()}

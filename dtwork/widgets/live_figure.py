@@ -18,8 +18,8 @@ from dtwork import plots
 
 __all__ = ["FigurePanel", "LiveFigureWidget", "RowView", "RowsPanel"]
 
-FIT_FIRST = 10  # draws that each ask the browser to fit the figure to the cell's width
-FIT_EVERY = 10  # after those, every this many draws ask again
+FIT_FIRST = 10  # restyles that each ask the browser to fit the figure to the cell's width
+FIT_EVERY = 4  # after those, every this many restyles ask again
 
 
 class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
@@ -52,7 +52,7 @@ class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
     def __init__(self, fig: go.Figure | dict[str, Any]) -> None:
         super().__init__(fig)
         self._config = {"responsive": True}  # follows the browser window's width
-        self._fits = 0  # relayouts sent that make the browser fit the figure to the cell's width
+        self._restyles = 0
 
     def restyle_xy(self, xs: Sequence[Any], ys: Sequence[Any], index: Sequence[int]) -> None:
         """Set ``x`` and ``y`` of the traces at ``index`` and send them in one restyle.
@@ -67,17 +67,21 @@ class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
             props = self._data[i]
             props["x"] = x
             props["y"] = y
-        self._send_restyle_msg({"x": list(xs), "y": list(ys)}, index)
+        self._restyles += 1
+        with self.hold_sync():  # the restyle and, now and then, the fit: one message
+            self._send_restyle_msg({"x": list(xs), "y": list(ys)}, index)
+            if self._restyles <= FIT_FIRST or self._restyles % FIT_EVERY == 0:
+                self.fit_width()
 
     def fit_width(self) -> None:
-        """Ask the browser to size the figure to its cell again (``autosize``), in the message of the
-        next restyle when one is pending.
+        """Ask the browser to size the figure to its cell again (``autosize``).
 
-        plotly's widget draws a new view before JupyterLab attaches it to the page, so it cannot
-        measure the cell and takes plotly's default width; a relayout with ``autosize`` measures
-        again. The kernel cannot tell when the view is attached: the dashboard asks now and then.
+        plotly's widget draws a new view before JupyterLab attaches it to the page, so it may not
+        measure the cell and take plotly's default width; a relayout with ``autosize`` measures
+        again. The kernel cannot tell when a view is attached: the restyles ask now and then. Like
+        the restyle, the message stays in place until the next one (plotly's own messages are set,
+        then cleared at once, which a held sync would merge into nothing).
         """
-        self._fits += 1
         with self.hold_sync():
             self._last_layout_edit_id += 1
             self._layout_edit_in_process = True
@@ -111,14 +115,6 @@ class FigurePanel:
         self.view = self.figure
         self.names = [trace.name for trace in self.figure.data]
         self.axes: dict[str, dict[str, Any]] = {}  # the y axes' layout set so far, by axis name
-        self.draws = 0
-
-    def _fit(self) -> None:
-        """Ask the browser to fit the figure to the cell's width on the first FIT_FIRST draws, then
-        on every FIT_EVERY-th (the view may be attached late; the window may be resized)."""
-        self.draws += 1
-        if self.draws <= FIT_FIRST or self.draws % FIT_EVERY == 0:
-            self.figure.fit_width()
 
     def _set_axis(self, name: str, axis: Mapping[str, Any]) -> None:
         """Set the y axis ``name`` ("yaxis", "yaxis2", ...) when its layout changed."""
@@ -131,9 +127,7 @@ class FigurePanel:
         the figure has those traces already, the new ones added at the end, all of them again when
         their order changed.
         """
-        with self.figure.hold_sync():  # the restyle and the fit in one message
-            self._show(traces, axis or {})
-            self._fit()
+        self._show(traces, axis or {})
 
     def _show(self, traces: Sequence[plots.Trace], axis: Mapping[str, Any]) -> None:
         names = [t.name for t in traces]
@@ -206,9 +200,7 @@ class RowsPanel(FigurePanel):
         """Draw each row's traces (a series' ``traces(...)``) on its y axis laid out as ``axes[row]``:
         the ones on screen already in one restyle, the new ones added at the end; a row whose traces
         came in a new order is drawn again."""
-        with self.figure.hold_sync():  # the restyle and the fit in one message
-            self._show_rows(rows, axes or {})
-            self._fit()
+        self._show_rows(rows, axes or {})
 
     def _show_rows(
         self, rows: Mapping[str, Sequence[plots.Trace]], axes: Mapping[str, Mapping[str, Any]]

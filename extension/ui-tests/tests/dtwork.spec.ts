@@ -131,30 +131,50 @@ test.describe('dtwork sidebar', () => {
     // The live dashboard in the page: plotly's graph takes every redraw (one widget message each) as the
     // ranks train, and ends with every logged step (the loss is the same on both ranks: its mean is the step).
     // ~9 s of training at two redraws a second leaves room for a slow first load of plotly's JS (CI machines).
+    // The view reads well: as wide as the cell, each row with its own legend, a loss spanning more than two
+    // decades on a log axis; when the cell ends its widgets give way to the same figure as plotly JSON.
     const steps = 150;
     await page.notebook.addCell(
       'code',
       `%%dtrain\nimport time\nfor step, _ in ctx.steps(range(${steps}), max_steps=${steps}):\n` +
-        '    time.sleep(0.06)\n    ctx.log(loss=float(step))'
+        '    time.sleep(0.06)\n    ctx.log(loss=float(step + 1))'
     );
-    const lossPoints = () =>
+    const liveView = () =>
       page.evaluate(() => {
         const cells = document.querySelectorAll(
           '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell'
         );
-        const plot = cells[cells.length - 1]?.querySelector('.js-plotly-plot') as
-          (HTMLElement & { data?: { name?: string; y?: ArrayLike<number> }[] }) | null;
+        const cell = cells[cells.length - 1];
+        const plot = cell?.querySelector('.js-plotly-plot') as
+          | (HTMLElement & {
+              data?: { name?: string; y?: ArrayLike<number> }[];
+              _fullLayout?: { yaxis?: { type?: string } };
+            })
+          | null;
+        const output = cell?.querySelector('.jp-OutputArea-output');
         const loss = plot?.data?.find(t => t.name === 'loss');
-        return loss?.y ? Array.from(loss.y) : null;
+        return {
+          points: loss?.y ? Array.from(loss.y) : null,
+          width: plot?.querySelector('.main-svg')?.getBoundingClientRect().width ?? 0,
+          cellWidth: output?.getBoundingClientRect().width ?? 0,
+          lossAxis: plot?._fullLayout?.yaxis?.type ?? null,
+          legends: ['legend', 'legend2', 'legend3'].filter(c => plot?.querySelector(`g.${c}`)).length,
+          widget: !!cell?.querySelector('.jupyter-widgets')
+        };
       });
     const running = page.notebook.runCell(2, { inplace: true });
     const seen = new Set<number>();
     const deadline = Date.now() + 120_000;
     let points: number[] | null = null;
+    let liveWidth = 0; // the widest the live widget was drawn, as a share of the cell's width
     while (Date.now() < deadline) {
-      points = await lossPoints();
+      const view = await liveView();
+      points = view.points;
       if (points) {
         seen.add(points.length);
+      }
+      if (view.widget && view.cellWidth > 0) {
+        liveWidth = Math.max(liveWidth, view.width / view.cellWidth);
       }
       if (points && points.length === steps) {
         break;
@@ -162,13 +182,23 @@ test.describe('dtwork sidebar', () => {
       await page.waitForTimeout(100);
     }
     await running;
-    expect(points).toEqual(Array.from({ length: steps }, (_, i) => i));
+    const ones = Array.from({ length: steps }, (_, i) => i + 1);
+    expect(points).toEqual(ones);
     const partial = [...seen].filter(n => n > 0 && n < steps).sort((a, b) => a - b);
     expect(
       partial.length,
       `partial lengths drawn while it trained: ${partial.join(', ')}`
     ).toBeGreaterThanOrEqual(3);
+    expect(liveWidth, 'the live figure fills the cell').toBeGreaterThan(0.9);
     await page.screenshot({ path: testInfo.outputPath('live-dashboard.png') });
+    // the finished cell: the static figure (plotly's mimetype, no widget), every step, the same reading
+    await expect.poll(async () => (await liveView()).widget, { timeout: 30_000 }).toBe(false);
+    const final = await liveView();
+    expect(final.points).toEqual(ones);
+    expect(final.lossAxis).toBe('log');
+    expect(final.legends).toBe(3);
+    expect(final.width / final.cellWidth).toBeGreaterThan(0.9);
+    await page.screenshot({ path: testInfo.outputPath('live-dashboard-finished.png') });
 
     // the Report link exports the run (POST .../report) and opens the notebook it wrote
     const reported = page.waitForResponse(
