@@ -194,6 +194,10 @@ class SlurmLauncher(Launcher):
             raise DtworkError(
                 f"-n {n} ranks are not whole nodes of --gpus-per-node {g}: use a multiple of {g}"
             )
+        if g is not None and k is not None and n != g * k:
+            raise DtworkError(
+                f"--nodes {k} x --gpus-per-node {g} is {g * k} ranks, not -n {n}: use -n {g * k}"
+            )
 
     def cluster_kwargs(self, interface: str | None) -> dict[str, Any]:
         if self.in_allocation:
@@ -410,6 +414,16 @@ def order_ranks(
     found = dict(zip(ids, client[ids].apply_sync(scheduler_rank), strict=True))
     if any(v is None for v in found.values()):
         return plans
+    return scheduler_plans(plans, found, probes, use_gpus)
+
+
+def scheduler_plans(
+    plans: list[RankPlan],
+    found: dict[int, tuple[int, int]],
+    probes: dict[int, dict[str, Any]],
+    use_gpus: bool,
+) -> list[RankPlan]:
+    """Ranks in the scheduler's order (``found``: engine id -> (rank, local rank)); GPUs by local rank."""
     ordered = sorted(plans, key=lambda p: found[p.engine_id])
     pinned: dict[int, dict[str, Any]] = {}
     for host in dict.fromkeys(p.hostname for p in ordered) if use_gpus else []:

@@ -164,6 +164,8 @@ def test_slurm_batch_script_asks_for_whole_gpu_nodes() -> None:
         DtworkError, match=r"-n 6 ranks are not whole nodes of --gpus-per-node 4: use a multiple of 4"
     ):
         SlurmLauncher(LaunchOptions(gpus_per_node=4)).check(6)
+    with pytest.raises(DtworkError, match=r"--nodes 2 x --gpus-per-node 4 is 8 ranks, not -n 4: use -n 8"):
+        SlurmLauncher(LaunchOptions(gpus_per_node=4, nodes=2)).check(4)
     with pytest.raises(DtworkError, match=r"has characters Slurm does not take"):
         SlurmLauncher(LaunchOptions(partition="gpu\n#SBATCH --x")).check(2)
     with pytest.raises(DtworkError, match="use --launcher or --profile, not both"):
