@@ -220,3 +220,16 @@ def test_launchers_that_start_processes_are_refused(cluster: Any) -> None:
     with pytest.raises(RankFailure, match="every dtwork rank already is one process of the group"):
         cluster.run(cell)
     assert cluster.run(lambda: 1) == [1, 1]
+
+
+def test_run_needs_a_script_and_takes_no_ipython_options(ip: Any, tmp_path: Path) -> None:
+    from dtwork.errors import DtworkError
+
+    with pytest.raises(DtworkError, match=r"%dtrain run needs a script: %dtrain run SCRIPT.py \[ARGS...\]"):
+        ip.run_line_magic("dtrain", "run")
+    script = tmp_path / "x.py"
+    script.write_text("x = 1\n")
+    with pytest.raises(RankFailure, match="on dtwork's ranks %run takes SCRIPT.py"):
+        ip.run_cell_magic("dtrain", "", f"%run -i {script}\n")
+    with pytest.raises(RankFailure, match="no script at nowhere.py"):
+        ip.run_line_magic("dtrain", "run nowhere.py")
