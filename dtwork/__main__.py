@@ -1,6 +1,8 @@
 """``python -m dtwork run NOTEBOOK``: execute a notebook headlessly, write the executed copy under reports/.
 
 ``python -m dtwork script NOTEBOOK -o train.py``: write its ``%%dtrain`` cells as a torchrun script.
+
+``python -m dtwork doctor [--gpu]``: check this installation end to end and print a table.
 """
 
 from __future__ import annotations
@@ -46,7 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     script = sub.add_parser("script", help="write a notebook's %%%%dtrain cells as a torchrun script")
     script.add_argument("notebook", type=Path)
     script.add_argument("-o", "--output", type=Path, default=None, help="default: NOTEBOOK.py beside it")
+    doctor = sub.add_parser("doctor", help="check this installation end to end (--gpu: the GPU path too)")
+    doctor.add_argument("--gpu", action="store_true", help="also check NCCL, AMP and throughput on the GPUs")
+    doctor.add_argument("-n", type=int, default=2, help="CPU ranks for the CPU checks (default 2)")
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        from dtwork.doctor import main as run_doctor
+
+        return run_doctor(gpu=args.gpu, n=args.n)
     if not args.notebook.exists():
         parser.error(f"no notebook at {args.notebook}")
     if args.command == "script":
