@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -167,8 +168,13 @@ def openmpi() -> str:
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None:
         _unavailable("Open MPI not installed (no mpiexec): apt-get install openmpi-bin libopenmpi-dev")
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        _unavailable("mpi4py is not installed in this Python: pip install mpi4py (needs libopenmpi-dev)")
+    # In a child: importing mpi4py.MPI initialises MPI, which this test process must not do.
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    probe = subprocess.run(
+        [sys.executable, "-c", "from mpi4py import MPI"], capture_output=True, text=True, env=env
+    )
+    if probe.returncode:
+        _unavailable(
+            f"mpi4py cannot load MPI in this Python (pip install mpi4py): {probe.stderr.strip()[-200:]}"
+        )
     return str(mpiexec)
