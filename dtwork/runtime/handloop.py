@@ -72,6 +72,7 @@ class HandLoop:
         scale = float(ctx._scaler.get_scale()) if ctx._scaler is not None else 1.0  # before its update
         for s in states:
             s.reset()
+            s.measuring = True  # a steps loop that sampled every Nth step may have left it off
         self.step += 1
         self._perf_tick(samples, comm)
         if not gns or not self._estimating():
