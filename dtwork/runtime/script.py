@@ -115,6 +115,7 @@ def run_script(path: str, args: Sequence[str] = (), namespace: dict[str, Any] | 
     The script's top-level names land in ``namespace`` afterwards (as ``%run`` does), except
     ``ctx`` and dunder names. ``sys.exit(0)`` ends the script; any other code raises ``ScriptExit``.
     """
+    __tracebackhide__ = True  # IPython shows the script's frames, not this one
     file = Path(path).expanduser()
     if not file.is_file():
         raise DtworkError(f"no script at {path} (the rank's working directory is {os.getcwd()})")
