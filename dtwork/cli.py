@@ -301,3 +301,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `dtwork runs list | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def format_runs_table(runs: list[dict[str, Any]], path: str | os.PathLike[str] | None = None) -> str:
+    """A plain-text table of runs (as from :meth:`RunStore.list_runs`) for ``%dtrain runs``."""
+    if not runs:
+        where = f" in {path}" if path is not None else ""
+        return f"no runs yet{where}: run a %%dtrain cell to start one"
+    header = ("id", "name", "status", "ranks", "backend", "steps", "started")
+    lines: list[tuple[str, ...]] = [header]
+    for run in runs:
+        created = run.get("created_at")
+        started = datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M") if created else None
+        lines.append(
+            tuple(
+                _cell(v)
+                for v in (
+                    run.get("id"),
+                    run.get("name"),
+                    run.get("status"),
+                    run.get("world_size"),
+                    run.get("backend"),
+                    run.get("last_step"),
+                    started,
+                )
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    numeric = {0, 3, 5}
+    out = []
+    for line in lines:
+        cells = [
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)

@@ -21,7 +21,6 @@ thread, the Jupyter server extension (read-only) and the report exporter read th
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sqlite3
@@ -29,100 +28,46 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from dtwork.errors import DtworkError
+from dtwork.store_schema import (
+    SCHEMA_VERSION,
+    check_version,
+    create_or_upgrade,
+)
+from dtwork.store_schema import (
+    dumps as _dumps,
+)
+from dtwork.store_schema import (
+    float_or_none as _float_or_none,
+)
+from dtwork.store_schema import (
+    int_or_none as _int_or_none,
+)
+from dtwork.store_schema import (
+    loads as _loads,
+)
+from dtwork.store_schema import (
+    ranges as _ranges,
+)
 
 __all__ = [
     "RUN_STATUSES",
     "SCHEMA_VERSION",
     "RunStore",
     "default_store_path",
-    "format_runs_table",
 ]
 
-SCHEMA_VERSION = 2
 RUN_STATUSES = ("running", "completed", "failed", "interrupted", "stopped")
 RankSelector = Literal["aggregated", "all"] | int
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    name TEXT,
-    status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    ended_at REAL,
-    world_size INT,
-    backend TEXT,
-    cluster_id TEXT,
-    notebook TEXT,
-    config_yaml TEXT,
-    global_batch_size INT,
-    per_slot_batch_size INT,
-    summary_json TEXT NOT NULL DEFAULT '{}'
-);
-CREATE TABLE IF NOT EXISTS cells (
-    run_id INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    source TEXT,
-    started_at REAL,
-    ended_at REAL,
-    status TEXT,
-    error TEXT,
-    ranks_json TEXT,
-    PRIMARY KEY (run_id, seq)
-);
-CREATE TABLE IF NOT EXISTS metrics (
-    run_id INTEGER NOT NULL,
-    cell_seq INTEGER,
-    step INT NOT NULL,
-    rank INT,
-    name TEXT NOT NULL,
-    value REAL,
-    time REAL,
-    kind TEXT NOT NULL DEFAULT 'log'
-);
-CREATE INDEX IF NOT EXISTS metrics_run_name_step ON metrics (run_id, name, step);
-CREATE INDEX IF NOT EXISTS metrics_run_step ON metrics (run_id, step);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id INTEGER,
-    time REAL NOT NULL,
-    kind TEXT NOT NULL,
-    message TEXT,
-    data_json TEXT
-);
-CREATE INDEX IF NOT EXISTS events_run ON events (run_id, kind);
-CREATE TABLE IF NOT EXISTS environment (
-    run_id INTEGER PRIMARY KEY,
-    data_json TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS results (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id INTEGER,
-    kind TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    data_json TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS results_run_kind ON results (run_id, kind);
-"""
 
 _RUN_COLUMNS = (
     "id, name, status, created_at, ended_at, world_size, backend, cluster_id, notebook, "
     "config_yaml, global_batch_size, per_slot_batch_size, summary_json"
 )
 _METRIC_COLUMNS = ("run_id", "cell_seq", "kind", "step", "rank", "name", "value", "time")
-# Version 1 stored no kind; its rows get the kind their names and ranks imply, once.
-_MIGRATE_1_TO_2 = """
-ALTER TABLE metrics ADD COLUMN kind TEXT NOT NULL DEFAULT 'log';
-UPDATE metrics SET kind = CASE
-    WHEN rank IS NULL AND name IN ('b_simple', 'g2', 'trace_sigma') THEN 'gns'
-    WHEN rank IS NULL THEN 'log'
-    WHEN name IN ('utilization', 'memory_used_mb', 'memory_total_mb') THEN 'gpu'
-    ELSE 'perf' END
-"""
 
 
 def default_store_path() -> Path:
@@ -130,56 +75,6 @@ def default_store_path() -> Path:
     env = os.environ.get("DTWORK_STORE", "").strip()
     path = Path(env).expanduser() if env else Path(".dtwork") / "runs.sqlite"
     return path.absolute()
-
-
-def _json_default(obj: Any) -> Any:
-    item = getattr(obj, "item", None)  # numpy / torch scalars
-    if callable(item):
-        try:
-            return item()
-        except (TypeError, ValueError):
-            pass
-    tolist = getattr(obj, "tolist", None)  # numpy arrays, tensors
-    if callable(tolist):
-        return tolist()
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    return str(obj)
-
-
-def _dumps(data: Any) -> str:
-    return json.dumps(data, default=_json_default)
-
-
-def _loads(text: str | None, empty: Any = None) -> Any:
-    if text is None:
-        return empty
-    return json.loads(text)
-
-
-def _float_or_none(value: Any) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _ranges(ids: list[int]) -> str:
-    """``[1, 2, 3, 5, 7, 8]`` -> ``"1-3, 5, 7-8"``."""
-    parts: list[str] = []
-    start = prev = ids[0]
-    for i in [*ids[1:], None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ", ".join(parts)
 
 
 class RunStore:
@@ -219,35 +114,10 @@ class RunStore:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
             raise DtworkError(f"{self._path} is not a dtwork run store ({exc})") from exc
-        if version > SCHEMA_VERSION:
-            raise DtworkError(
-                f"run store {self._path} has schema version {version}, newer than this dtwork "
-                f"supports ({SCHEMA_VERSION}): upgrade dtwork, or set DTWORK_STORE to another file"
-            )
-        if version == SCHEMA_VERSION:
-            return
-        if self._readonly and version:
-            raise DtworkError(
-                f"{self._path} was written by an older dtwork (schema version {version}): "
-                "open it once with write access (e.g. RunStore(path)) to upgrade it"
-            )
-        if self._readonly:
-            raise DtworkError(
-                f"{self._path} holds no dtwork runs yet (schema version {version}): "
-                "run a %%dtrain cell first, or set DTWORK_STORE"
-            )
-        with self._write() as cur:
-            # Re-check inside the write lock: another process may have created the schema.
-            found = cur.execute("PRAGMA user_version").fetchone()[0]
-            if found == 1:
-                for statement in _MIGRATE_1_TO_2.split(";"):
-                    if statement.strip():
-                        cur.execute(statement)
-            if found < SCHEMA_VERSION:
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        cur.execute(statement)
-                cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        check_version(self._path, version, self._readonly)
+        if version < SCHEMA_VERSION:
+            with self._write() as cur:
+                create_or_upgrade(cur)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -616,43 +486,3 @@ class RunStore:
         for row in rows:
             row["data"] = _loads(row.pop("data_json"))
         return rows
-
-
-def _cell(value: Any) -> str:
-    return "-" if value is None or value == "" else str(value)
-
-
-def format_runs_table(runs: list[dict[str, Any]], path: str | os.PathLike[str] | None = None) -> str:
-    """A plain-text table of runs (as from :meth:`RunStore.list_runs`) for ``%dtrain runs``."""
-    if not runs:
-        where = f" in {path}" if path is not None else ""
-        return f"no runs yet{where}: run a %%dtrain cell to start one"
-    header = ("id", "name", "status", "ranks", "backend", "steps", "started")
-    lines: list[tuple[str, ...]] = [header]
-    for run in runs:
-        created = run.get("created_at")
-        started = datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M") if created else None
-        lines.append(
-            tuple(
-                _cell(v)
-                for v in (
-                    run.get("id"),
-                    run.get("name"),
-                    run.get("status"),
-                    run.get("world_size"),
-                    run.get("backend"),
-                    run.get("last_step"),
-                    started,
-                )
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    numeric = {0, 3, 5}
-    out = []
-    for line in lines:
-        cells = [
-            c.rjust(w) if i in numeric else c.ljust(w)
-            for i, (c, w) in enumerate(zip(line, widths, strict=True))
-        ]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)

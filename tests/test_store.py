@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from dtwork.cli import format_runs_table
 from dtwork.errors import DtworkError
-from dtwork.store import SCHEMA_VERSION, RunStore, default_store_path, format_runs_table
+from dtwork.store import SCHEMA_VERSION, RunStore, default_store_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HAS_PANDAS = importlib.util.find_spec("pandas") is not None

@@ -1,0 +1,182 @@
+"""The run store's SQLite schema, its upgrades from older versions, and how values are encoded."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from dtwork.errors import DtworkError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "check_version",
+    "create_or_upgrade",
+    "dumps",
+    "float_or_none",
+    "int_or_none",
+    "loads",
+    "ranges",
+]
+
+SCHEMA_VERSION = 2
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    ended_at REAL,
+    world_size INT,
+    backend TEXT,
+    cluster_id TEXT,
+    notebook TEXT,
+    config_yaml TEXT,
+    global_batch_size INT,
+    per_slot_batch_size INT,
+    summary_json TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS cells (
+    run_id INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    source TEXT,
+    started_at REAL,
+    ended_at REAL,
+    status TEXT,
+    error TEXT,
+    ranks_json TEXT,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id INTEGER NOT NULL,
+    cell_seq INTEGER,
+    step INT NOT NULL,
+    rank INT,
+    name TEXT NOT NULL,
+    value REAL,
+    time REAL,
+    kind TEXT NOT NULL DEFAULT 'log'
+);
+CREATE INDEX IF NOT EXISTS metrics_run_name_step ON metrics (run_id, name, step);
+CREATE INDEX IF NOT EXISTS metrics_run_step ON metrics (run_id, step);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    message TEXT,
+    data_json TEXT
+);
+CREATE INDEX IF NOT EXISTS events_run ON events (run_id, kind);
+CREATE TABLE IF NOT EXISTS environment (
+    run_id INTEGER PRIMARY KEY,
+    data_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS results (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER,
+    kind TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    data_json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS results_run_kind ON results (run_id, kind);
+"""
+
+# Version 1 stored no kind; its rows get the kind their names and ranks imply, once.
+_MIGRATE_1_TO_2 = """
+ALTER TABLE metrics ADD COLUMN kind TEXT NOT NULL DEFAULT 'log';
+UPDATE metrics SET kind = CASE
+    WHEN rank IS NULL AND name IN ('b_simple', 'g2', 'trace_sigma') THEN 'gns'
+    WHEN rank IS NULL THEN 'log'
+    WHEN name IN ('utilization', 'memory_used_mb', 'memory_total_mb') THEN 'gpu'
+    ELSE 'perf' END
+"""
+
+
+def check_version(path: Path, version: int, readonly: bool) -> None:
+    """Refuse a store this dtwork cannot use as it is; say what to do."""
+    if version > SCHEMA_VERSION:
+        raise DtworkError(
+            f"run store {path} has schema version {version}, newer than this dtwork "
+            f"supports ({SCHEMA_VERSION}): upgrade dtwork, or set DTWORK_STORE to another file"
+        )
+    if readonly and 0 < version < SCHEMA_VERSION:
+        raise DtworkError(
+            f"{path} was written by an older dtwork (schema version {version}): "
+            "open it once with write access (e.g. RunStore(path)) to upgrade it"
+        )
+    if readonly and version == 0:
+        raise DtworkError(
+            f"{path} holds no dtwork runs yet (schema version {version}): "
+            "run a %%dtrain cell first, or set DTWORK_STORE"
+        )
+
+
+def _run(cur: sqlite3.Cursor, script: str) -> None:
+    for statement in script.split(";"):
+        if statement.strip():
+            cur.execute(statement)
+
+
+def create_or_upgrade(cur: sqlite3.Cursor) -> None:
+    """Create or upgrade the schema inside the caller's write transaction."""
+    # Re-read the version under the write lock: another process may have done it meanwhile.
+    found = cur.execute("PRAGMA user_version").fetchone()[0]
+    if found == 1:
+        _run(cur, _MIGRATE_1_TO_2)
+    if found < SCHEMA_VERSION:
+        _run(cur, _SCHEMA)
+        cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _json_default(obj: Any) -> Any:
+    item = getattr(obj, "item", None)  # numpy / torch scalars
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            pass
+    tolist = getattr(obj, "tolist", None)  # numpy arrays, tensors
+    if callable(tolist):
+        return tolist()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, default=_json_default)
+
+
+def loads(text: str | None, empty: Any = None) -> Any:
+    if text is None:
+        return empty
+    return json.loads(text)
+
+
+def float_or_none(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def ranges(ids: list[int]) -> str:
+    """``[1, 2, 3, 5, 7, 8]`` -> ``"1-3, 5, 7-8"``."""
+    parts: list[str] = []
+    start = prev = ids[0]
+    for i in [*ids[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(parts)
