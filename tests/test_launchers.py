@@ -237,7 +237,9 @@ import json, os, dtwork
 with dtwork.start(n=2, backend="gloo", launcher="slurm") as c:
     c.run("import os, torch, torch.distributed as dist; t = torch.ones(1); dist.all_reduce(t)", quiet=True)
     c.run("step = (os.environ.get('SLURM_JOB_ID'), os.environ.get('SLURM_STEP_ID'))", quiet=True)
-    print(json.dumps({"sums": [t.item() for t in c.pull("t")], "steps": c.pull("step")}), flush=True)
+    result = {"sums": [t.item() for t in c.pull("t")], "steps": c.pull("step")}
+# after the stop: this job (the notebook's allocation) still runs, only the engines' step ended
+print(json.dumps(result), flush=True)
 """
 
 
