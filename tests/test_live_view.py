@@ -176,3 +176,13 @@ def test_a_finished_cell_leaves_plotly_json_in_its_output_and_closes_its_widgets
     assert all(f._esm == "export default {};" and f.comm is None for f in figures)
     assert dash.comm is None and dash._header.comm is None
     assert dash._drawer is None
+
+
+def test_the_gns_axis_says_not_yet_settled_until_the_records_say_settled() -> None:
+    records = [gns(s, 100.0) for s in range(4)]
+    assert plots.gns_figure(to_rows(records)).layout.yaxis.title.text == "B_simple (samples)"
+    for rec in records:
+        rec["values"]["settled"] = float(rec["step"] >= 3)
+    unsettled = plots.gns_figure(to_rows(records[:3])).layout.yaxis.title.text
+    assert unsettled == "B_simple (samples), not yet settled"
+    assert plots.gns_figure(to_rows(records)).layout.yaxis.title.text == "B_simple (samples)"

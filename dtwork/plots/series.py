@@ -59,6 +59,7 @@ PERF_NAMES = ("samples_per_s", "step_time", "compute_time", "comm_time", "data_t
 GPU_NAMES = ("utilization", "memory_used_mb", "memory_total_mb")
 STEP_PARTS = (("compute_time", "compute"), ("comm_time", "communication wait"), ("data_time", "data loading"))
 GNS_INTERVAL = ("b_simple_lo", "b_simple_hi")  # the low and high edge of B_simple's interval
+NOT_SETTLED = ", not yet settled"  # the GNS axis title's note while the interval is still wide
 LOG_SPAN = 100.0  # a metrics panel whose positive values span more than this ratio is drawn on a log axis
 ROBUST_MIN_POINTS = 8  # values a robust axis needs before it leaves plotly's autorange
 _GREY_DASH = {"line": {"dash": "dash", "color": "#888"}}
@@ -182,7 +183,8 @@ class MetricsSeries(Series):
 class GnsSeries(Series):
     """B_simple against step with its interval as a band (when the records carry one), the global
     batch as a dashed line when given, on a robust axis: values far outside the bulk are marked at
-    the axis' edge instead of setting its scale (:func:`robust_range`)."""
+    the axis' edge instead of setting its scale (:func:`robust_range`). While the records say the
+    estimate has not settled (its interval still wide), the axis' title says so."""
 
     title, y_title = "Gradient noise scale", "B_simple (samples)"
 
@@ -193,8 +195,13 @@ class GnsSeries(Series):
             name: (step_column(), value_column()) for name in ("b_simple", *GNS_INTERVAL)
         }
         self._extent: tuple[int, int] | None = None  # (first, last) step of B_simple
+        self._settled: tuple[int, bool] | None = None  # (step, settled) of the latest "settled" value
 
     def _add(self, row: Mapping[str, Any]) -> bool:
+        if row["name"] == "settled" and row["rank"] is None:
+            if self._settled is None or row["step"] >= self._settled[0]:
+                self._settled = (row["step"], bool(row["value"]))
+            return True
         column = self._data.get(row["name"])
         if row["rank"] is not None or column is None:
             return False
@@ -242,9 +249,12 @@ class GnsSeries(Series):
     def y_axis(self, traces: Sequence[Trace]) -> dict[str, Any]:
         estimate = next((t for t in traces if t.name == "B_simple"), None)
         bounds = None if estimate is None else robust_range(estimate.y, self._kept())
-        if bounds is None:
-            return {"autorange": True}
-        return {"range": list(bounds), "autorange": False}
+        axis: dict[str, Any] = (
+            {"autorange": True} if bounds is None else {"range": list(bounds), "autorange": False}
+        )
+        unsettled = self._settled is not None and not self._settled[1]
+        axis["title"] = {"text": f"{self.y_title}{NOT_SETTLED if unsettled else ''}"}
+        return axis
 
 
 def robust_range(values: Sequence[float], keep: Sequence[float] = ()) -> tuple[float, float] | None:
