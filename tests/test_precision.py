@@ -106,6 +106,6 @@ def test_fp16_skipped_step_is_skipped_everywhere_and_equals_skipping_it_by_hand(
     assert injected["lr"] == by_hand["lr"] and injected["gns_steps"] == by_hand["gns_steps"] == [used, used]
     assert injected["estimate"][0] == pytest.approx(by_hand["estimate"][0], rel=1e-6)
     assert injected["scale"][0] == by_hand["scale"][0] / 2
-    # clip_grad_norm unscaled first: the norms are the gradients', not thousands of times them
+    # clip_grad_norm unscaled first: the same norms under loss scales that differ by 2 after step 7
     finite = [n for n in injected["norms"][0] if math.isfinite(n)]
-    assert len(finite) == used and max(finite) < 1e3 and max(by_hand["norms"][0][len(natural) :]) < 1e3
+    assert finite == pytest.approx(by_hand["norms"][0], rel=1e-5) and len(finite) == used

@@ -11,7 +11,9 @@ and installs, once per process, a post-hook on every optimizer's ``step``. Outsi
   seconds per step) and feeds ``ctx.gns_state``; ``every`` follows the ranks' mean step time
   from that same all-reduce, so every rank agrees on when the next one comes.
 
-A step the fp16 loss scaler skips never calls ``optimizer.step``, so it is not counted.
+A step the fp16 loss scaler skips never calls ``optimizer.step``, so it is not counted. The
+small batch is a rank's examples of the step (accumulated under ``no_sync`` or not): a hand
+loop's micro-batches are not seen one by one, so world size 1 gives no estimate.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class HandLoop:
             s.reset()
             s.measuring = True  # a steps loop that sampled every Nth step may have left it off
         self.step += 1
+        ctx.publisher.progress(step=self.step, phase="train")  # the watchdog names the rank that stops first
         self._perf_tick(samples, comm)
         if not gns or not self._estimating():
             return
