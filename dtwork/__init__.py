@@ -19,6 +19,7 @@ __all__ = [
     "DtworkError",
     "DtworkWarning",
     "RankFailure",
+    "ctx",
     "load_config",
     "report",
     "runs",
@@ -37,6 +38,7 @@ _LAZY = {
     "Cluster": ("dtwork.cluster", "Cluster"),
     "start": ("dtwork.cluster", "start"),
     "load_config": ("dtwork.config", "load_config"),
+    "ctx": ("dtwork.runtime", "current"),  # on a rank: its ctx, in a function cluster.run calls
 }
 
 

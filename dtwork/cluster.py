@@ -219,7 +219,10 @@ class Cluster:
             for p in self.ranks
         }
         infos = engines.init_ranks(self.client, specs, min(self.timeout, 120.0) + 30.0)
+        notes = engines.take_rank0_warnings([infos[p.engine_id] for p in self.ranks])
         self.rank_info = [{**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in self.ranks]
+        self.global_batch_size = self.rank_info[0].get("global_batch_size")  # the batch used
+        engines.show_warnings(notes)
 
     def _register(self) -> None:
         """Write (or refresh) this cluster's registry entry and make sure a reaper watches it."""
@@ -381,10 +384,12 @@ class Cluster:
             raise DtworkError(
                 f"global_batch_size {gbs} is smaller than the {self.world_size} slots: use at least {self.world_size}"
             )
-        self._call(engines.set_config, (cfg.to_dict(), gbs), {}, None)
-        self.config, self.global_batch_size = cfg, gbs
+        out = self._call(engines.set_config, (cfg.to_dict(), gbs), {}, None)
+        notes = engines.take_rank0_warnings(out)
+        self.config, self.global_batch_size = cfg, out[0]["global_batch_size"]
         if self._session is not None:
             self._session.new_run()
+        engines.show_warnings(notes)
         return cfg
 
     # -- running code ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ or stalled ranks.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import sys
 import threading
@@ -53,11 +54,27 @@ def error_line(err: Any) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+def _left_after_peer(err: Any) -> bool:
+    """Whether a rank raised only because another rank failed (its group was aborted)."""
+    line = error_line(err)
+    return line.startswith("PeerFailure") or "closed by peer" in line or "reset by peer" in line
+
+
 def _traceback(err: Any) -> str:
-    if isinstance(err, ipp.error.RemoteError):
-        lines = err.render_traceback()
-        return "\n".join(lines)
-    return error_line(err)
+    """The rank's traceback, without ipyparallel's ``[n:execute]`` line; colour only in a notebook."""
+    if not isinstance(err, ipp.error.RemoteError):
+        return error_line(err)
+    text = "\n".join(ln for ln in err.render_traceback() if not re.fullmatch(r"\[\d+:\w+\]", ln))
+    return text if in_notebook() else re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (widgets can be shown), not a script or a terminal."""
+    try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
+    except ImportError:
+        return False
+    return bool(ZMQInteractiveShell.initialized())
 
 
 @contextlib.contextmanager
@@ -343,7 +360,7 @@ class CellWatcher:
     def failure(self) -> RankFailure:
         """One traceback (the first failing rank's) plus one status line per other rank."""
         errs = self.result.errors
-        first = min(errs)
+        first = min(errs, key=lambda r: (_left_after_peer(errs[r]), r))  # the cause first
         lines = [
             f"dtwork: the cell failed on rank {first}"
             + (f" ({self.result.message})" if self.result.message else "")
@@ -352,7 +369,9 @@ class CellWatcher:
         for rank in self.ranks:
             if rank == first:
                 continue
-            if rank in errs:
+            if rank in errs and _left_after_peer(errs[rank]) and not _left_after_peer(errs[first]):
+                lines.append(f"rank {rank}: left its collective when rank {first} failed")
+            elif rank in errs:
                 lines.append(f"rank {rank}: {error_line(errs[rank])}")
             else:
                 lines.append(f"rank {rank}: ok")

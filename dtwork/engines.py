@@ -12,6 +12,7 @@ import platform
 import signal
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import ipyparallel as ipp
 import psutil
 
-from dtwork.errors import DtworkError, RankFailure
+from dtwork.errors import DtworkError, DtworkWarning, RankFailure
 
 if TYPE_CHECKING:
     from dtwork.cluster import Cluster
@@ -96,6 +97,21 @@ def init_ranks(
     return infos
 
 
+def take_rank0_warnings(infos: list[dict[str, Any]]) -> list[str]:
+    """Take the warnings out of the ranks' replies (rank 0's first; the others repeat them)."""
+    notes: list[str] = infos[0].pop("warnings", []) if infos else []
+    for info in infos[1:]:
+        info.pop("warnings", None)
+    return notes
+
+
+def show_warnings(notes: list[str]) -> None:
+    """Show what rank 0 warned about while joining or configuring, once, here in the notebook
+    (nobody sees an engine's stderr during a call)."""
+    for message in notes:
+        warnings.warn(message, DtworkWarning, stacklevel=3)
+
+
 # -- results by rank -------------------------------------------------------------------------------
 
 
@@ -106,7 +122,9 @@ def _boxed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
     do not compare (``{0: ..., "total": ...}``) would fail to come back; inside a list it is
     pickled as it is.
     """
-    return [fn(*args, **kwargs)]
+    from dtwork.runtime import call_with_ctx
+
+    return [call_with_ctx(fn, args, kwargs)]
 
 
 def first_error(exc: Exception) -> tuple[str, str]:
@@ -291,3 +309,15 @@ def set_run_id(run_id: int) -> None:
     from dtwork.runtime import current
 
     current().run_id = run_id
+
+
+def repair_group() -> str | None:
+    from dtwork.runtime import current, group
+
+    return group.repair(current().models)
+
+
+def set_cell_ranks(ranks: list[int]) -> None:
+    from dtwork.runtime import control
+
+    control.set_next_cell_ranks(ranks)

@@ -11,9 +11,12 @@ Scaling efficiency E(n) = T(n) / (n T(1)) with T in samples/s (``analysis.scalin
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtwork.errors import DtworkError
+
+if TYPE_CHECKING:
+    from dtwork.config import ExperimentConfig
 
 DEFAULT_PER_SLOT = 32
 DEFAULT_SIZES: tuple[float, ...] = (1, 4, 16, 64, 256)
@@ -332,6 +335,20 @@ def _latest(store: Any, run_id: int, name: str) -> float | None:
     return float(rows[-1]["value"]) if rows else None
 
 
+def _interval_text(store: Any, run_id: int) -> str:
+    """The latest estimate's 95% interval, and "not yet settled" until it is narrow enough to act on."""
+    rows = store.metrics(run_id, "b_simple")
+    step = rows[-1]["step"] if rows else None
+    lo, hi, settled = (
+        next((r["value"] for r in reversed(store.metrics(run_id, n)) if r["step"] == step), None)
+        for n in ("b_simple_lo", "b_simple_hi", "settled")
+    )
+    text = f" (95% interval {lo:.1f}-{hi:.1f})" if lo is not None and hi is not None else ""
+    if settled is not None and not settled:
+        text += ", not yet settled: train more steps before acting on it"
+    return text
+
+
 def gns_advice(
     cluster: Any, *, dataset_size: int | None = None, run_id: int | None = None, quiet: bool = False
 ) -> Any:
@@ -354,9 +371,10 @@ def gns_advice(
             "and train a few steps under ctx.steps"
         )
         return None
-    b_big = _latest(store, rid, "b_big")
-    global_batch = cluster.global_batch_size or (int(b_big) if b_big else None) or cluster.world_size
     cfg = cluster.config
+    global_batch = step_batch(
+        _latest(store, rid, "b_big"), cluster.global_batch_size, cfg, cluster.world_size
+    )
     try:
         advice = advise(
             b_simple,
@@ -369,7 +387,14 @@ def gns_advice(
     except ValueError as exc:
         raise DtworkError(str(exc)) from None
     if not quiet:
-        print(f"dtwork: B_simple ~ {b_simple:.1f} at global batch {global_batch} (run {rid})")
+        k = cfg.optimizations.aggregation_frequency
+        per_step = (
+            f" ({cluster.global_batch_size} x {k} accumulated)" if k > 1 and cluster.global_batch_size else ""
+        )
+        print(
+            f"dtwork: B_simple ~ {b_simple:.1f}{_interval_text(store, rid)} at a batch of {global_batch} "
+            f"per optimizer step{per_step} (run {rid})"
+        )
         for line in advice.summary():
             print(f"  {line}")
     if _in_ipython():
@@ -380,3 +405,13 @@ def gns_advice(
         display(gns_figure(store.metrics(rid, "b_simple"), global_batch))
         display(tradeoff_figure(b_simple, global_batch))
     return advice
+
+
+def step_batch(b_big: float | None, global_batch: int | None, cfg: ExperimentConfig, world_size: int) -> int:
+    """The examples one optimizer step sees: the estimator's B_big when the run has one, else the
+    global batch times ``aggregation_frequency`` (every micro-batch of every rank)."""
+    if b_big:
+        return int(b_big)
+    if global_batch:
+        return global_batch * cfg.optimizations.aggregation_frequency
+    return world_size

@@ -21,6 +21,8 @@ from dtwork.collector import POLL_SECONDS, CellResult, CellWatcher, error_line
 from dtwork.errors import DtworkError
 from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
 
+REPAIR_SECONDS = 60.0  # for every rank to join a new process group after a failed cell
+
 if TYPE_CHECKING:
     from dtwork.cluster import Cluster
     from dtwork.store import RunStore
@@ -158,6 +160,8 @@ class Session:
             # The live view's modules, if they are still loading (Cluster.start began it), load
             # before the ranks start: ~1.5 s of kernel CPU would otherwise compete with the cell.
             dashboard_ready()
+        if len(rank_list) < self.cluster.world_size:  # so that ctx refuses collectives at once
+            self.cluster.view(rank_list).apply_async(engines.set_cell_ranks, rank_list)
         ar = self.cluster.view(rank_list).execute(source, silent=False, block=False)
         on_records = self._dashboard_feed(run_id, rank_list, quiet)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
@@ -209,8 +213,22 @@ class Session:
                 return recovered
         if result.errors:
             self._settle([r for r in result.errors if r not in watcher.dead])
+            if not watcher.restarted and not watcher.dead:
+                self._repair_group()
             raise watcher.failure()
         return result
+
+    def _repair_group(self) -> None:
+        """The failing rank aborted the process group (so no rank waits for it): every rank joins
+        a new one, keeping engines and namespaces; a restart only if that fails."""
+        try:  # bounded: a rank that cannot rejoin must not hold the notebook
+            self.cluster.view().apply_async(engines.repair_group).get(timeout=REPAIR_SECONDS)
+        except Exception as exc:
+            print(
+                f"dtwork: the process group could not be rebuilt ({exc}): restarting the engines",
+                file=sys.stderr,
+            )
+            self.restart_after_failure("process group not rebuilt after a failed cell")
 
     def _settle(self, ranks: list[int], tries: int = 40) -> None:
         """Wait until ranks that raised stop aborting requests (ipykernel aborts what arrives

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import dtwork
 from dtwork import registry
-from dtwork.errors import DtworkError, RankFailure
+from dtwork.errors import DtworkError, DtworkWarning, RankFailure
 from dtwork.rendezvous import assign_ranks, choose_interface, validate_request
 
 MODEL = """
@@ -109,10 +109,11 @@ def test_ranks_are_stable_and_ctx_is_complete(cluster) -> None:
 
 
 def test_global_batch_remainder_is_dropped_with_a_warning(cluster) -> None:
-    cluster.configure({"global_batch_size": 33})
+    with pytest.warns(DtworkWarning, match=r"global batch 33 does not divide over 2 slots"):
+        cluster.configure({"global_batch_size": 33})
     sizes = cluster.run(lambda: __import__("dtwork.runtime", fromlist=["x"]).current().per_slot_batch_size)
     assert sizes == [16, 16]
-    assert cluster.global_batch_size == 33
+    assert cluster.global_batch_size == 32  # the batch the ranks use
     cluster.configure(None)
 
 

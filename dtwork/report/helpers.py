@@ -67,7 +67,8 @@ def advice(data: dict[str, Any]) -> BatchAdvice | None:
     b, lr = b_simple(data), data["lr"]
     if b is None:
         return None
-    batch = data["global_batch_size"] or int(_last(data, "b_big") or data["world_size"])
+    # the batch an optimizer step sees (B_big: every micro-batch of every rank), as %dtrain gns
+    batch = int(_last(data, "b_big") or 0) or data["global_batch_size"] or data["world_size"]
     return advise(b, batch, data["world_size"], lr["base"], warmup_steps=lr["warmup"])
 
 

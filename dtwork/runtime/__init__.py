@@ -5,7 +5,9 @@ Nothing in this package imports kernel-side modules (cluster, collector, magics,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
@@ -23,3 +25,29 @@ def current() -> Context:
 def set_current(ctx: Context | None) -> None:
     global _CTX
     _CTX = ctx
+
+
+def call_with_ctx(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call ``fn`` on this rank, handing it ``ctx`` when it takes one: a parameter named ``ctx``,
+    or one positional argument more than it was given (``cluster.run(lambda c: c.rank)``)."""
+    if _CTX is None:
+        return fn(*args, **kwargs)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return fn(*args, **kwargs)
+    if "ctx" in sig.parameters and "ctx" not in kwargs:
+        with_kw = {**kwargs, "ctx": _CTX}
+        if _binds(sig, args, with_kw):
+            return fn(*args, **with_kw)
+    if not _binds(sig, args, kwargs) and _binds(sig, (_CTX, *args), kwargs):
+        return fn(_CTX, *args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+def _binds(sig: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError:
+        return False
+    return True

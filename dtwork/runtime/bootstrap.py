@@ -6,10 +6,13 @@ returns plain data so that the kernel can decide ranks and the rendezvous addres
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
+import warnings
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -151,7 +154,7 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
     from dtwork import runtime
-    from dtwork.runtime import script
+    from dtwork.runtime import group, script
     from dtwork.runtime.context import Context
 
     if dist.is_initialized():
@@ -169,27 +172,39 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
         device = torch.device("cuda", 0)
     else:
         device = torch.device("cpu")
-    timeout = timedelta(seconds=spec["timeout"])
-    nccl: dict[str, Any] = {"device_id": device} if spec["backend"] == "nccl" else {}
-    dist.init_process_group(
-        backend=spec["backend"],
-        store=_rendezvous_store(spec, timeout),
-        rank=spec["rank"],
-        world_size=spec["world_size"],
-        timeout=timeout,
-        **nccl,
-    )
-    ctx = Context.from_spec(spec, device)
+    with _warnings_for_the_kernel() as notes:
+        ctx = Context.from_spec(spec, device)
     runtime.set_current(ctx)
-    # A first collective proves the group works before the kernel reports "ready".
-    probe_t = torch.ones(1, device=device)
-    dist.all_reduce(probe_t)
-    if int(probe_t.item()) != spec["world_size"]:
-        raise RuntimeError(f"process group check failed: all_reduce gave {probe_t.item()}")
+    # The group's first all-reduce proves it works before the kernel reports "ready".
+    group.join(_rendezvous_store(spec, timedelta(seconds=spec["timeout"])), spec, device)
     script.install(spec)  # torchrun's environment and %run for scripts run on this rank
     gpu = _gpu_facts(spec.get("gpu_uuid") if spec.get("gpu") is not None else None)
     threading.Thread(target=_warm_imports, name="dtwork-warm-imports", daemon=True).start()
-    return {"rank": ctx.rank, "device": str(device), "pid": os.getpid(), **gpu}
+    return {
+        "rank": ctx.rank,
+        "device": str(device),
+        "pid": os.getpid(),
+        "global_batch_size": ctx.global_batch_size,
+        "warnings": notes,
+        **gpu,
+    }
+
+
+@contextlib.contextmanager
+def _warnings_for_the_kernel() -> Iterator[list[str]]:
+    """Collect dtwork's warnings for the kernel to show (nobody sees an engine's stderr during
+    a call); other warnings are shown here as usual."""
+    from dtwork.errors import DtworkWarning
+
+    notes: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DtworkWarning)
+        yield notes
+    for w in caught:
+        if issubclass(w.category, DtworkWarning):
+            notes.append(str(w.message))
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 _listener: socket.socket | None = None
@@ -249,5 +264,10 @@ def set_config(config: dict[str, Any] | None, global_batch_size: int | None) -> 
     from dtwork import runtime
 
     ctx = runtime.current()
-    ctx.configure(config, global_batch_size)
-    return {"per_slot_batch_size": ctx.per_slot_batch_size, "global_batch_size": ctx.global_batch_size}
+    with _warnings_for_the_kernel() as notes:
+        ctx.configure(config, global_batch_size)
+    return {
+        "per_slot_batch_size": ctx.per_slot_batch_size,
+        "global_batch_size": ctx.global_batch_size,
+        "warnings": notes,
+    }

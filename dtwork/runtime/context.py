@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError, DtworkWarning
+from dtwork.runtime import args as _args
 from dtwork.runtime import control
 from dtwork.runtime import loop as _loop  # the steps loop (ctx.loop is the running one)
 from dtwork.runtime import train as _train
@@ -84,6 +85,20 @@ class Context:
         )
         ctx.gpu_index = spec.get("gpu")
         return ctx
+
+    @property
+    def cell_ranks(self) -> list[int]:
+        """The ranks the running cell runs on (``%%dtrain --ranks``): all unless the kernel said."""
+        return control.cell_ranks() or list(range(self.world_size))
+
+    def require_all_ranks(self, what: str) -> None:
+        """Refuse a collective in a cell that runs on some ranks only: it would wait for the others."""
+        ranks = self.cell_ranks
+        if len(ranks) < self.world_size:
+            raise DtworkError(
+                f"{what} needs every rank (a collective), but this cell runs on rank(s) "
+                f"{', '.join(map(str, ranks))} of {self.world_size}: run it on every rank (%%dtrain without --ranks)"
+            )
 
     def __repr__(self) -> str:
         return (
@@ -178,9 +193,19 @@ class Context:
 
     def wrap(self, model: torch.nn.Module, *, gns: bool | None = None, **ddp_kwargs: Any) -> torch.nn.Module:
         """Move ``model`` to this rank's device and wrap it in DDP as the config asks."""
+        from torch.nn.parallel import DistributedDataParallel
+
         from dtwork.runtime.autotune import tune_before_wrap
         from dtwork.runtime.ddp import wrap_model
 
+        if isinstance(model, DistributedDataParallel):
+            raise DtworkError(
+                "ctx.wrap got a model that is already wrapped in DistributedDataParallel: "
+                "use it as it is, or wrap the plain model (model.module) once"
+            )
+        if not isinstance(model, torch.nn.Module):
+            raise DtworkError(f"ctx.wrap takes a torch.nn.Module, got {type(model).__name__}")
+        self.require_all_ranks("ctx.wrap")
         tune_before_wrap(self, model)  # optimizations.auto_tune_tensor_fusion, once per config
         wrapped = wrap_model(self, model, gns=gns, **ddp_kwargs)
         self.register("models", wrapped)
@@ -204,6 +229,11 @@ class Context:
         """The configured optimizer with the scaled learning rate."""
         from dtwork.runtime.optim import make_optimizer
 
+        if isinstance(params, torch.nn.Module):
+            raise DtworkError(
+                f"ctx.optimizer takes parameters, got a model ({type(params).__name__}): "
+                "use ctx.optimizer(model.parameters())"
+            )
         opt = make_optimizer(self, params, **overrides)
         self.register("optimizers", opt)
         return opt
@@ -221,14 +251,49 @@ class Context:
     ) -> Iterator[tuple[int, Any]]:
         """Iterate ``(step, batch)``: accumulation, AMP, checkpoints, metrics and a consistent stop.
 
-        Options: ``max_steps`` / ``max_epochs`` (default: the config's, else one epoch);
-        ``checkpoint_every=N`` writes a checkpoint every N steps and when the loop ends (default:
-        the config's ``checkpoint.every``) into ``<checkpoint.directory>/run-<id>/``, keeping the
-        newest ``checkpoint.keep`` of this run only; ``resume=True`` continues from this run's
-        newest checkpoint (from step 0 when it has none), ``resume=7`` or ``"run-7"`` from run 7's
-        newest, ``resume="path/step-00000040.pt"`` (or a run folder) from that file; a named
-        checkpoint that is missing is an error.
+        ``step`` counts optimizer steps; with ``aggregation_frequency`` k each step yields k
+        micro-batches (call ``ctx.backward(loss)`` and ``ctx.step(opt)`` on each: they step at the
+        last one only). Every rank leaves at the same step: at ``max_steps``, at the end of
+        ``max_epochs``, or on an interrupt. A dataset given instead of a loader is iterated through
+        ``ctx.loader(dataset)``, with a note.
+
+        Options (keywords; an unknown one is refused with "did you mean"):
+
+        - ``max_steps``: optimizer steps to take (default: the config's ``max_steps``, else its
+          ``searcher.max_length``, else one epoch).
+        - ``max_epochs``: passes over the loader (default: the config's; one when neither is set).
+        - ``checkpoint_every``: write a checkpoint every N steps and when the loop ends (default:
+          the config's ``checkpoint.every`` or ``min_checkpoint_period``; 0: none), into
+          ``<checkpoint.directory>/run-<id>/``, keeping the newest ``checkpoint.keep`` of this run.
+        - ``resume``: ``True`` continues from this run's newest checkpoint (from step 0 when it has
+          none); ``7`` or ``"run-7"`` from run 7's newest; ``"path/step-00000040.pt"`` (or a run
+          folder) from that file. A named checkpoint that is missing is an error.
+        - ``validate``: a function called every ``validate_every`` steps (default: the config's
+          ``min_validation_period``); the dict it returns is logged at that step, like ``ctx.log``.
+
+        At the loop's end the ranks compare a checksum of the wrapped models' weights: replicas that
+        differ (a plain ``opt.step()``, a rank that skipped a step) fail the cell, naming the step.
         """
+        _args.check_keywords("ctx.steps", kwargs, _args.keyword_names(_loop.StepLoop)[2:])
+        for name, value in (("max_steps", max_steps), *kwargs.items()):
+            if name in ("max_steps", "max_epochs", "checkpoint_every", "validate_every"):
+                _args.check_count("ctx.steps", name, value)
+        if isinstance(loader, torch.utils.data.Dataset) and not isinstance(loader, Iterable):
+            if self.per_slot_batch_size is None:
+                raise DtworkError(
+                    "ctx.steps got a dataset, not a loader: pass ctx.loader(dataset) "
+                    "(with a global batch set, or ctx.loader(dataset, batch_size=B))"
+                )
+            if self.rank == 0:
+                warnings.warn(
+                    f"ctx.steps got a dataset: iterating ctx.loader(dataset) (batches of "
+                    f"{self.per_slot_batch_size} per rank, sharded); pass ctx.loader(...) yourself to choose",
+                    DtworkWarning,
+                    stacklevel=2,
+                )
+            loader = self.loader(loader)
+        if self.world_size > 1:
+            self.require_all_ranks("ctx.steps")
         return iter(_loop.StepLoop(self, loader, max_steps=max_steps, **kwargs))
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -263,14 +328,22 @@ class Context:
         """Distributed evaluation: each rank its shard, gathered once, no padded duplicates."""
         from dtwork.runtime.evaluate import evaluate
 
+        if not isinstance(model, torch.nn.Module) and isinstance(loader_or_dataset, torch.nn.Module):
+            raise DtworkError(
+                "ctx.evaluate takes the model first: ctx.evaluate(model, dataset_or_loader, metric_fn)"
+            )
+        _args.check_keywords("ctx.evaluate", kw, _args.keyword_names(evaluate)[4:])
+        self.require_all_ranks("ctx.evaluate")
         return evaluate(self, model, loader_or_dataset, metric_fn, **kw)
 
     # -- collectives users often want --------------------------------------------------------
 
     def barrier(self) -> None:
+        self.require_all_ranks("ctx.barrier")
         dist.barrier()
 
     def all_reduce_mean(self, value: float | torch.Tensor) -> float:
+        self.require_all_ranks("ctx.all_reduce_mean")
         t = torch.as_tensor(value, dtype=torch.float64, device=self.device).detach().clone()
         dist.all_reduce(t)
         return float(t.item()) / self.world_size

@@ -39,7 +39,21 @@ def wrap_model(ctx: Context, model: torch.nn.Module, *, gns: bool | None = None,
     wrapped._dtwork_measure = state  # type: ignore[assignment]
     ctx.gns, ctx.gns_state = None, None  # a new wrap starts a new estimate
     handloop.attach(ctx)
+    wrapped._dtwork_kwargs = ddp_kwargs  # type: ignore[assignment]
     return wrapped
+
+
+def rebind(model: torch.nn.Module) -> None:
+    """Rebuild a wrapped model's DDP state on the current (new) default group, in place, so that
+    the cell's variables keep working; rank 0's weights are broadcast as at the first wrap."""
+    state = measure_state(model)
+    if not isinstance(model, DDP) or state is None:
+        return
+    fresh = DDP(model.module, **getattr(model, "_dtwork_kwargs", {}))
+    state.reset()
+    fresh.register_comm_hook(state, measure_hook)
+    fresh.register_forward_pre_hook(_counter(state))
+    model.__dict__.update(fresh.__dict__)
 
 
 def _counter(state: MeasureState) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dtwork.errors import DtworkError
-from dtwork.runtime import checkpoint, control
+from dtwork.runtime import checkpoint, control, guards
 from dtwork.runtime.data import batch_len, to_device
 from dtwork.runtime.ddp import measure_state
 from dtwork.runtime.sync import StepHead, StepSync, SyncedStep
@@ -83,6 +83,7 @@ class StepLoop:
         self._perf = {"t": 0.0, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
         self._last_gpu = 0.0
         self._models: list[torch.nn.Module] = []
+        self._trained: dict[int, torch.nn.Module] = {}  # the wrapped models this loop trained
 
     @property
     def sync_every(self) -> int:
@@ -105,12 +106,27 @@ class StepLoop:
         # Sent at once, not at the next flush interval: a rank that stalls at the loop's first
         # steps is then still named by the kernel's watchdog (it knows the loop started).
         ctx.publisher.flush()
+        clean = False
+        guard = None
         try:
+            if self.k > 1:  # a plain opt.step() before the last micro-batch fails at once
+                guard = guards.step_only_at_last_micro(lambda: (self.micro % self.k + 1, self.k))
             yield from self._epochs(resume_state)
+            guards.check_replicas(list(self._trained.values()), self.step, ctx.device)
             if self.every and self.step and self._saved_step != self.step:
                 self.save_checkpoint()  # the loop's end, also between two `every`
+            clean = True
         finally:
-            self._drain()
+            if guard is not None:
+                guard.remove()
+            if not clean:
+                control.left_loop_at(self.step)  # names the step if the cell fails
+            try:
+                self._drain()
+            except Exception:
+                if clean:
+                    raise
+                # left by an error: the sync in flight may have failed with the group
             self._publish_unsynced()
             self._publish_gns(force=True)
             control.exit_loop()
@@ -303,6 +319,8 @@ class StepLoop:
             s = measure_state(m)
             if s is not None:
                 comm += s.exposed_comm()
+                if s.buckets:  # exchanged gradients: trained by this loop
+                    self._trained[id(m)] = m
                 s.reset()
         self._perf_tick(comm)
         self._drain()  # launched a step ago or more; may stop the loop at this step

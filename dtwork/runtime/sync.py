@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dtwork.errors import DtworkError
+from dtwork.runtime import group
 
 MAX_LOGGED = 32
 SYNC_SECONDS = 0.1  # the ranks agree about this often (stop, metrics, GNS), or every step when slower
@@ -153,7 +154,13 @@ class StepSync:
         work, vec, entries = self._pending
         self._pending = None
         if work is not None:
-            work.wait()
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                peer = group.peer_failure(exc)
+                if peer is None:
+                    raise
+                raise peer from None
         values = vec.tolist()
         if values[0] > 0:  # the ranks' summed seconds per step: how many steps the next sync waits for
             mean = values[0] / self.world_size

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from dtwork.runtime import group
+
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
     from dtwork.runtime.loop import StepLoop
@@ -24,7 +26,13 @@ def backward(ctx: Context, loss: torch.Tensor) -> None:
     if loop is not None:
         loop.before_backward()
     with torch.autocast(ctx.device.type, enabled=False):
-        loss.backward()
+        try:
+            loss.backward()
+        except RuntimeError as exc:  # DDP's exchange fails when a peer aborted the group
+            peer = group.peer_failure(exc)
+            if peer is None:
+                raise
+            raise peer from None
     if loop is not None:
         loop.after_backward(scale)
 
@@ -66,6 +74,7 @@ def log_scalars(ctx: Context, scalars: dict[str, Any]) -> None:
         [torch.as_tensor(scalars[n]).detach().to(ctx.device, torch.float64).reshape(()) for n in names]
     )
     if ctx.config.optimizations.average_training_metrics and ctx.world_size > 1:
+        ctx.require_all_ranks("ctx.log outside ctx.steps")
         dist.all_reduce(vec)
         vec /= ctx.world_size
     ctx._log_step = step if step is not None else ctx._log_step + 1

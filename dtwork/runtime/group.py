@@ -1,0 +1,137 @@
+"""The process group's life on a rank: join it, abort it when this rank fails, rejoin it.
+
+A rank that fails while the others wait in a collective would leave them waiting for the
+group's whole timeout, and gloo has no abort that wakes a peer. So the failing rank writes why
+into the rendezvous store, then shuts down its own group sockets: the peers' wait fails at
+once ("connection closed by peer"). The kernel then asks every rank to ``repair``: a new group
+on the same store (under a new key prefix) and the live DDP models rebound to it, so that the
+engines, their namespaces and the cluster stay as they were.
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from dtwork.errors import DtworkError
+
+_Conn = tuple[int, Any, Any]  # (fd, local address, remote address) of an established TCP socket
+
+
+class PeerFailure(DtworkError):
+    """This rank left a collective because another rank failed (the kernel shows that rank's error)."""
+
+
+class _Group:
+    """What this rank needs to abort and rebuild its group: the store, the spec, the sockets."""
+
+    def __init__(self) -> None:
+        self.store: dist.Store | None = None
+        self.spec: dict[str, Any] = {}
+        self.generation = 0
+        self.sockets: set[_Conn] = set()
+
+
+_group = _Group()
+
+
+def _connections() -> set[_Conn]:
+    conns = psutil.Process().net_connections(kind="tcp")
+    return {(c.fd, c.laddr, c.raddr) for c in conns if c.fd != -1 and c.status == psutil.CONN_ESTABLISHED}
+
+
+def join(store: dist.Store, spec: dict[str, Any], device: torch.device) -> None:
+    """Join the default group on ``store`` and prove it with one all-reduce; keep its sockets."""
+    _group.store, _group.spec = store, spec
+    before = _connections()
+    timeout = timedelta(seconds=spec["timeout"])
+    nccl: dict[str, Any] = {"device_id": device} if spec["backend"] == "nccl" else {}
+    dist.init_process_group(
+        backend=spec["backend"],
+        store=dist.PrefixStore(f"dtwork/g{_group.generation}", store),
+        rank=spec["rank"],
+        world_size=spec["world_size"],
+        timeout=timeout,
+        **nccl,
+    )
+    probe = torch.ones(1, device=device)
+    dist.all_reduce(probe)
+    if int(probe.item()) != spec["world_size"]:
+        raise RuntimeError(f"process group check failed: all_reduce gave {probe.item()}")
+    port = int(spec["master_port"])  # the store's own connections are not the group's
+    _group.sockets = {c for c in _connections() - before if port not in (c[1].port, c[2].port)}
+
+
+def _failed_key() -> str:
+    return f"dtwork/failed/{_group.generation}"
+
+
+def failed() -> str | None:
+    """Why the group is being torn down (the first failing rank's error), or None."""
+    store = _group.store
+    if store is None or not store.check([_failed_key()]):
+        return None
+    return store.get(_failed_key()).decode()
+
+
+def abort(reason: str) -> None:
+    """Tell the other ranks why (first writer wins), then wake any of them waiting on this rank."""
+    store = _group.store
+    if store is None or not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    store.compare_set(_failed_key(), "", reason)
+    if _group.spec.get("backend") == "nccl":
+        dist.distributed_c10d._get_default_group().abort()
+        return
+    for fd, _, _ in _group.sockets & _connections():  # still the group's: not closed and reused
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:  # gloo closed it meanwhile (the peer went first)
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.detach()  # gloo owns the descriptor
+    _group.sockets = set()
+
+
+def on_cell_error(error: BaseException, rank: int, step: int | None) -> None:
+    """A cell failed on this rank: abort the group unless another rank already did."""
+    if failed() is not None:
+        abort("")  # passes the teardown on to ranks that wait on this one
+        return
+    where = f"rank {rank}" + (f" at step {step}" if step is not None else "")
+    abort(f"{where}: {type(error).__name__}: {error}")
+
+
+def peer_failure(error: BaseException) -> PeerFailure | None:
+    """The error to raise instead of ``error`` when a collective failed because a peer failed."""
+    reason = failed()
+    if reason is None:
+        return None
+    return PeerFailure(f"left with {reason} ({type(error).__name__} in a collective)")
+
+
+def repair(models: list[torch.nn.Module]) -> str | None:
+    """After a cell failed: if a rank aborted the group, every rank joins a new one and its DDP
+    models are rebound to it (rank 0's weights broadcast again); return why, else None."""
+    reason = failed()
+    if reason is None or _group.store is None:
+        return None
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _group.generation += 1
+    spec = _group.spec
+    join(_group.store, spec, torch.device("cuda", 0) if spec["backend"] == "nccl" else torch.device("cpu"))
+    from dtwork.runtime.ddp import rebind
+
+    for model in models:
+        rebind(model)
+    return reason

@@ -1,0 +1,54 @@
+"""Checks that turn a silent mistake in a training loop into one clear error at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
+
+from dtwork.errors import DtworkError
+
+
+def step_only_at_last_micro(micro: Callable[[], tuple[int, int]]) -> RemovableHandle:
+    """Refuse an optimizer step before the last micro-batch of an accumulating step.
+
+    ``micro()`` gives (this micro-batch, micro-batches per step), counted from 1. A plain
+    ``opt.step()`` at another micro-batch would update each replica from its own local gradient
+    (DDP exchanges gradients at the last one only), so the replicas would drift apart silently.
+    """
+
+    def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        i, k = micro()
+        if i != k:
+            raise DtworkError(
+                f"optimizer step at micro-batch {i} of {k} (aggregation_frequency {k}): inside "
+                "ctx.steps call ctx.backward(loss) and ctx.step(opt), which step at the last micro-batch only"
+            )
+
+    return register_optimizer_step_pre_hook(hook)
+
+
+def check_replicas(models: list[torch.nn.Module], step: int, device: torch.device) -> None:
+    """Refuse to go on when the ranks' replicas of the wrapped models differ (one all-reduce).
+
+    The checksum is the sum of every parameter and of its square, in float64; replicas that
+    stepped from the same exchanged gradients hold the same weights on every rank.
+    """
+    params = [p.detach() for m in models for p in m.parameters()]
+    if not params or not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    with torch.no_grad():
+        total = torch.stack([p.double().sum() + p.double().square().sum() for p in params]).sum()
+        spread = torch.stack([total, -total]).to(device)
+        dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    high, low = spread[0].item(), -spread[1].item()
+    if high - low > 1e-9 * max(1.0, abs(high)):
+        raise DtworkError(
+            f"the model replicas differ across ranks after step {step} (checksums {low:.9g} to "
+            f"{high:.9g}): every rank must call ctx.backward(loss) and ctx.step(opt) at every step; "
+            "rerun the cell that wraps the model to start again from rank 0's weights"
+        )

@@ -1,0 +1,142 @@
+"""Each common mistake fails at once with one line that says what to do (no hang, no silent drift)."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+
+from dtwork.errors import DtworkError, DtworkWarning, RankFailure
+from dtwork.runtime.context import Context
+
+SETUP = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+net = ctx.wrap(nn.Linear(4, 1))
+opt = ctx.optimizer(net.parameters())
+g = torch.Generator().manual_seed(3)
+data = torch.utils.data.TensorDataset(torch.randn(256, 4, generator=g), torch.randn(256, 1, generator=g))
+"""
+
+
+def _ctx(global_batch_size: int | None = None) -> Context:
+    return Context(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device=torch.device("cpu"),
+        backend="gloo",
+        global_batch_size=global_batch_size,
+    )
+
+
+def _fails(cluster: object, source: str, pattern: str, **kw: object) -> str:
+    with pytest.raises(RankFailure) as failed:
+        cluster.run(source, quiet=True, **kw)  # type: ignore[attr-defined]
+    text = str(failed.value)
+    assert re.search(pattern, text), text
+    return text
+
+
+def test_a_plain_step_inside_an_accumulating_loop_is_refused_at_its_first_micro_batch(fresh_run) -> None:
+    c = fresh_run
+    c.configure({"global_batch_size": 8, "optimizations": {"aggregation_frequency": 2}})
+    c.run(SETUP, quiet=True)
+    _fails(
+        c,
+        "for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=4):\n"
+        "    loss = F.mse_loss(net(x), y); loss.backward(); opt.step(); opt.zero_grad()\n",
+        r"optimizer step at micro-batch 1 of 2 \(aggregation_frequency 2\): inside ctx.steps call "
+        r"ctx.backward\(loss\) and ctx.step\(opt\)",
+    )
+    c.run(  # the right way still trains on the same (rebuilt) group, replicas identical
+        "for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=4):\n"
+        "    loss = F.mse_loss(net(x), y); ctx.backward(loss); ctx.step(opt)\n",
+        quiet=True,
+    )
+
+
+def test_replicas_that_differ_are_named_at_the_end_of_the_loop(fresh_run) -> None:
+    c = fresh_run
+    c.configure({"global_batch_size": 8})
+    c.run(SETUP + "with torch.no_grad():\n    net.module.bias.add_(float(ctx.rank))\n", quiet=True)
+    _fails(
+        c,
+        "for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=3):\n"
+        "    loss = F.mse_loss(net(x), y); ctx.backward(loss); ctx.step(opt)\n",
+        r"the model replicas differ across ranks after step 3 .*ctx.backward\(loss\) and ctx.step\(opt\)",
+    )
+
+
+def test_a_collective_in_a_cell_on_some_ranks_is_refused_before_it_starts(fresh_run) -> None:
+    c = fresh_run
+    c.run("import torch.nn as nn", quiet=True)
+    text = _fails(
+        c,
+        "other = ctx.wrap(nn.Linear(2, 2))",
+        r"ctx.wrap needs every rank \(a collective\), but this cell runs on rank\(s\) 0 of 2: "
+        r"run it on every rank",
+        ranks=[0],
+    )
+    assert "rank 1" not in text
+    assert c.run(lambda: __import__("dtwork").runtime.current().cell_ranks) == [[0, 1], [0, 1]]
+    c.run("other = ctx.wrap(nn.Linear(2, 2))", quiet=True)  # on every rank: fine
+
+
+def test_wrapping_a_wrapped_model_is_refused(fresh_run) -> None:
+    c = fresh_run
+    c.run(SETUP, quiet=True)
+    _fails(c, "ctx.wrap(net)", r"already wrapped in DistributedDataParallel: use it as it is")
+
+
+def test_steps_over_a_dataset_iterate_its_loader_with_a_note() -> None:
+    ds = torch.utils.data.TensorDataset(torch.arange(20.0).reshape(10, 2))
+    with pytest.raises(
+        DtworkError, match=r"ctx.steps got a dataset, not a loader: pass ctx.loader\(dataset\)"
+    ):
+        iter(_ctx().steps(ds, max_steps=2))
+    ctx = _ctx(global_batch_size=4)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        sizes = [len(batch[0]) for _, batch in ctx.steps(ds, max_steps=2)]
+    assert sizes == [4, 4]
+    assert [str(w.message) for w in seen if w.category is DtworkWarning] == [
+        "ctx.steps got a dataset: iterating ctx.loader(dataset) (batches of 4 per rank, sharded); "
+        "pass ctx.loader(...) yourself to choose"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda ctx: ctx.steps(range(3), max_step=3),
+            r"ctx.steps got an unknown argument max_step=: did you mean max_steps=\?",
+        ),
+        (
+            lambda ctx: ctx.steps(range(3), max_steps="3"),
+            r"ctx.steps: max_steps must be an int, got '3' \(str\): use max_steps=3",
+        ),
+        (lambda ctx: ctx.steps(range(3), max_epochs=1.5), r"max_epochs must be an int, got 1.5 \(float\)"),
+        (
+            lambda ctx: ctx.optimizer(torch.nn.Linear(2, 2)),
+            r"ctx.optimizer takes parameters, got a model \(Linear\): use ctx.optimizer\(model.parameters\(\)\)",
+        ),
+        (
+            lambda ctx: ctx.evaluate(
+                torch.utils.data.TensorDataset(torch.ones(2, 2)), torch.nn.Linear(2, 2), None
+            ),
+            r"ctx.evaluate takes the model first: ctx.evaluate\(model, dataset_or_loader, metric_fn\)",
+        ),
+        (
+            lambda ctx: ctx.evaluate(torch.nn.Linear(2, 2), [], None, batchsize=2),
+            r"ctx.evaluate got an unknown argument batchsize=: did you mean batch_size=\?",
+        ),
+    ],
+    ids=["max_step", "max_steps-str", "max_epochs-float", "optimizer-model", "evaluate-order", "evaluate-kw"],
+)
+def test_ctx_helpers_check_their_arguments(call: object, message: str) -> None:
+    with pytest.raises(DtworkError, match=message):
+        call(_ctx(global_batch_size=4))  # type: ignore[operator]
