@@ -232,7 +232,7 @@ def _rendezvous_store(spec: dict[str, Any], timeout: timedelta) -> Any:
 
 
 def _warm_imports() -> None:
-    """Import what the first DDP wrap would import (torch._dynamo: ~800 modules, ~2.5 s on CPU).
+    """Import what the first DDP wrap would import (torch._dynamo: seconds of imports on a CPU).
 
     Done in the background while the researcher types the next cell, so that the first
     ``ctx.wrap`` costs milliseconds instead of seconds. A cell that needs the modules first
