@@ -72,7 +72,7 @@ def validate_request(
     if not use_gpus and n > max(MAX_CPU_RANKS_MIN, 4 * cores):
         raise DtworkError(
             f"asked for {n} CPU ranks on a machine with {cores} cores: use at most {max(MAX_CPU_RANKS_MIN, 4 * cores)} "
-            f"here, or --profile NAME to start engines on other hosts"
+            f"here, or --launcher slurm|mpi|ssh to start engines on other hosts"
         )
     _check_batch(global_batch_size, n)
     return n, ("nccl" if use_gpus else "gloo")
@@ -82,7 +82,9 @@ def _validate_remote(
     n: int | None, backend: str, timeout: float, global_batch_size: int | None
 ) -> tuple[int, str]:
     if n is None:
-        raise DtworkError("with --profile, say how many ranks to start: -n N (one per GPU on the hosts)")
+        raise DtworkError(
+            "with --launcher or --profile, say how many ranks to start: -n N (one per GPU on the hosts)"
+        )
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise DtworkError(f"the number of ranks must be a whole number >= 1, got {n!r}")
     _check_batch(global_batch_size, n)

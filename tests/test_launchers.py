@@ -168,6 +168,8 @@ def test_slurm_batch_script_asks_for_whole_gpu_nodes() -> None:
         SlurmLauncher(LaunchOptions(gpus_per_node=4, nodes=2)).check(4)
     with pytest.raises(DtworkError, match=r"has characters Slurm does not take"):
         SlurmLauncher(LaunchOptions(partition="gpu\n#SBATCH --x")).check(2)
+    with pytest.raises(DtworkError, match="with --launcher or --profile, say how many ranks to start: -n N"):
+        dtwork.Cluster(None, launcher="slurm")
     with pytest.raises(DtworkError, match="use --launcher or --profile, not both"):
         dtwork.Cluster(2, launcher="slurm", profile="x")
     with pytest.raises(DtworkError, match="unknown launcher 'pbs': use one of local, slurm, mpi, ssh"):
