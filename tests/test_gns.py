@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dtwork import measure
+
 DATA = """
 import torch, torch.nn as nn, torch.nn.functional as F
 g = torch.Generator().manual_seed(SEED)
@@ -77,7 +79,7 @@ def _run(cluster, loop: str, seed: int, steps: int, gns: dict | None = None) -> 
     return out
 
 
-def test_defaults_in_ctx_steps_give_b_simple_within_5_percent_with_an_interval(cluster) -> None:
+def test_defaults_in_ctx_steps_give_b_simple_within_5_percent_with_an_interval(cluster, capsys) -> None:
     got, truth = _run(cluster, STEPS_LOOP, seed=7, steps=3000), _truth(7)
     assert got["agree"] and got["measured"] == 3000  # every step measured by default
     assert got["estimate"] == pytest.approx(truth, rel=0.05), (got["estimate"], truth)
@@ -89,9 +91,12 @@ def test_defaults_in_ctx_steps_give_b_simple_within_5_percent_with_an_interval(c
     assert rows["b_simple"][-1]["step"] == 2999
     assert rows["b_simple_lo"][-1]["value"] == pytest.approx(lo) and rows["settled"][-1]["value"] == 1.0
     assert rows["settled"][0]["value"] == 0.0  # "not yet settled" at first
+    capsys.readouterr()
+    measure.gns_advice(cluster, quiet=False)
+    assert f"B_simple ~ {got['estimate']:.1f} (95% interval {lo:.1f}-{hi:.1f}) at " in capsys.readouterr().out
 
 
-def test_a_hand_loop_gets_the_estimate_and_throughput_and_a_new_wrap_starts_over(cluster) -> None:
+def test_a_hand_loop_gets_the_estimate_and_throughput_and_a_new_wrap_starts_over(cluster, capsys) -> None:
     got, truth = _run(cluster, HAND_LOOP, seed=11, steps=3000), _truth(11)
     assert got["agree"] and got["measured"] >= 3000 - 64  # the last few steps wait for the next sum
     assert got["estimate"] == pytest.approx(truth, rel=0.05), (got["estimate"], truth)
@@ -104,6 +109,10 @@ def test_a_hand_loop_gets_the_estimate_and_throughput_and_a_new_wrap_starts_over
     # the old model stays alive; a new wrap in ctx.steps on another problem starts a new estimate
     again = _run(cluster, STEPS_LOOP, seed=12, steps=200)
     assert again["measured"] == 200 and again["estimate"] != got["estimate"]
+    assert again["interval"] is None and not again["settled"]
+    capsys.readouterr()
+    measure.gns_advice(cluster, quiet=False)
+    assert "not yet settled: train more steps" in capsys.readouterr().out
 
 
 def test_gns_every_nth_step_samples_those_steps_and_keeps_the_span(cluster) -> None:

@@ -70,7 +70,7 @@ class StepLoop:
         self.is_last_micro = True
         self.stepped = False
         self.stopped_early = False
-        self.sync = StepSync(ctx.device, ctx.world_size)
+        self.sync = StepSync(ctx.device, ctx.world_size, cfg.optimizations.average_training_metrics)
         self.add_log = self.sync.add_log  # ctx.log's short way, every step
         self._samples = 0
         self._gns_micro: list[float] = []

@@ -11,6 +11,7 @@ all-reduces for fast steps, whose latency would otherwise cost a large share of 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import astuple, dataclass, fields
 from typing import Any, ClassVar
@@ -40,6 +41,8 @@ class StepHead:
     gns_measured: float = 0.0  # ranks that measured the noise scale at this step
     gns_big_share: float = 0.0  # this rank's share of |G_big|^2
     logged: float = 0.0  # names logged at this step (every rank must log the same ones)
+    names: float = 0.0  # a hash of the names logged at this step (``names_key``)
+    names_sq: float = 0.0  # its square: the ranks agree when world_size * sum(sq) == sum(key) ** 2
 
     SIZE: ClassVar[int]
 
@@ -67,9 +70,10 @@ class SyncedStep:
 class StepSync:
     """Keep what each step leaves, send it in one asynchronous all-reduce, read it back."""
 
-    def __init__(self, device: torch.device, world_size: int) -> None:
+    def __init__(self, device: torch.device, world_size: int, agree_names: bool = True) -> None:
         self.device = device
         self.world_size = world_size
+        self.agree_names = agree_names  # averaged logs need the same names on every rank
         self.sync_every = 1  # steps per all-reduce; the same on every rank
         self._logs: dict[str, list[torch.Tensor | float]] = {}
         self._unsynced: list[tuple[int, StepHead, Logged]] = []  # steps not yet sent
@@ -106,6 +110,8 @@ class StepSync:
         local = {n: _mean(self._logs[n], self.device) for n in names}
         self._logs = {}
         head.logged = float(len(local))
+        head.names = names_key(tuple(local))
+        head.names_sq = head.names * head.names
         self._unsynced.append((step, head, local))
 
     def due(self) -> bool:
@@ -125,7 +131,7 @@ class StepSync:
         per_step = (now - self._last_sync) / len(entries) if self._last_sync else 0.0
         self._last_sync = now
         heads = [v for _, head, _ in entries for v in head.pack()]
-        logs = [v for _, _, local in entries for v in local.values()]
+        logs = [v for _, _, local in entries for v in _padded(local)]  # the same length on every rank
         if not any(isinstance(v, torch.Tensor) for v in logs):  # one operation in the usual case
             vec = torch.tensor([per_step, *heads, *logs], dtype=torch.float64, device=self.device)
         else:
@@ -170,8 +176,10 @@ class StepSync:
         out = []
         for i, (step, _, local) in enumerate(entries):
             head = StepHead.unpack(values[1 + size * i : 1 + size * (i + 1)])
+            if self.agree_names and self.world_size > 1:
+                check_names(head, step, list(local), self.world_size)
             out.append(SyncedStep(step, head, values[at : at + len(local)], local))
-            at += len(local)
+            at += MAX_LOGGED
         return out
 
     def take_unsent(self) -> list[tuple[int, Logged]]:
@@ -200,3 +208,44 @@ def _stack_scalars(tensors: list[torch.Tensor], device: torch.device) -> torch.T
     except RuntimeError:  # shapes (), (1,) ... or devices mixed
         out = torch.stack([t.reshape(()).to(device) for t in tensors])
     return out.reshape(-1).to(device=device, dtype=torch.float64)
+
+
+_KEYS: dict[tuple[str, ...], float] = {}
+
+
+def names_key(names: tuple[str, ...]) -> float:
+    """A 20-bit hash of the (sorted) names: summed and squared over up to 8192 ranks, it stays an
+    exact integer in float64, so the agreement test is exact."""
+    key = _KEYS.get(names)
+    if key is None:
+        data = "\0".join(names).encode("utf-8", "surrogatepass")
+        key = float(int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "big") >> 12)
+        if len(_KEYS) > 1024:  # names made per step (f"loss_{i}") must not grow it without bound
+            _KEYS.clear()
+        _KEYS[names] = key
+    return key
+
+
+_ZEROS = (0.0,) * MAX_LOGGED
+
+
+def _padded(local: Logged) -> list[Any]:
+    """A step's logged means in ``MAX_LOGGED`` slots, so that ranks that log different names still
+    send vectors of one length (a length mismatch would hang the all-reduce)."""
+    values = list(local.values())
+    return values + list(_ZEROS[len(values) :])
+
+
+def check_names(head: StepHead, step: int, names: list[str], world_size: int) -> None:
+    """Fail on every rank, naming each rank's names, when the ranks logged different names at
+    ``step`` (``head`` is the reduced one: the same decision on every rank)."""
+    if world_size * head.names_sq == head.names * head.names:
+        return
+    per_rank: list[Any] = [None] * world_size
+    dist.all_gather_object(per_rank, names)
+    said = "; ".join(f"rank {r}: {', '.join(n) if n else '(none)'}" for r, n in enumerate(per_rank))
+    raise DtworkError(
+        f"ctx.log names differ across ranks at step {step} ({said}): log the same names on every rank "
+        "(log float('nan') for a value a rank does not have), or set "
+        "optimizations.average_training_metrics: false to keep rank 0's"
+    )

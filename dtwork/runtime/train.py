@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from dtwork.errors import DtworkError
 from dtwork.runtime import group
+from dtwork.runtime.sync import MAX_LOGGED, StepHead, check_names, names_key
 
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
@@ -75,9 +77,23 @@ def log_scalars(ctx: Context, scalars: dict[str, Any]) -> None:
     )
     if ctx.config.optimizations.average_training_metrics and ctx.world_size > 1:
         ctx.require_all_ranks("ctx.log outside ctx.steps")
-        dist.all_reduce(vec)
-        vec /= ctx.world_size
+        vec = _agreed_mean(ctx, names, vec)
     ctx._log_step = step if step is not None else ctx._log_step + 1
     if ctx.rank == 0:
         ctx.publisher.record("log", ctx._log_step, dict(zip(names, vec.tolist(), strict=True)))
         ctx.publisher.flush()
+
+
+def _agreed_mean(ctx: Context, names: list[str], vec: torch.Tensor) -> torch.Tensor:
+    """The ranks' mean of ``vec``, sent with a hash of ``names`` in a vector of one length on
+    every rank, so that ranks logging different names fail at once instead of hanging."""
+    if len(names) > MAX_LOGGED:
+        raise DtworkError(f"ctx.log takes at most {MAX_LOGGED} names per call; got {len(names)}")
+    key = names_key(tuple(names))
+    full = torch.zeros(StepHead.SIZE + MAX_LOGGED, dtype=torch.float64, device=ctx.device)
+    full[StepHead.SIZE : StepHead.SIZE + len(names)] = vec
+    head = StepHead(names=key, names_sq=key * key)
+    full[: StepHead.SIZE] = torch.tensor(head.pack(), dtype=torch.float64)
+    dist.all_reduce(full)
+    check_names(StepHead.unpack(full[: StepHead.SIZE].tolist()), ctx._log_step + 1, names, ctx.world_size)
+    return full[StepHead.SIZE : StepHead.SIZE + len(names)] / ctx.world_size
