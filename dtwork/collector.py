@@ -48,6 +48,17 @@ class CellResult:
         return self.status == "ok"
 
 
+def stopped_first(progress: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The ranks whose progress stopped first: the fewest steps (a rank waiting in a collective has
+    gone on to the next step); all of them when the steps do not tell."""
+    going = {r: p for r, p in progress.items() if p.get("phase") != "done"} or progress
+    steps = {r: p["step"] for r, p in going.items() if isinstance(p.get("step"), int)}
+    if not steps:
+        return dict(going)
+    low = min(steps.values())
+    return {r: going[r] for r, s in steps.items() if s == low}
+
+
 def error_line(err: Any) -> str:
     if isinstance(err, ipp.error.RemoteError):
         return f"{err.ename}: {err.evalue}"
@@ -121,7 +132,7 @@ class CellWatcher:
         self._failed_at: float | None = None
         self._interrupts = 0
         self._interrupt_at: float | None = None
-        self._stall_warned: set[int] = set()
+        self._stall_warned: set[tuple[int, Any]] = set()  # (rank, step) already named
         self.dead: dict[int, str] = {}  # rank -> why its engine is gone
         self._t0 = time.monotonic()
         self.restarted = False
@@ -293,18 +304,23 @@ class CellWatcher:
         stalled = {
             r: p
             for r, p in self.progress.items()
-            if now - p.get("time", now) > limit and r not in self._stall_warned
+            if now - p.get("time", now) > limit and (r, p.get("step")) not in self._stall_warned
         }
         if not stalled:
             return
-        self._stall_warned.update(stalled)
+        first = stopped_first(self.progress)
+        if any(now - p.get("time", now) <= limit for p in first.values()):
+            return  # the rank that stopped first still moves (or just caught up): nothing to name
+        self._stall_warned.update((r, p.get("step")) for r, p in self.progress.items())  # once per stall
         names = ", ".join(
             f"rank {r} (step {p.get('step')}, {p.get('phase', '?')}, {now - p['time']:.0f} s ago)"
-            for r, p in sorted(stalled.items())
+            for r, p in sorted(first.items())
         )
-        msg = f"dtwork: no progress for {limit:.0f} s from {names}"
+        waiting = sorted(set(self.progress) - set(first))
+        after = f", stopped first; waiting for it: {', '.join(f'rank {r}' for r in waiting)}"
+        msg = f"dtwork: no progress for {limit:.0f} s from {names}" + (after if waiting else "")
         self._print(msg, err=True)
-        self.session.event("stall", msg, {"ranks": sorted(stalled)})
+        self.session.event("stall", msg, {"ranks": sorted(first), "waiting": waiting})
 
     # -- the end -------------------------------------------------------------------------------
 

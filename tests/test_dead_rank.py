@@ -1,0 +1,123 @@
+"""A rank killed under a collective fails the cell within 10 s naming it; a hang names the rank
+that stopped first; the engines train again after a restart."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dtwork.errors import RankFailure
+
+KILLED = """
+import os, signal, torch, torch.distributed as dist
+t = torch.ones(1)
+dist.all_reduce(t)  # both ranks are in the group
+if ctx.rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+dist.all_reduce(t)  # rank 0 waits here for a rank that is gone
+"""
+
+WORKS = """
+import torch, torch.distributed as dist
+t = torch.tensor([float(ctx.rank + 1)]); dist.all_reduce(t); total = t.item()
+"""
+
+
+@pytest.fixture()
+def own() -> Iterator[Any]:
+    """A cluster of its own: this test kills its engines."""
+    import dtwork
+
+    c = dtwork.start(n=2, backend="gloo", timeout=60)
+    c.session.live = False
+    yield c
+    c.stop()
+
+
+def test_a_killed_rank_fails_the_cell_in_10_s_naming_it_and_restart_recovers(own: Any, capfd: Any) -> None:
+    with pytest.raises(RankFailure) as failed:
+        own.run(KILLED, quiet=True)
+    seconds = own.session.last.seconds  # until the cell's end was known (fresh engines start after)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(failed.value))
+    err = capfd.readouterr().err
+    print(f"the cell failed in {seconds:.1f} s")
+    assert seconds < 10, f"the cell took {seconds:.1f} s to fail"
+    assert failed.value.ranks == [1] or text.startswith("dtwork: the cell failed on rank 1"), text
+    assert re.search(r"rank 1 failed: engine process \d+ on \S+ died", err), err
+    own.restart()
+    own.run(WORKS, quiet=True)
+    assert own.pull("total") == [3.0, 3.0]
+
+
+def test_stopped_first_is_the_rank_with_the_fewest_steps() -> None:
+    from dtwork.collector import stopped_first
+
+    progress = {0: {"step": 6, "time": 2.0}, 1: {"step": 5, "time": 1.0}, 2: {"step": 6, "time": 1.5}}
+    assert list(stopped_first(progress)) == [1]
+    tie = {0: {"step": 5, "time": 2.0}, 1: {"step": 5, "time": 1.0}}
+    assert sorted(stopped_first(tie)) == [0, 1]  # the steps do not tell: both are named
+    done = {0: {"step": 9, "phase": "done", "time": 1.0}, 1: {"step": 9, "phase": "train", "time": 1.0}}
+    assert list(stopped_first(done)) == [1]
+
+
+SETUP = """
+import os, time, torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+model = ctx.wrap(nn.Linear(4, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = ctx.synthetic((4,), (1,), size=512)
+def hold(step):
+    # Steps slower than a progress flush (0.2 s), so the kernel sees each rank's latest step;
+    # rank 1 stops between its backward and its optimizer step until the test lets it go.
+    time.sleep(0.25)
+    while ctx.rank == 1 and step == 5 and not os.path.exists(RELEASE):
+        time.sleep(0.02)
+"""
+
+IN_STEPS = """
+for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=10):
+    ctx.backward(F.mse_loss(model(x), y)); hold(step); ctx.step(opt)
+"""
+
+BY_HAND = """
+step = 0
+for x, y in ctx.loader(data):
+    opt.zero_grad(); F.mse_loss(model(x), y).backward(); hold(step); opt.step()
+    step += 1
+    if step == 10:
+        break
+"""
+
+
+def named(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["data"]["ranks"] == [1]]
+
+
+@pytest.mark.parametrize("loop", [IN_STEPS, BY_HAND], ids=["ctx.steps", "hand loop"])
+def test_a_hang_names_the_rank_that_stopped_first(cluster: Any, tmp_path: Any, loop: str) -> None:
+    import time
+
+    release = tmp_path / "release"
+    cluster.configure({"global_batch_size": 8})
+    cluster.session.stall_seconds = 2.0
+    try:
+        cluster.run(SETUP.replace("RELEASE", repr(str(release))), quiet=True)
+        cluster.run(loop, quiet=True, bg=True)
+        store, run_id = cluster.session.store, cluster.session.run_id
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not named(store.events(run_id, "stall")):
+            time.sleep(0.1)  # (a slow first step on a loaded machine may be warned about too)
+        release.touch()
+        result = cluster.session.wait_background()
+    finally:
+        cluster.session.stall_seconds = 60.0
+    stalls = named(store.events(run_id, "stall"))
+    assert stalls, f"no stall warning naming rank 1 within 60 s: {store.events(run_id, 'stall')}"
+    assert stalls[0]["data"] == {"ranks": [1], "waiting": [0]}, stalls[0]["message"]
+    assert re.search(
+        r"from rank 1 \(step \d+, train, \d+ s ago\), stopped first; waiting for it: rank 0$",
+        stalls[0]["message"],
+    )
+    assert result is not None and result.ok
