@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 PERF_SECONDS = 0.1
 SYNC_SECONDS = 0.1  # the ranks sum the kept norms about this often
 MAX_EVERY = 64
-ROW = 4  # per step: local |G_small|^2, share of |G_big|^2, examples, measured (1 or 0)
 
 
 class HandLoop:
@@ -48,7 +47,8 @@ class HandLoop:
         """Start over (a new ``ctx.wrap``): a new estimate, a new step count."""
         self.step = 0
         self.every = 1  # steps per all-reduce of the norms; the same on every rank
-        self._rows: list[float] = []
+        self._meta: list[float] = []  # per step: examples, measured (1 or 0)
+        self._norms: list[torch.Tensor] = []  # per step: local |G_small|^2, share of |G_big|^2
         self._said_why = False
         self._perf: dict[str, float] = {}
         self.pause()
@@ -80,12 +80,14 @@ class HandLoop:
         self._perf_tick(samples, comm)
         if not gns or not self._estimating():
             return
-        if measured and len(measured) == len(norms):
-            small, big = sum(n[0] for n in measured), sum(n[1] for n in measured)
-            self._rows += [small / scale**2, big / scale**2, float(samples), 1.0]
+        if measured and len(measured) == len(norms):  # kept on the device: read with the sum
+            small, big = (torch.stack([n[i] for n in measured]).sum() / scale**2 for i in (0, 1))
+            self._norms += [small, big]
+            self._meta += [float(samples), 1.0]
         else:
-            self._rows += [0.0, 0.0, float(samples), 0.0]
-        if len(self._rows) >= ROW * self.every:
+            self._norms += [torch.zeros((), dtype=torch.float64, device=ctx.device)] * 2
+            self._meta += [float(samples), 0.0]
+        if len(self._meta) >= 2 * self.every:
             self._sync()
 
     def _estimating(self) -> bool:
@@ -106,25 +108,28 @@ class HandLoop:
         """Sum the kept steps over the ranks (one all-reduce) and feed the estimate."""
         ctx, est = self.ctx, self.ctx.gns_state
         assert est is not None  # _estimating made it
-        rows, self._rows = self._rows, []
-        n = len(rows) // ROW
+        meta, self._meta = self._meta, []
+        norms, self._norms = self._norms, []
+        n = len(meta) // 2
         now = time.perf_counter()
         per_step = (now - self._last_sync) / n if self._last_sync else 0.0
         self._last_sync = now
-        vec = torch.tensor([per_step, *rows], dtype=torch.float64, device=ctx.device)
+        head = torch.tensor([per_step, *meta], dtype=torch.float64, device=ctx.device)
+        vec = torch.cat([head, torch.stack(norms).to(head.device)])
         dist.all_reduce(vec)
-        values = vec.tolist()
+        values = vec.tolist()  # [seconds per step, (examples, measured) per step, (small, big) per step]
         ws = ctx.world_size
         if values[0] > 0:
             self.every = max(1, min(MAX_EVERY, int(SYNC_SECONDS * ws / values[0])))
         for i in range(n):
-            small, big, samples, measured = values[1 + ROW * i : 1 + ROW * (i + 1)]
+            samples, measured = values[1 + 2 * i], values[2 + 2 * i]
+            small, big = values[1 + 2 * n + 2 * i], values[2 + 2 * n + 2 * i]
             if measured == ws and samples > 0:
                 est.update(small / ws, big, samples / ws, samples)
         ctx.gns = est.b_simple
         record = est.record_values()
         if ctx.rank == 0 and record:
-            b_big = values[-2]
+            b_big = values[2 * n - 1]
             record.update(b_small=b_big / ws, b_big=b_big)
             ctx.publisher.record("gns", self.step - 1, record)
 

@@ -83,12 +83,13 @@ class MeasureState:
         """Seconds between launching the last bucket and its result (communication not hidden)."""
         return max(0.0, self.last_done - self.last_launch) if self.buckets else 0.0
 
-    def norms(self) -> tuple[float, float] | None:
-        """(local |g|^2, this rank's share of the reduced |g|^2) of the last exchange, or None
-        when not measured; the shares of all ranks add up to the reduced |g|^2."""
+    def norms(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(local |g|^2, this rank's share of the reduced |g|^2) of the last exchange as 0-d
+        float64 tensors on the gradients' device (not read here: reading waits for the device),
+        or None when not measured; the shares of all ranks add up to the reduced |g|^2."""
         if not self.gns or not self.local_sq or len(self.reduced_sq) != len(self.local_sq):
             return None
-        return float(torch.stack(self.local_sq).sum()), float(torch.stack(self.reduced_sq).sum())
+        return torch.stack(self.local_sq).double().sum(), torch.stack(self.reduced_sq).double().sum()
 
 
 def _sq_norm(t: torch.Tensor, part: int = 0, parts: int = 1) -> torch.Tensor:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from dtwork.runtime.context import Context
 
 PERF_SECONDS = 0.1
+Norm = float | torch.Tensor  # a squared norm: read, or a 0-d tensor on the device until the sync
 GPU_SECONDS = 1.0
 
 
@@ -275,10 +276,17 @@ class StepLoop:
         if self.is_last_micro:  # the accumulated gradient, before ctx.step zeroes it
             self._gns_big = float(g.pow(2).sum()) * (factor / self.k) ** 2 / scale**2
 
-    def _local_norms(self, scale: float) -> tuple[float, float] | None:
+    def _local_norms(self, scale: float) -> tuple[Norm, Norm] | None:
         """(local |G_small|^2, this rank's share of |G_big|^2) of this step, unscaled; None when not
         measured. The shares add up to |G_big|^2 in the sync all-reduce (at world size 1
-        with accumulation the share is all of it)."""
+        with accumulation the share is all of it). On an accelerator they stay 0-d tensors on
+        the device, read with the sync (reading one here would wait for the device every step)."""
+        norms = self._measured_norms(scale)
+        if norms is None or self.ctx.device.type != "cpu":
+            return norms
+        return float(norms[0]), float(norms[1])
+
+    def _measured_norms(self, scale: float) -> tuple[Norm, Norm] | None:
         if self.ctx.gns_state is None:
             return None
         states = [measure_state(m) for m in self._gns_models()]
@@ -290,7 +298,8 @@ class StepLoop:
         if not self.micro_gns():
             return hooked
         micro, self._gns_micro = self._gns_micro, []
-        big, self._gns_big = self._gns_big, None
+        big: Norm | None = self._gns_big
+        self._gns_big = None
         if self.ctx.world_size > 1:  # k - 1 micro-batches per rank, the exchanged gradient's share
             averaged = self.ctx.config.optimizations.average_aggregated_gradients
             big = None if hooked is None else hooked[1] / (1.0 if averaged else self.k**2)
@@ -366,7 +375,7 @@ class StepLoop:
             vals = {k: v for k, v in s.to_dict().items() if k != "index" and v is not None}
             self.ctx.publisher.record("gpu", self.step, vals)
 
-    def _record_step(self, norms: tuple[float, float] | None) -> None:
+    def _record_step(self, norms: tuple[Norm, Norm] | None) -> None:
         """Keep what this step leaves for the next sync: stop flag, GNS norms, logged means."""
         head = StepHead(stop=1.0 if control.requested() else 0.0)
         if norms:
@@ -391,7 +400,7 @@ class StepLoop:
             logged = {n: s.logs[i] / ws if avg else float(s.local[n]) for i, n in enumerate(s.local)}
             self.ctx.publisher.record("log", s.step, logged)
         if s.head.gns_measured == ws and self.ctx.gns_state is not None:  # every rank measured it
-            self._gns_update(s.head.gns_small / ws, s.head.gns_big_share, s.step)
+            self._gns_update(float(s.head.gns_small) / ws, float(s.head.gns_big_share), s.step)
 
     def _publish_unsynced(self) -> None:
         """A loop left early on this rank (an error, a ``break``): its unsent steps cannot be

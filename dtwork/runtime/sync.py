@@ -37,9 +37,9 @@ class StepHead:
     """
 
     stop: float = 0.0  # ranks asking for a consistent stop
-    gns_small: float = 0.0  # local |G_small|^2 (unscaled)
+    gns_small: float | torch.Tensor = 0.0  # local |G_small|^2 (unscaled; a tensor on the device)
     gns_measured: float = 0.0  # ranks that measured the noise scale at this step
-    gns_big_share: float = 0.0  # this rank's share of |G_big|^2
+    gns_big_share: float | torch.Tensor = 0.0  # this rank's share of |G_big|^2 (the same)
     logged: float = 0.0  # names logged at this step (every rank must log the same ones)
     names: float = 0.0  # a hash of the names logged at this step (``names_key``)
     names_sq: float = 0.0  # its square: the ranks agree when world_size * sum(sq) == sum(key) ** 2
@@ -132,11 +132,11 @@ class StepSync:
         self._last_sync = now
         heads = [v for _, head, _ in entries for v in head.pack()]
         logs = [v for _, _, local in entries for v in _padded(local)]  # the same length on every rank
-        if not any(isinstance(v, torch.Tensor) for v in logs):  # one operation in the usual case
-            vec = torch.tensor([per_step, *heads, *logs], dtype=torch.float64, device=self.device)
-        else:
-            first = torch.tensor([per_step, *heads], dtype=torch.float64, device=self.device)
-            vec = torch.cat([first, self._logs_tensor(logs)])
+        values = [per_step, *heads, *logs]
+        if not any(isinstance(v, torch.Tensor) for v in values):  # one operation in the usual case
+            vec = torch.tensor(values, dtype=torch.float64, device=self.device)
+        else:  # device tensors (GNS norms, logged values) are read with the all-reduce's result
+            vec = self._logs_tensor(values)
         work = dist.all_reduce(vec, async_op=True) if self.world_size > 1 else None
         self._pending = (work, vec, entries)
 
