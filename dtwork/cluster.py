@@ -82,6 +82,8 @@ class Cluster:
         self.launcher.check(self.n)
         self.requested_backend = backend
         self.timeout = float(timeout)
+        if interface and not profile:  # an unknown name fails before anything starts
+            rendezvous.interface_address(interface)
         self.interface = interface
         self.global_batch_size = global_batch_size
         self.engine_timeout = engine_timeout
@@ -159,8 +161,8 @@ class Cluster:
             kwargs["profile"] = self.profile
         else:
             kwargs["controller_ip"] = rendezvous.LOOPBACK
-        if self.interface and not self.profile:
-            kwargs["controller_ip"] = "*"
+        if self.interface and not self.profile:  # that interface's address only, not every one
+            kwargs["controller_ip"] = rendezvous.interface_address(self.interface)
         if not self.profile:
             kwargs.update(self.launcher.cluster_kwargs(self.interface))
         self._ipp = ipp.Cluster(**kwargs)

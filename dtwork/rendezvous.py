@@ -9,6 +9,7 @@ one GPU per rank, and a network interface every host shares.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -192,3 +193,29 @@ def loopback_interface(probe: dict[str, Any]) -> str | None:
         if any(ip.startswith("127.") for ip in ips):
             return name
     return None
+
+
+def host_addresses() -> dict[str, list[str]]:
+    """This host's IPv4 addresses by interface name."""
+    import psutil
+
+    return {
+        name: [str(a.address) for a in addrs if a.family == socket.AF_INET]
+        for name, addrs in psutil.net_if_addrs().items()
+    }
+
+
+def interface_address(interface: str, addresses: dict[str, list[str]] | None = None) -> str:
+    """The IPv4 address of ``interface`` (``addresses``: this host's by default), where the controller,
+    the rendezvous store and the collectives listen when ``--interface`` names it; an unknown
+    name, or one without an IPv4 address, fails at once with the names there are."""
+    have = host_addresses() if addresses is None else addresses
+    ips = have.get(interface)
+    if not ips:
+        usable = ", ".join(f"{n} ({a[0]})" for n, a in sorted(have.items()) if a) or "none"
+        why = "not found" if interface not in have else "has no IPv4 address"
+        raise DtworkError(
+            f"network interface {interface!r} {why} on this host; interfaces with IPv4 here: {usable}: "
+            "name one of them with --interface"
+        )
+    return ips[0]
