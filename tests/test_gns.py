@@ -65,11 +65,11 @@ def _truth(seed: int) -> float:
     return float(trace_sigma / G.pow(2).sum())
 
 
-def _run(cluster, loop: str, seed: int, steps: int, gns: dict | None = None) -> dict:
+def _run(cluster, loop: str, seed: int, steps: int, gns: dict | None = None, keep: str = "") -> dict:
     """Train ``steps`` steps on the closed-form problem with the parameters held fixed; return
     rank 0's estimate (and whether rank 1 agrees) and the run's stored rows."""
     cluster.configure({"global_batch_size": 64, "seed": seed, "gns": {"enabled": True, **(gns or {})}})
-    code = DATA.replace("SEED", str(seed)) + loop.replace("STEPS", str(steps)) + RESULT
+    code = keep + DATA.replace("SEED", str(seed)) + loop.replace("STEPS", str(steps)) + RESULT
     cluster.run(code, quiet=True)
     out = {name: cluster.pull(name)[0] for name in ("estimate", "decay", "measured", "interval", "settled")}
     out["agree"] = len(set(cluster.pull("estimate"))) == 1
@@ -107,7 +107,7 @@ def test_a_hand_loop_gets_the_estimate_and_throughput_and_a_new_wrap_starts_over
     perf = rows["samples_per_s"]
     assert {r["rank"] for r in perf} == {0, 1} and all(r["value"] > 0 for r in perf)
     # the old model stays alive; a new wrap in ctx.steps on another problem starts a new estimate
-    again = _run(cluster, STEPS_LOOP, seed=12, steps=200)
+    again = _run(cluster, STEPS_LOOP, seed=12, steps=200, keep="old_model = model\n")
     assert again["measured"] == 200 and again["estimate"] != got["estimate"]
     assert again["interval"] is None and not again["settled"]
     capsys.readouterr()
