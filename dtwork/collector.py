@@ -172,7 +172,12 @@ class CellWatcher:
         if self.ar.ready():
             return True
         if self._failed_at is not None and time.monotonic() - self._failed_at > FAILURE_GRACE:
-            self._abandon("ranks still running after another rank failed")
+            if self.dead and self.session.background is not self:
+                # Survivors blocked on a dead peer (NCCL never releases them): the cell fails now,
+                # the session then restarts the engines (Session._recover).
+                self.result.message = "ranks still running after another rank died"
+            else:
+                self._abandon("ranks still running after another rank failed")
             return True
         if self._interrupt_at is not None and time.monotonic() - self._interrupt_at > INTERRUPT_GRACE:
             self._print("dtwork: ranks did not stop in time: aborting and restarting the engines", err=True)
@@ -376,7 +381,7 @@ class CellWatcher:
     def failure(self) -> RankFailure:
         """One traceback (the first failing rank's) plus one status line per other rank."""
         errs = self.result.errors
-        first = min(errs, key=lambda r: (_left_after_peer(errs[r]), r))  # the cause first
+        first = min(errs, key=lambda r: (r not in self.dead, _left_after_peer(errs[r]), r))  # the cause first
         lines = [
             f"dtwork: the cell failed on rank {first}"
             + (f" ({self.result.message})" if self.result.message else "")
