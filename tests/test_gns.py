@@ -65,10 +65,14 @@ def _truth(seed: int) -> float:
     return float(trace_sigma / G.pow(2).sum())
 
 
-def _run(cluster, loop: str, seed: int, steps: int, gns: dict | None = None, keep: str = "") -> dict:
+def _run(
+    cluster, loop: str, seed: int, steps: int, gns: dict | None = None, keep: str = "", **config: object
+) -> dict:
     """Train ``steps`` steps on the closed-form problem with the parameters held fixed; return
     rank 0's estimate (and whether rank 1 agrees) and the run's stored rows."""
-    cluster.configure({"global_batch_size": 64, "seed": seed, "gns": {"enabled": True, **(gns or {})}})
+    cluster.configure(
+        {"global_batch_size": 64, "seed": seed, "gns": {"enabled": True, **(gns or {})}, **config}
+    )
     code = keep + DATA.replace("SEED", str(seed)) + loop.replace("STEPS", str(steps)) + RESULT
     cluster.run(code, quiet=True)
     out = {name: cluster.pull(name)[0] for name in ("estimate", "decay", "measured", "interval", "settled")}
@@ -123,6 +127,13 @@ def test_gns_every_nth_step_samples_those_steps_and_keeps_the_span(cluster) -> N
     assert got["estimate"] == pytest.approx(_truth(7), rel=0.10), (got["estimate"], _truth(7))
     rows = got["rows"]["b_simple"]
     assert rows and all(r["step"] % 4 == 0 for r in rows) and rows[-1]["step"] == 1496
+
+
+def test_accumulation_micro_batches_are_the_small_batches_at_world_size_two(cluster) -> None:
+    """k = 2 on 2 ranks: B_small is one micro-batch of 32, B_big the step's 128 examples."""
+    got = _run(cluster, STEPS_LOOP, seed=7, steps=2000, optimizations={"aggregation_frequency": 2})
+    assert got["measured"] == 2000
+    assert got["estimate"] == pytest.approx(_truth(7), rel=0.05), (got["estimate"], _truth(7))
 
 
 TRAIN = """

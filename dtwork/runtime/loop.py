@@ -74,8 +74,8 @@ class StepLoop:
         self.sync = StepSync(ctx.device, ctx.world_size, cfg.optimizations.average_training_metrics)
         self.add_log = self.sync.add_log  # ctx.log's short way, every step
         self._samples = 0
-        self._gns_micro: list[float] = []
-        self._gns_big: float | None = None
+        self._gns_micro: list[torch.Tensor] = []
+        self._gns_big: torch.Tensor | None = None
         self._gns_record: tuple[int, dict[str, float]] | None = None  # the estimate not yet sent
         self._gns_published = 0.0
         self._grad_snapshot: torch.Tensor | None = None
@@ -272,9 +272,9 @@ class StepLoop:
         g = self._grad_vector()
         micro = g if self._grad_snapshot is None else g - self._grad_snapshot
         factor = self.k if self.ctx.config.optimizations.average_aggregated_gradients else 1.0
-        self._gns_micro.append(float(micro.pow(2).sum()) * factor**2 / scale**2)
+        self._gns_micro.append(micro.pow(2).sum() * factor**2 / scale**2)  # read with the sync
         if self.is_last_micro:  # the accumulated gradient, before ctx.step zeroes it
-            self._gns_big = float(g.pow(2).sum()) * (factor / self.k) ** 2 / scale**2
+            self._gns_big = g.pow(2).sum() * (factor / self.k) ** 2 / scale**2
 
     def _local_norms(self, scale: float) -> tuple[Norm, Norm] | None:
         """(local |G_small|^2, this rank's share of |G_big|^2) of this step, unscaled; None when not
@@ -307,7 +307,7 @@ class StepLoop:
             return None
         if not micro or big is None:
             return None
-        return sum(micro) / len(micro), big
+        return torch.stack(micro).sum() / len(micro), big
 
     def _gns_sizes(self) -> tuple[int, int]:
         from dtwork.analysis.gns import batch_sizes_for
