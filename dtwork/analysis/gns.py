@@ -99,14 +99,15 @@ class GNSEstimator:
     estimate (McCandlish et al. 2018, arXiv:1812.06162, Appendix A.1).
 
     The measurements are also summed in windows of ``block`` consecutive measurements (batch
-    means), which are nearly independent even when successive steps are not. With window sums
+    means; Flegal & Jones 2010, Ann. Statist. 38), which are nearly independent even when
+    successive steps are not. With window sums
     A_i (numerator), B_i (denominator), weights w_i and centred deviations a_i = A_i - w_i A/W,
     b_i = B_i - w_i B/W (A, B, W the totals), c = m/(m-1) and m = W^2 / sum w_i^2 windows:
 
     - V_A = c sum a_i^2, V_B = c sum b_i^2, C = c sum a_i b_i estimate the totals' (co)variances;
     - the ratio's bias E[R] - rho ~ (rho V_B - C) / B^2 (second-order delta method) is removed:
       R_c = R - (R V_B - C) / B^2;
-    - the 95% interval is Fieller's: the r with (A - r B)^2 <= t^2 (V_A - 2 r C + r^2 V_B),
+    - the 95% interval is Fieller's (Fieller 1954, JRSS B 16): the r with (A - r B)^2 <= t^2 (V_A - 2 r C + r^2 V_B),
       t the 0.975 quantile of Student's t with m - 1 degrees of freedom; it is bounded only when
       B^2 > t^2 V_B (|G|^2 clearly positive).
 
