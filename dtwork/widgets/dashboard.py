@@ -34,6 +34,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from dtwork import plots
+from dtwork.plots.bands import rank_bands
 from dtwork.records import Row, to_rows
 from dtwork.widgets.header import (
     BAR_COLOURS,
@@ -219,7 +220,7 @@ class Dashboard(widgets.VBox):
         """Every figure on screen as the rows of one plotly figure, titled with the header line."""
         with self._lock:
             parts = [
-                (self._series[key], [_as_lists(t) for t in self._series[key].traces(MAX_POINTS)])
+                (self._series[key], [_as_lists(t) for t in self._traces(key)])
                 for key in (*BASE_FIGURES, *(k for k in KIND_FIGURES if k in self.panels))
             ]
             progress = {r: dict(p) for r, p in self._progress.items()}
@@ -327,7 +328,7 @@ class Dashboard(widgets.VBox):
             figures = {}
             for key, series in self._series.items():
                 if series.version != self._drawn.get(key, 0):
-                    traces = series.traces(MAX_POINTS)
+                    traces = self._traces(key)
                     figures[key] = (series.version, traces, series.y_axis(traces))
             progress = {r: dict(p) for r, p in self._progress.items()}
             throughput = self._series["throughput"]
@@ -339,6 +340,11 @@ class Dashboard(widgets.VBox):
                 "total": throughput.total(),
                 "etas": {r: self._eta(r, p) for r, p in progress.items()},
             }
+
+    def _traces(self, key: str) -> list[plots.Trace]:
+        """A figure's traces, bounded by what is on screen: points per trace, and past BAND_RANKS
+        ranks, percentile bands for the per-rank lines (caller holds the lock)."""
+        return rank_bands(self._series[key].traces(MAX_POINTS), len(self.ranks))
 
     def _draw(self) -> None:
         """Redraw the changed figures, the bars and the header (caller holds the draw lock)."""

@@ -1,0 +1,163 @@
+"""The kernel's cost against the rank count, by simulation (issue 25): no training, the real kernel path.
+
+A child process publishes what N ranks publish (``runtime.publish``: a batch per rank every
+FLUSH_SECONDS; per rank a perf record every PERF_SECONDS and a GPU sample a second, rank 0 a log
+record a step and a GNS estimate every PERF_SECONDS; the progress of every rank). This process
+does what the cell watcher does at every poll: ``Session.persist`` (the store and the live
+efficiency estimate), then ``Dashboard.feed`` and ``progress``, with the dashboard's drawer
+redrawing through a comm that serializes each widget message as the kernel would.
+``python -m benchmarks.kernel_scale [--seconds S] [--ranks 8,32,128,256] [--doc PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import queue
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from benchmarks.tables import fill, fmt, table
+from benchmarks.util import ROOT, git_commit, log, machine, now
+
+STEP_SECONDS = 0.05  # the simulated step; rank 0 logs the loss every step
+WARMUP = 3.0  # seconds before the window: widgets built, the first figures sent
+PERF = dict(samples_per_s=640.0, step_time=STEP_SECONDS, data_time=0.001, comm_time=0.005, compute_time=0.044)
+GPU = dict(utilization=90.0, memory_used_mb=30e3, memory_total_mb=80e3, power_w=400.0)
+GNS = dict(b_simple=900.0, g2=0.1, trace_sigma=90.0)
+
+
+def publish(n: int, out: Any, stop: Any) -> None:
+    """Put the batches that ``n`` ranks publish each FLUSH_SECONDS, as ``{rank: data}``, on ``out``."""
+    from dtwork.records import make_record as rec
+    from dtwork.runtime.loop import GPU_SECONDS, PERF_SECONDS
+    from dtwork.runtime.publish import FLUSH_SECONDS
+
+    t0, step, flushes, every = time.monotonic(), 0, 0, max(1, round(PERF_SECONDS / STEP_SECONDS))
+    while not stop.is_set():
+        flushes += 1
+        time.sleep(max(0.0, t0 + flushes * FLUSH_SECONDS - time.monotonic()))
+        first, step = step, int((time.monotonic() - t0) / STEP_SECONDS)
+        gpu = flushes % round(GPU_SECONDS / FLUSH_SECONDS) == 0
+        batch = {}
+        for r in range(n):
+            recs = [rec("perf", s, r, dict(PERF)) for s in range(first + 1, step + 1, every)]
+            recs += [rec("gpu", step, r, dict(GPU))] if gpu else []
+            if r == 0:
+                recs += [rec("log", s, 0, {"loss": 2.0 / (1 + s)}) for s in range(first + 1, step + 1)]
+                recs.append(rec("gns", step, 0, dict(GNS)))
+            progress = {"rank": r, "time": time.time(), "step": step, "total": 10**6, "phase": "train"}
+            batch[r] = {"records": recs, "progress": progress}
+        out.put(batch)
+
+
+def _wire() -> None:
+    """Give the widgets a comm that serializes each message as the kernel's would, then drops it."""
+    import comm
+    from comm.base_comm import BaseComm
+
+    class Wire(BaseComm):
+        def publish_msg(
+            self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any
+        ) -> None:
+            json.dumps(data, default=str)
+
+    comm.create_comm = Wire
+
+
+def measure(n: int, seconds: float, folder: Path) -> dict[str, Any]:
+    """Feed ``n`` simulated ranks through the kernel's path for ``seconds``; its CPU, redraws, store."""
+    from dtwork.analysis.scaling import LiveEfficiency
+    from dtwork.collector import POLL_SECONDS
+    from dtwork.session import Session
+    from dtwork.widgets.dashboard import Dashboard
+
+    path = folder / f"runs-{n}.sqlite"
+    config = SimpleNamespace(name="sim", tensorboard=None)
+    session = Session(SimpleNamespace(store_file=path, world_size=n, config=config))  # type: ignore[arg-type]
+    run = session.run_id = session.store.create_run(name="sim", world_size=n, backend="nccl")
+    seq = session.store.add_cell(run, "# simulated")
+    session.efficiency = LiveEfficiency(n)
+    dash = session.dashboard = Dashboard(run, list(range(n)), title=f"{n} simulated ranks")
+    # At normal priority: on this shared machine an idle-priority drawer measures the others' load.
+    dash.start_drawer(idle=False)
+    ctx = mp.get_context("spawn")
+    out, stop = ctx.Queue(), ctx.Event()
+    ctx.Process(target=publish, args=(n, out, stop), daemon=True).start()
+    pending = [out.get(timeout=120)]  # the child's imports take a few seconds
+    t_start, marks = time.monotonic(), []
+    try:
+        while len(marks) < 2:
+            if time.monotonic() - t_start >= (WARMUP, WARMUP + seconds)[len(marks)]:
+                marks.append(_reading(dash, path))
+            batches, pending = pending, []
+            try:  # what CellWatcher.poll does with the ranks' data
+                batches.append(out.get(timeout=POLL_SECONDS))
+                while True:
+                    batches.append(out.get_nowait())
+            except queue.Empty:
+                pass
+            records = [rec for b in batches for d in b.values() for rec in d["records"]]
+            if records:
+                session.persist(records, seq)
+                dash.feed(records)
+                dash.progress({r: d["progress"] for r, d in batches[-1].items()})
+    finally:
+        stop.set()
+        dash.close()
+        session.close()
+    (w0, c0, r0, b0), (w1, c1, r1, b1) = marks
+    return {
+        "ranks": n,
+        "seconds": w1 - w0,
+        "cpu_share": (c1 - c0) / (w1 - w0),
+        "redraw_interval_s": (w1 - w0) / max(1, r1 - r0),
+        "chosen_interval_s": dash.interval,  # what the drawer's CPU budget allows
+        "store_mb_per_hour": (b1 - b0) / (w1 - w0) * 3600 / 1e6,
+    }
+
+
+def _reading(dash: Any, path: Path) -> tuple[float, float, int, int]:
+    """(wall, process CPU, redraws, store bytes): the store's size as SQLite counts it, WAL included."""
+    with sqlite3.connect(path) as db:
+        size = db.execute("PRAGMA page_count").fetchone()[0] * db.execute("PRAGMA page_size").fetchone()[0]
+    return time.monotonic(), time.process_time(), dash.redraws, size
+
+
+def scale_table(results: list[dict[str, Any]]) -> str:
+    rows = [
+        [r["ranks"], f"{r['cpu_share']:.1%}", fmt(r["redraw_interval_s"], 2), fmt(r["store_mb_per_hour"], 3)]
+        for r in results
+    ]
+    return table("ranks | kernel CPU (share of one core) | redraw interval (s) | store (MB per hour)", rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel_scale", description=__doc__)
+    ap.add_argument("--seconds", type=float, default=30.0, help="the measured window per rank count")
+    ap.add_argument("--ranks", default="8,32,128,256")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernel_scale.json")
+    ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    args = ap.parse_args()
+    _wire()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="dtwork-kernel-scale-") as folder:
+        for n in (int(v) for v in args.ranks.split(",")):
+            results.append(measure(n, args.seconds, Path(folder)))
+            log(json.dumps(results[-1]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"started": now(), "dtwork_commit": git_commit(), "machine": machine()}
+    args.out.write_text(json.dumps({**meta, "results": results}, indent=1) + "\n")
+    text = scale_table(results)
+    print(text)
+    if args.doc.exists():
+        args.doc.write_text(fill(args.doc.read_text(), {"kernel-scale": text}))
+
+
+if __name__ == "__main__":
+    main()
