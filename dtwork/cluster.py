@@ -2,14 +2,14 @@
 
 Stands on ipyparallel: its ``Cluster`` starts a controller and engines (locally, or on other
 hosts through a profile's launcher: SSH, MPI, Slurm), its ``DirectView`` runs code on them.
-This module only decides ranks and joins them in a torch.distributed process group; its calls
-to the engines and the ranks' health are in ``dtwork.engines``, the trial session (runs,
-cells, replay) in ``dtwork.session``. It never imports torch: the kernel must not initialise
-CUDA (engines own the GPUs).
+This module decides ranks and joins them in a torch.distributed process group (the calls to the
+engines: ``dtwork.engines``; runs and cells: ``dtwork.session``). It never imports torch: the
+kernel must not initialise CUDA (engines own the GPUs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,6 @@ from dtwork.session import Session
 
 DEFAULT_TIMEOUT = 300.0  # process-group timeout (s): bounded, unlike NCCL's 30 minutes
 ENGINE_TIMEOUT = 60  # seconds to wait for engines to register
-
-
-def _kernel_record() -> dict[str, Any]:
-    rec = registry.proc_record(os.getpid())
-    assert rec is not None
-    return rec
 
 
 class Cluster:
@@ -102,7 +96,8 @@ class Cluster:
         self._views: dict[tuple[int, ...], ipp.DirectView] = {}  # of this client, by engine ids
         self._reaper: subprocess.Popen[bytes] | None = None
         self._session: Session | None = None  # the trial session (runs, store, dashboard), made lazily
-        self._health = engines.RankHealth(self)
+        self._log: logging.Logger | None = None  # ipyparallel's messages: to log_file, not the notebook
+        self.log_file: Path | None = None
         self._listeners: list[Callable[[Cluster], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -165,16 +160,21 @@ class Cluster:
             kwargs["controller_ip"] = rendezvous.interface_address(self.interface)
         if not self.profile:
             kwargs.update(self.launcher.cluster_kwargs(self.interface))
-        self._ipp = ipp.Cluster(**kwargs)
+        self._log, self.log_file = engines.engine_log(self.cluster_id)
+        self._ipp = ipp.Cluster(**kwargs, log=self._log)
         try:
             self.client = self.launcher.connect(self._ipp, self.n, self.engine_timeout, self._register)
         except TimeoutError as exc:
             raise DtworkError(
                 f"not all {self.n} engines registered within {self.engine_timeout} s: "
-                f"check the launcher (profile {self.profile or 'default'}) or ask for fewer ranks"
+                f"check the launcher (profile {self.profile or 'default'}; engine log: {self.log_file}) "
+                "or ask for fewer ranks"
             ) from exc
         if len(self.client.ids) < self.n:
-            raise DtworkError(f"only {len(self.client.ids)} of {self.n} engines started: ask for fewer ranks")
+            raise DtworkError(
+                f"only {len(self.client.ids)} of {self.n} engines started (engine log: {self.log_file}): "
+                "ask for fewer ranks"
+            )
         # Functions defined in a notebook or a test module travel by value, closures included.
         self.client[:].use_cloudpickle()
 
@@ -182,7 +182,9 @@ class Cluster:
         assert self.client is not None
         ids = sorted(self.client.ids)[: self.n]
         host = socket.gethostname()
-        probes = dict(zip(ids, engines.probe_engines(self.client, ids, _kernel_record(), host), strict=True))
+        probes = dict(
+            zip(ids, engines.probe_engines(self.client, ids, engines.kernel_record(), host), strict=True)
+        )
         self.backend, note = devices.choose_backend(self.requested_backend, probes)  # from what torch can use
         if note:
             engines.show_warnings([note])
@@ -197,29 +199,16 @@ class Cluster:
         if len({p["hostname"] for p in probes.values()}) > 1 or iface:
             engines.check_routes(self.client, self.ranks, self.master_addr, iface)
         self.master_port = self.client[rank0.engine_id].apply_sync(engines.free_port, self.master_addr)
-        config = self.config.to_dict()
-        hosts = list(dict.fromkeys(p.hostname for p in self.ranks))
-        specs = {
-            p.engine_id: {
-                "rank": p.rank,
-                "world_size": len(self.ranks),
-                "local_rank": p.local_rank,
-                "backend": self.backend,
-                "master_addr": self.master_addr,
-                "master_port": self.master_port,
-                "timeout": self.timeout,
-                "gpu": p.gpu,
-                "gpu_uuid": p.gpu_uuid,
-                "local_world_size": sum(1 for q in self.ranks if q.hostname == p.hostname),
-                "group_rank": hosts.index(p.hostname),  # torchrun's node rank, for scripts
-                "group_world_size": len(hosts),
-                "run_id": self.cluster_id,
-                "interface": iface or rendezvous.loopback_interface(probes[p.engine_id]),
-                "global_batch_size": self.global_batch_size,
-                "config": config,
-            }
-            for p in self.ranks
+        shared = {
+            "backend": self.backend,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "timeout": self.timeout,
+            "run_id": self.cluster_id,
+            "global_batch_size": self.global_batch_size,
+            "config": self.config.to_dict(),
         }
+        specs = engines.rank_specs(self.ranks, probes, iface, shared)
         infos = engines.init_ranks(self.client, specs, min(self.timeout, 120.0) + 30.0)
         notes = engines.take_rank0_warnings([infos[p.engine_id] for p in self.ranks])
         self.rank_info = [{**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in self.ranks]
@@ -233,7 +222,7 @@ class Cluster:
         path = registry.write(
             self.cluster_id,
             {
-                "kernel": _kernel_record(),
+                "kernel": engines.kernel_record(),
                 "kernel_host": socket.gethostname(),
                 "state": self.state,
                 "n": self.n,
@@ -259,22 +248,10 @@ class Cluster:
                 stderr=subprocess.DEVNULL,
             )
 
-    def _launchers(self) -> Iterator[Any]:
-        """ipyparallel's engine launchers of this cluster (one per engine set member)."""
-        for es in self._ipp.engines.values() if self._ipp is not None else []:
-            yield from getattr(es, "launchers", {}).values()
-
     def _process_records(self) -> list[dict[str, Any]]:
         """Every process this cluster owns that can be seen from here: controller, launchers, engines."""
-        procs = []
-        ctrl = self._ipp.controller if self._ipp is not None else None
-        if ctrl is not None and getattr(ctrl, "pid", None):
-            procs.append(registry.proc_record(ctrl.pid))
-        for launcher in self._launchers():
-            if getattr(launcher, "pid", None):
-                procs.append(registry.proc_record(launcher.pid))
-        for probe in self._probes.values():
-            procs.append({"pid": probe["pid"], "create_time": probe["create_time"]})
+        procs = [registry.proc_record(pid) for pid in engines.launched_pids(self._ipp)]
+        procs += [{"pid": p["pid"], "create_time": p["create_time"]} for p in self._probes.values()]
         return [p for p in procs if p]
 
     @property
@@ -291,15 +268,7 @@ class Cluster:
 
     def engine_exit_code(self, pid: int) -> int | None:
         """The exit code of an engine process its launcher has seen end (negative: a signal)."""
-        for launcher in self._launchers():
-            if getattr(launcher, "pid", None) == pid:
-                code = (getattr(launcher, "stop_data", None) or {}).get("exit_code")
-                return None if code is None else int(code)
-        return None
-
-    def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
-        """The ranks whose engine is gone, with why (by PID on this host, by heartbeat elsewhere)."""
-        return self._health.dead_ranks(ranks)
+        return engines.exit_code(self._ipp, pid)
 
     def stop(self) -> None:
         """Stop every engine and the controller; the cluster leaves the registry."""
@@ -317,16 +286,12 @@ class Cluster:
             # Engines stuck in a collective ignore a polite stop: signal them all ourselves first.
             registry.kill_processes(procs, grace=2.0)
         if self.client is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.client.close()
-            except Exception:
-                pass
         if self._ipp is not None:
             jobs = self.launcher.jobs(self._ipp)
-            try:
+            with contextlib.suppress(Exception):
                 self._ipp.stop_cluster_sync()
-            except Exception:
-                pass
             launchers.cancel(jobs)  # stop_cluster's own scancel may have failed silently
         registry.kill_processes(procs, grace=2.0)  # whatever is left
         registry.remove(self.cluster_id)
@@ -339,6 +304,8 @@ class Cluster:
         self.client = None
         self._views.clear()
         self._ipp = None
+        if self._log is not None:
+            engines.close_log(self._log)
 
     def restart(self, force: bool = False) -> Cluster:
         """Stop and start again with the same ranks and settings (fresh engines and process group).
@@ -350,7 +317,6 @@ class Cluster:
             self._set_state("stopped")
         self.cluster_id = f"dtwork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.ranks, self.rank_info, self._probes = [], [], {}
-        self._health.reset()
         self.start()
         if self._session is not None:
             self._session.on_restart()
@@ -396,8 +362,15 @@ class Cluster:
 
     # -- running code ------------------------------------------------------------------------
 
+    def refresh(self) -> str:
+        """Notice a stop from outside this kernel (the sidebar's Stop removes the registry entry)."""
+        if self.state == "running" and not registry.entry_path(self.cluster_id).exists():
+            print(f"dtwork: {self.cluster_id} was stopped outside this kernel (sidebar)", file=sys.stderr)
+            self.stop()
+        return self.state
+
     def _require_running(self) -> ipp.Client:
-        if self.state != "running" or self.client is None:
+        if self.refresh() != "running" or self.client is None:
             raise DtworkError(
                 f"the cluster is {self.state}: start one with %dtrain start (or dtwork.start())"
             )

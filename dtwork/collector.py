@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 import ipyparallel as ipp
 
 from dtwork.errors import RankFailure
+from dtwork.records import Kind
 
 if TYPE_CHECKING:
     from dtwork.session import Session
 
 POLL_SECONDS = 0.1
+PROGRESS_SECONDS = 5.0  # how often a cell outside a notebook prints a line of progress
 INTERRUPT_GRACE = 10.0  # seconds for ranks to stop after a consistent stop is asked
 FAILURE_GRACE = 5.0  # seconds survivors get to finish after another rank failed
 
@@ -141,6 +143,10 @@ class CellWatcher:
         # between cells is found then, or at once when the cell fails)
         self._last_health = time.monotonic()
         self.done = threading.Event()
+        # Outside a notebook (a script, a terminal) progress is a plain line now and then.
+        self._text = not quiet and not session.live and not in_notebook()
+        self._said_at = time.monotonic()
+        self._last_values: dict[str, Any] = {}
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -269,16 +275,41 @@ class CellWatcher:
         if batch:
             self.result.records += len(batch)
             self.session.persist(batch, self.seq)
+            if self._text:
+                self._keep_values(batch)
             if self.on_records is not None and self.session.live:
                 self.on_records(batch)
         else:
             self.session.flush()  # what the store refused earlier is tried again
+        if self._text and self._progress_changed:
+            self._say_progress()
         dash = self.session.dashboard
         if dash is None or self.on_records is None or not self.session.live:
             return
         if self._progress_changed:
             self._progress_changed = False
             dash.progress(dict(self.progress))
+
+    def _keep_values(self, batch: list[dict[str, Any]]) -> None:
+        for rec in batch:
+            if isinstance(rec, dict) and rec.get("kind") == Kind.LOG and isinstance(rec.get("values"), dict):
+                self._last_values.update(rec["values"])
+
+    def _say_progress(self, end: str = "") -> None:
+        """One plain line: the slowest rank's step and the last logged values (at most 4)."""
+        now = time.monotonic()
+        if not end and (not self.progress or now - self._said_at < PROGRESS_SECONDS):
+            return
+        self._said_at, self._progress_changed = now, False
+        steps = [int(p["step"]) for p in self.progress.values() if isinstance(p.get("step"), int)]
+        total = next((p["total"] for p in self.progress.values() if p.get("total")), None)
+        parts = [f"step {min(steps)}" + (f"/{total}" if total else "")] if steps else []
+        for name, value in list(self._last_values.items())[:4]:
+            parts.append(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}")
+        if end:
+            parts.append(end)
+        if parts:
+            self._print("dtwork: " + ", ".join(parts))
 
     # -- rank health ---------------------------------------------------------------------------
 
@@ -290,7 +321,8 @@ class CellWatcher:
         for rank, why in self.session.dead_ranks(self.ranks).items():
             if rank not in self.dead:
                 self.dead[rank] = why
-                self._print(f"dtwork: rank {rank} failed: {why}", err=True)
+                log = f" (engine log: {self.cluster.log_file})" if self.cluster.log_file else ""
+                self._print(f"dtwork: rank {rank} failed: {why}{log}", err=True)
                 self.session.event("rank_failure", f"rank {rank}: {why}", {"rank": rank})
                 if self._failed_at is None:
                     self._failed_at = now
@@ -353,6 +385,8 @@ class CellWatcher:
             self.result.status = "ok" if not self.result.errors else "error"
             if self._interrupts and not self.result.errors:
                 self.result.status = "interrupted"
+        if self._text and (self.progress or self._last_values):
+            self._say_progress(end=f"{self.result.status} in {self.result.seconds:.1f} s")
         if self.result.ok or self.result.status == "interrupted":
             self._display_results()
         self.done.set()
@@ -362,9 +396,17 @@ class CellWatcher:
         if self.quiet:
             return
         try:
-            from IPython.display import display
+            from IPython.core.interactiveshell import InteractiveShell
+            from IPython.display import display as show
         except ImportError:
             return
+
+        def display(data: dict[str, Any], raw: bool = True, metadata: Any = None) -> None:
+            if InteractiveShell.initialized():
+                show(data, raw=raw, metadata=metadata)
+            elif isinstance(data, dict) and data.get("text/plain"):  # a script: the text, not a repr
+                print(data["text/plain"])
+
         multi = len(self.ranks) > 1 and not self.rank0
         for i, reply in enumerate(self.result.results):
             if not self._show_rank(i) or isinstance(reply, BaseException):

@@ -8,18 +8,21 @@ engines are module-level so that ipyparallel pickles them by reference (the engi
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import signal
 import socket
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 import psutil
 
+from dtwork import registry
 from dtwork.errors import DtworkError, DtworkWarning, RankFailure
 
 if TYPE_CHECKING:
@@ -30,6 +33,14 @@ if TYPE_CHECKING:
 PROBE_TIMEOUTS = (30.0, 60.0)
 
 log = logging.getLogger("dtwork")
+
+
+def kernel_record() -> dict[str, Any]:
+    """This kernel's process (pid and start time), as the engines and the registry know it."""
+    rec = registry.proc_record(os.getpid())
+    assert rec is not None
+    return rec
+
 
 # -- joining the process group ---------------------------------------------------------------------
 
@@ -74,6 +85,31 @@ def check_routes(
         )
 
 
+def rank_specs(
+    plans: list[RankPlan], probes: Mapping[int, dict[str, Any]], iface: str | None, shared: dict[str, Any]
+) -> dict[int, dict[str, Any]]:
+    """Each engine's part in the process group, by engine id: its rank, device and place among the
+    hosts, with the settings every rank shares."""
+    from dtwork.rendezvous import loopback_interface
+
+    hosts = list(dict.fromkeys(p.hostname for p in plans))
+    return {
+        p.engine_id: {
+            **shared,
+            "rank": p.rank,
+            "world_size": len(plans),
+            "local_rank": p.local_rank,
+            "gpu": p.gpu,
+            "gpu_uuid": p.gpu_uuid,
+            "local_world_size": sum(1 for q in plans if q.hostname == p.hostname),
+            "group_rank": hosts.index(p.hostname),  # torchrun's node rank, for scripts
+            "group_world_size": len(hosts),
+            "interface": iface or loopback_interface(probes[p.engine_id]),
+        }
+        for p in plans
+    }
+
+
 def init_ranks(
     client: ipp.Client, specs: dict[int, dict[str, Any]], seconds: float
 ) -> dict[int, dict[str, Any]]:
@@ -110,6 +146,58 @@ def show_warnings(notes: list[str]) -> None:
     (nobody sees an engine's stderr during a call)."""
     for message in notes:
         warnings.warn(message, DtworkWarning, stacklevel=3)
+
+
+# -- the processes ipyparallel started -------------------------------------------------------------
+
+
+def _launchers(ipc: ipp.Cluster | None) -> Iterator[Any]:
+    """ipyparallel's engine launchers of a cluster (one per engine set member)."""
+    for es in ipc.engines.values() if ipc is not None else []:
+        yield from getattr(es, "launchers", {}).values()
+
+
+def launched_pids(ipc: ipp.Cluster | None) -> list[int]:
+    """The PIDs of the controller and the engine launchers ipyparallel started for a cluster."""
+    ctrl = ipc.controller if ipc is not None else None
+    pids = [getattr(ctrl, "pid", None)] + [getattr(launcher, "pid", None) for launcher in _launchers(ipc)]
+    return [pid for pid in pids if pid]
+
+
+def exit_code(ipc: ipp.Cluster | None, pid: int) -> int | None:
+    """The exit code of an engine process its launcher has seen end (negative: a signal)."""
+    for launcher in _launchers(ipc):
+        if getattr(launcher, "pid", None) == pid:
+            code = (getattr(launcher, "stop_data", None) or {}).get("exit_code")
+            return None if code is None else int(code)
+    return None
+
+
+# -- the engines' own log --------------------------------------------------------------------------
+
+KEEP_LOGS = 20  # the newest engine logs kept in $DTWORK_HOME/logs
+
+
+def engine_log(cluster_id: str) -> tuple[logging.Logger, Path]:
+    """A logger for what ipyparallel says about a cluster's engines (their output when they end,
+    stop notices), writing to a file of its own instead of the notebook."""
+    folder = registry.home() / "logs"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for old in sorted(folder.glob("dtwork-*.log"), key=lambda p: p.stat().st_mtime)[:-KEEP_LOGS]:
+        old.unlink(missing_ok=True)
+    path = folder / f"{cluster_id}.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = logging.getLogger(f"dtwork.engines.{cluster_id}")
+    logger.handlers, logger.propagate = [handler], False
+    logger.setLevel(logging.INFO)
+    return logger, path
+
+
+def close_log(logger: logging.Logger) -> None:
+    for handler in logger.handlers:
+        handler.close()
+    logger.handlers = []
 
 
 # -- results by rank -------------------------------------------------------------------------------
@@ -283,6 +371,8 @@ def check_route(address: str, port: int) -> str | None:
 
 
 def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    import atexit
+
     from IPython import get_ipython
 
     import dtwork.runtime as rt
@@ -290,7 +380,23 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
 
     info = init_rank(spec)
     get_ipython().user_ns["ctx"] = rt.current()  # ``ctx`` in the namespace where cells run
+    atexit.unregister(_exit_now)
+    atexit.register(_exit_now)  # last registered, first run: before the interpreter's teardown
     return info
+
+
+def _exit_now() -> None:
+    """End a stopping engine at once, exit code 0: the interpreter's own teardown of torch's objects
+    takes seconds and ipyparallel reports the signal that stops an engine as a failure."""
+    import os
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(0)
 
 
 def set_config(config: dict[str, Any], global_batch_size: int | None) -> dict[str, Any]:

@@ -146,7 +146,7 @@ def plan_start(argv: list[str]) -> Cluster:
 
 def current() -> Cluster:
     """The notebook's current cluster, or a one-line error saying how to start one."""
-    live = [c for c in _clusters if c.state == "running"]
+    live = [c for c in _clusters if c.refresh() == "running"]  # a stop from the sidebar is seen here
     if not live:
         raise DtworkError("no cluster is running: start one with %dtrain start")
     return live[-1]
@@ -180,7 +180,7 @@ class DtrainMagics(Magics):
     def _sub_start(self, argv: list[str]) -> Any:
         from dtwork.widgets.cluster_view import cluster_widget
 
-        if any(c.state == "running" for c in _clusters):
+        if any(c.refresh() == "running" for c in _clusters):
             raise DtworkError("a cluster is already running in this kernel: %dtrain stop (or restart) first")
         cluster = plan_start(argv)
         cluster.start()
@@ -192,12 +192,13 @@ class DtrainMagics(Magics):
         _parser("status").parse_args(argv)
         if not _clusters:
             raise DtworkError("no cluster was started in this kernel: %dtrain start")
+        _clusters[-1].refresh()
         self._display(_clusters[-1])
         return None
 
     def _sub_stop(self, argv: list[str]) -> Any:
         _parser("stop").parse_args(argv)
-        live = [c for c in _clusters if c.state == "running"]
+        live = [c for c in _clusters if c.refresh() == "running"]
         if not live:
             print("dtwork: no cluster is running")
             return None
@@ -239,7 +240,8 @@ class DtrainMagics(Magics):
         p = _parser("runs")
         p.add_argument("--store", default=None)
         ns = p.parse_args(argv)
-        from dtwork.store import RunStore, default_store_path, format_runs_table
+        from dtwork.cli import format_runs_table
+        from dtwork.store import RunStore, default_store_path
 
         path = ns.store or (current().store_path if any(c.state == "running" for c in _clusters) else None)
         path = path or default_store_path()
@@ -290,7 +292,7 @@ class DtrainMagics(Magics):
                 )
         from dtwork.report import export, secret_environ
 
-        live = [c for c in _clusters if c.state == "running"] if ns.store is None else []
+        live = [c for c in _clusters if c.refresh() == "running"] if ns.store is None else []
         store = ns.store or (live[-1].store_path if live else None)
         run = ns.run or (live[-1].session.run_id if live else None)  # the current run, else the latest
         env = secret_environ()  # the kernel's: its secrets are scrubbed wherever they appear

@@ -17,7 +17,7 @@ import ipyparallel as ipp
 
 from dtwork import engines
 from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
-from dtwork.collector import POLL_SECONDS, CellResult, CellWatcher, error_line
+from dtwork.collector import POLL_SECONDS, CellResult, CellWatcher, error_line, in_notebook
 from dtwork.errors import DtworkError
 from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
 
@@ -37,10 +37,10 @@ class Session:
         self.cluster = cluster
         self.run_id: int | None = None
         self.stall_seconds: float = STALL_SECONDS
-        # Feed the live dashboard of cells that show output. Read at every poll: switched off
-        # while a cell trains, the view pauses (records still go to the store); back on, it
-        # resumes with the records that arrive from then on.
-        self.live: bool = True
+        # Feed the live dashboard of cells that show output (on in a notebook; a script or a
+        # terminal gets lines of text). Read at every poll: switched off while a cell trains, the
+        # view pauses (records still go to the store); back on, it resumes from then on.
+        self.live: bool = in_notebook()
         self._store: RunStore | None = None
         # Every write during a cell goes through the writer: what the store refuses waits.
         self.writer = StoreWriter(lambda: self.store, cluster.store_file)
@@ -50,6 +50,7 @@ class Session:
         self.last: CellResult | None = None
         self.restarts_used = 0
         self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
+        self.health = engines.RankHealth(cluster)  # which ranks' engines are gone, and why
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
 
     # -- store -----------------------------------------------------------------------------
@@ -120,8 +121,8 @@ class Session:
     # -- health ----------------------------------------------------------------------------
 
     def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
-        """Ranks whose engine is gone, with why."""
-        return self.cluster.dead_ranks(ranks)
+        """Ranks whose engine is gone, with why (by PID on this host, by heartbeat elsewhere)."""
+        return self.health.dead_ranks(ranks)
 
     def restart_after_failure(self, why: str) -> None:
         self.event("restart", f"engines restarted: {why}")
@@ -130,6 +131,7 @@ class Session:
     def on_restart(self) -> None:
         """Called by the cluster after a restart (fresh engines)."""
         self._ranks_run = None
+        self.health.reset()
 
     def _tell_ranks(self, run_id: int) -> None:
         """Set ``ctx.run_id`` on the ranks (it names the run's checkpoint folder) when it changed."""

@@ -17,7 +17,7 @@ STEPS = 40
 CELL = """
 import os, time
 for step, _ in ctx.steps(range(10**6), max_steps={steps}):
-    ctx.log(kept=float(step))
+    ctx.log(kept=float(step), **{{f"wide{{i}}": float(i) for i in range(40)}})  # more than a page
     if step == 9:  # say so, then wait (bounded) until the test has made the store refuse writes
         open({at9!r} + str(ctx.rank), "w").close()
         t0 = time.time()
