@@ -418,9 +418,9 @@ def set_run_id(run_id: int) -> None:
 
 
 def repair_group() -> str | None:
-    from dtwork.runtime import current, group
+    from dtwork.runtime import group
 
-    return group.repair(current().models)
+    return group.repair()
 
 
 def set_cell_ranks(ranks: list[int]) -> None:

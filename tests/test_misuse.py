@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import warnings
 
 import pytest
@@ -83,6 +84,23 @@ def test_a_collective_in_a_cell_on_some_ranks_is_refused_before_it_starts(fresh_
     assert "rank 1" not in text
     assert c.run(lambda: __import__("dtwork").runtime.current().cell_ranks) == [[0, 1], [0, 1]]
     c.run("other = ctx.wrap(nn.Linear(2, 2))", quiet=True)  # on every rank: fine
+
+
+def test_a_collective_that_one_rank_skips_fails_in_seconds_not_the_group_timeout(fresh_run) -> None:
+    c = fresh_run
+    c.run(
+        "import torch.nn as nn\nimport dtwork.runtime.context as context\nwait, context.RANKS_ARRIVE_SECONDS = context.RANKS_ARRIVE_SECONDS, 3",
+        quiet=True,
+    )
+    t0 = time.monotonic()
+    _fails(
+        c,
+        "if ctx.rank == 0:\n    other = ctx.wrap(nn.Linear(2, 2))",
+        r"ctx.wrap needs every rank, but not all reached it in 3 s .*Ranks 1 failed to pass monitoredBarrier.*"
+        r"call it on every rank, not under `if ctx.rank == ...`",
+    )
+    assert time.monotonic() - t0 < 30
+    c.run("other = ctx.wrap(nn.Linear(2, 2))\ncontext.RANKS_ARRIVE_SECONDS = wait", quiet=True)
 
 
 def test_wrapping_a_wrapped_model_is_refused(fresh_run) -> None:

@@ -13,6 +13,7 @@ import socket
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,6 +30,9 @@ from dtwork.runtime.publish import Publisher
 
 if TYPE_CHECKING:
     from dtwork.analysis.gns import GNSEstimator
+
+
+RANKS_ARRIVE_SECONDS = 60.0  # how long ctx.wrap, ctx.steps and ctx.evaluate wait for every rank
 
 
 class Context:
@@ -91,14 +95,25 @@ class Context:
         """The ranks the running cell runs on (``%%dtrain --ranks``): all unless the kernel said."""
         return control.cell_ranks() or list(range(self.world_size))
 
-    def require_all_ranks(self, what: str) -> None:
-        """Refuse a collective in a cell that runs on some ranks only: it would wait for the others."""
+    def require_all_ranks(self, what: str, *, arrive: bool = False) -> None:
+        """Refuse a collective that would wait for ranks that never come: in a cell that runs on some
+        ranks only, at once; with ``arrive``, also when another rank does not reach it (a call under
+        ``if ctx.rank == 0:``) within ``RANKS_ARRIVE_SECONDS`` instead of the group's whole timeout."""
         ranks = self.cell_ranks
         if len(ranks) < self.world_size:
             raise DtworkError(
                 f"{what} needs every rank (a collective), but this cell runs on rank(s) "
                 f"{', '.join(map(str, ranks))} of {self.world_size}: run it on every rank (%%dtrain without --ranks)"
             )
+        if not arrive or self.world_size < 2 or self.backend != "gloo":  # a monitored barrier is gloo's
+            return
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=RANKS_ARRIVE_SECONDS), wait_all_ranks=True)
+        except RuntimeError as exc:
+            raise DtworkError(
+                f"{what} needs every rank, but not all reached it in {RANKS_ARRIVE_SECONDS:.0f} s "
+                f"({str(exc).strip()}): call it on every rank, not under `if ctx.rank == ...`"
+            ) from None
 
     def __repr__(self) -> str:
         return (
@@ -205,7 +220,7 @@ class Context:
             )
         if not isinstance(model, torch.nn.Module):
             raise DtworkError(f"ctx.wrap takes a torch.nn.Module, got {type(model).__name__}")
-        self.require_all_ranks("ctx.wrap")
+        self.require_all_ranks("ctx.wrap", arrive=True)
         tune_before_wrap(self, model)  # optimizations.auto_tune_tensor_fusion, once per config
         wrapped = wrap_model(self, model, gns=gns, **ddp_kwargs)
         self.register("models", wrapped)
@@ -254,8 +269,9 @@ class Context:
         ``step`` counts optimizer steps; with ``aggregation_frequency`` k each step yields k
         micro-batches (call ``ctx.backward(loss)`` and ``ctx.step(opt)`` on each: they step at the
         last one only). Every rank leaves at the same step: at ``max_steps``, at the end of
-        ``max_epochs``, or on an interrupt. A dataset given instead of a loader is iterated through
-        ``ctx.loader(dataset)``, with a note.
+        ``max_epochs``, or on an interrupt. Every rank must enter it: one that does not within
+        ``RANKS_ARRIVE_SECONDS`` fails the cell. A dataset given instead of a loader is iterated
+        through ``ctx.loader(dataset)``, with a note.
 
         Options (keywords; an unknown one is refused with "did you mean"):
 
@@ -293,7 +309,7 @@ class Context:
                 )
             loader = self.loader(loader)
         if self.world_size > 1:
-            self.require_all_ranks("ctx.steps")
+            self.require_all_ranks("ctx.steps", arrive=True)
         return iter(_loop.StepLoop(self, loader, max_steps=max_steps, **kwargs))
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -333,7 +349,7 @@ class Context:
                 "ctx.evaluate takes the model first: ctx.evaluate(model, dataset_or_loader, metric_fn)"
             )
         _args.check_keywords("ctx.evaluate", kw, _args.keyword_names(evaluate)[4:])
-        self.require_all_ranks("ctx.evaluate")
+        self.require_all_ranks("ctx.evaluate", arrive=True)
         return evaluate(self, model, loader_or_dataset, metric_fn, **kw)
 
     # -- collectives users often want --------------------------------------------------------

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtwork.runtime import handloop
@@ -36,6 +37,7 @@ def wrap_model(ctx: Context, model: torch.nn.Module, *, gns: bool | None = None,
     )
     wrapped.register_comm_hook(state, measure_hook)
     wrapped.register_forward_pre_hook(_counter(state))
+    wrapped.register_forward_pre_hook(_follow_group)
     wrapped._dtwork_measure = state  # type: ignore[assignment]
     ctx.gns, ctx.gns_state = None, None  # a new wrap starts a new estimate
     handloop.attach(ctx)
@@ -53,7 +55,15 @@ def rebind(model: torch.nn.Module) -> None:
     state.reset()
     fresh.register_comm_hook(state, measure_hook)
     fresh.register_forward_pre_hook(_counter(state))
+    fresh.register_forward_pre_hook(_follow_group)
     model.__dict__.update(fresh.__dict__)
+
+
+def _follow_group(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    """After the group was rebuilt (a failed cell), rebind at the next forward: every rank runs it
+    at the same point, whatever models each rank still holds."""
+    if isinstance(module, DDP) and module.process_group is not dist.group.WORLD:
+        rebind(module)
 
 
 def _counter(state: MeasureState) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:

@@ -4,7 +4,7 @@ A rank that fails while the others wait in a collective would leave them waiting
 group's whole timeout, and gloo has no abort that wakes a peer. So the failing rank writes why
 into the rendezvous store, then shuts down its own group sockets: the peers' wait fails at
 once ("connection closed by peer"). The kernel then asks every rank to ``repair``: a new group
-on the same store (under a new key prefix) and the live DDP models rebound to it, so that the
+on the same store (under a new key prefix); the DDP models follow at their next forward. The
 engines, their namespaces and the cluster stay as they were.
 """
 
@@ -119,9 +119,9 @@ def peer_failure(error: BaseException) -> PeerFailure | None:
     return PeerFailure(f"left with {reason} ({type(error).__name__} in a collective)")
 
 
-def repair(models: list[torch.nn.Module]) -> str | None:
-    """After a cell failed: if a rank aborted the group, every rank joins a new one and its DDP
-    models are rebound to it (rank 0's weights broadcast again); return why, else None."""
+def repair() -> str | None:
+    """After a cell failed: if a rank aborted the group, every rank joins a new one (the wrapped
+    models follow at their next forward, see ``ddp.rebind``); return why, else None."""
     reason = failed()
     if reason is None or _group.store is None:
         return None
@@ -130,8 +130,4 @@ def repair(models: list[torch.nn.Module]) -> str | None:
     _group.generation += 1
     spec = _group.spec
     join(_group.store, spec, torch.device("cuda", 0) if spec["backend"] == "nccl" else torch.device("cpu"))
-    from dtwork.runtime.ddp import rebind
-
-    for model in models:
-        rebind(model)
     return reason
