@@ -92,12 +92,15 @@ class StepSync:
             if isinstance(value, torch.Tensor):
                 if value.numel() != 1:
                     raise DtworkError(
-                        f"ctx.log({name}=...) takes a number or a one-element tensor, got a tensor of shape "
+                        f"{_call(name)} takes a number or a one-element tensor, got a tensor of shape "
                         f"{tuple(value.shape)}: log a reduction of it (.mean(), .sum())"
                     )
                 value = value.item() if value.is_cpu else value.detach()
             else:
-                value = float(value)
+                try:
+                    value = float(value)
+                except (TypeError, ValueError, OverflowError):
+                    raise DtworkError(not_a_number(name, value)) from None
             kept = logs.get(name)
             if kept is None:
                 logs[name] = [value]
@@ -218,12 +221,41 @@ def names_key(names: tuple[str, ...]) -> float:
     exact integer in float64, so the agreement test is exact."""
     key = _KEYS.get(names)
     if key is None:
-        data = "\0".join(names).encode("utf-8", "surrogatepass")
+        try:
+            data = "\0".join(names).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no store, JSON or HTML could hold the name
+            bad = next(n for n in names if not n.isascii() and not _encodable(n))
+            raise DtworkError(
+                f"ctx.log: the name {bad!r} is not valid text (a lone surrogate): use another name"
+            ) from None
         key = float(int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "big") >> 12)
         if len(_KEYS) > 1024:  # names made per step (f"loss_{i}") must not grow it without bound
             _KEYS.clear()
         _KEYS[names] = key
     return key
+
+
+def _encodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _call(name: str) -> str:
+    """``ctx.log(name=...)`` as the user wrote it, on one line whatever the name holds."""
+    return f"ctx.log({name}=...)" if name.isidentifier() else f"ctx.log(**{{{name!r}: ...}})"
+
+
+def not_a_number(name: str, value: Any) -> str:
+    """The line that refuses ``ctx.log(name=value)`` for a value that is not a real number."""
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return (
+        f"{_call(name)} takes a real number or a one-element tensor, got {type(value).__name__} "
+        f"{shown}: log float(x), or a reduction of a tensor (.mean(), .sum())"
+    )
 
 
 _ZEROS = (0.0,) * MAX_LOGGED

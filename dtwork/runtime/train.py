@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from dtwork.errors import DtworkError
 from dtwork.runtime import group
-from dtwork.runtime.sync import MAX_LOGGED, StepHead, check_names, names_key
+from dtwork.runtime.sync import MAX_LOGGED, StepHead, check_names, names_key, not_a_number
 
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
@@ -72,9 +72,8 @@ def log_scalars(ctx: Context, scalars: dict[str, Any]) -> None:
         ctx.loop.add_log(scalars)
         return
     names = sorted(scalars)
-    vec = torch.stack(
-        [torch.as_tensor(scalars[n]).detach().to(ctx.device, torch.float64).reshape(()) for n in names]
-    )
+    names_key(tuple(names))  # refuses a name no store could hold
+    vec = torch.stack([_number(n, scalars[n]).to(ctx.device, torch.float64).reshape(()) for n in names])
     if ctx.config.optimizations.average_training_metrics and ctx.world_size > 1:
         ctx.require_all_ranks("ctx.log outside ctx.steps")
         vec = _agreed_mean(ctx, names, vec)
@@ -82,6 +81,18 @@ def log_scalars(ctx: Context, scalars: dict[str, Any]) -> None:
     if ctx.rank == 0:
         ctx.publisher.record("log", ctx._log_step, dict(zip(names, vec.tolist(), strict=True)))
         ctx.publisher.flush()
+
+
+def _number(name: str, value: Any) -> torch.Tensor:
+    """A logged value as a 0-d tensor; anything but a real number or a one-element tensor is refused."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            raise DtworkError(not_a_number(name, value))
+        return value.detach()
+    try:
+        return torch.tensor(float(value), dtype=torch.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise DtworkError(not_a_number(name, value)) from None
 
 
 def _agreed_mean(ctx: Context, names: list[str], vec: torch.Tensor) -> torch.Tensor:
