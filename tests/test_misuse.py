@@ -71,6 +71,21 @@ def test_replicas_that_differ_are_named_at_the_end_of_the_loop(fresh_run) -> Non
     )
 
 
+def test_replicas_checked_every_step_name_the_first_step_they_differ_at(fresh_run) -> None:
+    c = fresh_run
+    c.configure({"global_batch_size": 8})
+    c.run(SETUP, quiet=True)
+    _fails(
+        c,
+        "for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=6, check_replicas_every=1):\n"
+        "    loss = F.mse_loss(net(x), y); ctx.backward(loss); ctx.step(opt)\n"
+        "    if step == 2:\n"
+        "        with torch.no_grad():\n"
+        "            net.module.bias.add_(float(ctx.rank))\n",
+        r"the model replicas differ across ranks after step 3 ",
+    )
+
+
 def test_a_collective_in_a_cell_on_some_ranks_is_refused_before_it_starts(fresh_run) -> None:
     c = fresh_run
     c.run("import torch.nn as nn", quiet=True)

@@ -287,12 +287,21 @@ class Context:
         - ``validate``: a function called every ``validate_every`` steps (default: the config's
           ``min_validation_period``); the dict it returns is logged at that step, like ``ctx.log``.
 
+        - ``check_replicas_every``: compare the replicas every N steps too (one all-reduce each), to
+          name the first step where they differ.
+
         At the loop's end the ranks compare a checksum of the wrapped models' weights: replicas that
         differ (a plain ``opt.step()``, a rank that skipped a step) fail the cell, naming the step.
         """
         _args.check_keywords("ctx.steps", kwargs, _args.keyword_names(_loop.StepLoop)[2:])
         for name, value in (("max_steps", max_steps), *kwargs.items()):
-            if name in ("max_steps", "max_epochs", "checkpoint_every", "validate_every"):
+            if name in (
+                "max_steps",
+                "max_epochs",
+                "checkpoint_every",
+                "validate_every",
+                "check_replicas_every",
+            ):
                 _args.check_count("ctx.steps", name, value)
         if isinstance(loader, torch.utils.data.Dataset) and not isinstance(loader, Iterable):
             if self.per_slot_batch_size is None:

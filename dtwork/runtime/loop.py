@@ -45,6 +45,7 @@ class StepLoop:
         checkpoint_every: int | None = None,
         validate: Callable[[], Mapping[str, Any] | None] | None = None,
         validate_every: int | None = None,
+        check_replicas_every: int | None = None,
     ) -> None:
         cfg = ctx.config
         self.ctx = ctx
@@ -59,6 +60,7 @@ class StepLoop:
         period = cfg.checkpoint.every or cfg.steps_in(cfg.min_checkpoint_period, ctx.global_batch_size)
         self.every = checkpoint_every if checkpoint_every is not None else period
         self.validate = validate
+        self.check_every = check_replicas_every  # steps between replica checks; else at the end only
         self.validate_every = validate_every or cfg.steps_in(cfg.min_validation_period, ctx.global_batch_size)
         if validate is not None and not self.validate_every:
             raise DtworkError(
@@ -337,6 +339,8 @@ class StepLoop:
         if self.sync.due() or self._done():
             self.sync.launch()
         self._arm_gns()
+        if self.check_every and self.step % self.check_every == 0:
+            guards.check_replicas(list(self._trained.values()), self.step, ctx.device)
         if self.every and (self.step % self.every == 0 or self.stopped_early):
             self.save_checkpoint()
         self._progress("train")
