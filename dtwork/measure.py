@@ -10,6 +10,7 @@ Scaling efficiency E(n) = T(n) / (n T(1)) with T in samples/s (``analysis.scalin
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -167,15 +168,18 @@ def scaling(
     global_batch: int | None = None,
     shape: Any = None,
     bucket_mb: float | None = None,
+    repeats: tuple[int, int] = (3, 8),
     quiet: bool = False,
 ) -> Any:
     """Measure throughput at each world size in ``slots`` and return a ``ScalingResult``.
 
     Weak scaling keeps the per-slot batch b (global b n); strong scaling keeps the global batch
     B (per slot B // n). Efficiency E(n) = T(n) / (n T(1)). Synthetic batches of
-    ``(per_slot, *shape)`` (shape defaults to the model's first Linear's in_features).
+    ``(per_slot, *shape)`` (shape defaults to the model's first Linear's in_features). Each world
+    size is timed ``repeats[0]`` to ``repeats[1]`` times, until its throughput's 95% interval is
+    within ``analysis.scaling.SETTLE_REL`` of its mean (else the point says it did not settle).
     """
-    from dtwork.analysis.scaling import ScalingPoint, ScalingResult, plan_sizes
+    from dtwork.analysis.scaling import ScalingPoint, ScalingResult, mean_interval, plan_sizes, settled
 
     if mode not in ("weak", "strong"):
         raise DtworkError(f"scaling mode is weak or strong, got {mode!r}")
@@ -197,21 +201,35 @@ def scaling(
             ps, gb = plan_sizes(mode, b, big, n)
         except ValueError as exc:
             raise DtworkError(str(exc)) from None
-        r = _run_bench(cluster, model_expr, n, ps, steps=steps, warmup=warmup, shape=shp, bucket_mb=bucket_mb)
-        shp = tuple(r["shape"]) if r.get("shape") else shp
+        runs: list[dict[str, Any]] = []
+        while len(runs) < max(1, repeats[0]) or (
+            len(runs) < repeats[1] and not settled([r["world_samples_per_s"] for r in runs])
+        ):
+            r = _run_bench(
+                cluster, model_expr, n, ps, steps=steps, warmup=warmup, shape=shp, bucket_mb=bucket_mb
+            )
+            shp = tuple(r["shape"]) if r.get("shape") else shp
+            runs.append(r)
+        mean, low, high = mean_interval([r["world_samples_per_s"] for r in runs])
         point = ScalingPoint(
             world_size=n,
-            throughput=r["world_samples_per_s"],
-            step_time=r["step_time"],
-            comm_time=r["comm_time"],
+            throughput=mean,
+            step_time=statistics.median(r["step_time"] for r in runs),
+            comm_time=statistics.median(r["comm_time"] for r in runs),
             per_slot_batch=ps,
             global_batch=gb,
+            low=low,
+            high=high,
+            repeats=len(runs),
+            settled=len(runs) < 2 or settled([r["world_samples_per_s"] for r in runs], at_least=2),
         )
         result = ScalingResult(mode=result.mode, points=[*result.points, point])
         shown.show(scaling_figure(result))
     _store(cluster, "scaling", result.to_dict())
     if not quiet:
         print(f"dtwork: {mode} scaling of {model_expr}: {result.headline()}")
+        for warning in result.warnings():
+            print(f"dtwork: warning: {warning}")
     return result
 
 

@@ -9,7 +9,7 @@ import pytest
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 EXPECTED = {
-    "scaling.ipynb": ["efficient", "weak scaling", "strong scaling"],
+    "scaling.ipynb": ["efficient, 95% interval", "weak scaling", "strong scaling"],
     "gns.ipynb": ["B_simple", "Critical batch size"],
 }
 QUICKSTART = ["trained 120 steps", "test accuracy", "wrote run 1's report"]

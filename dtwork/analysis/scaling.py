@@ -118,11 +118,13 @@ class ScalingResult:
 
     def warnings(self) -> list[str]:
         """Return one line per world size whose step is too short to measure scaling (more than
-        COMM_BOUND of it waits for communication) or whose throughput did not settle."""
+        COMM_BOUND of it waits for communication, and the efficiency is below COMM_BOUND: the
+        all-reduce's latency, not the model, is measured) or whose throughput did not settle."""
         out = []
+        eff, shares = self.efficiencies() if self.points else {}, self.comm_share()
         for p in self.points:
-            share = p.comm_time / p.step_time if p.step_time > 0 else 0.0
-            if p.world_size > 1 and share > COMM_BOUND:
+            share = shares[p.world_size]
+            if p.world_size > 1 and share > COMM_BOUND and eff[p.world_size] < COMM_BOUND:
                 out.append(
                     f"{p.world_size} ranks: {share:.0%} of each {p.step_time * 1e3:.1f} ms step waits for "
                     "communication, so latency dominates: measure a bigger model or per-slot batch"
