@@ -336,7 +336,8 @@ class Context:
         return clip_grad_norm(self, model, max_norm, **kwargs)
 
     def log(self, **scalars: Any) -> None:
-        """Log scalars: averaged over ranks (average_training_metrics) or rank 0's."""
+        """Log scalars: averaged over ranks (average_training_metrics; every rank logs the same
+        names, else the cell fails naming each rank's) or rank 0's."""
         loop = self.loop
         if loop is not None and "step" not in scalars:  # inside ctx.steps, every step: the short way
             loop.add_log(scalars)

@@ -2,7 +2,8 @@
 
 Each step leaves a ``StepHead`` (named fields, summed over ranks) and the means of the names
 it logged. Steps are not sent one by one: ``StepSync`` keeps them and sends all kept steps in
-ONE float64 vector ``[seconds per step, head of every step, logs of every step]``, launched
+ONE float64 vector ``[seconds per step, head of every step, logs of every step]`` (each step's
+logs in ``MAX_LOGGED`` slots: the length never depends on what a rank logged), launched
 asynchronously every ``sync_every`` steps and read one step later, so the exchange overlaps
 compute. ``sync_every`` follows the ranks' mean step time (the same on every rank, since it
 comes from the reduced vector): every step when steps are slower than ``SYNC_SECONDS``, fewer
