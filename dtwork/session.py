@@ -101,7 +101,7 @@ class Session:
             eff = self.efficiency.add(records, time.monotonic()) if self.efficiency else None
             if eff is not None:  # an aggregated row of its own, for the sidebar and the report
                 self.writer.records(self.run_id, seq, [eff])
-                if self.dashboard is not None:
+                if self.dashboard is not None and self.live:  # a paused view is fed nothing
                     self.dashboard.feed([eff])
         self.writer.flush()
         if self.run_id is not None and self.cluster.config.tensorboard:  # live scalars, after the store
