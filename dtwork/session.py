@@ -7,6 +7,7 @@ session restarts the engines and, with restarts left, replays the run from its l
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -98,16 +99,21 @@ class Session:
         """Write records to the store (first), as rows and events; the store refusing keeps them."""
         if self.run_id is not None:
             self.writer.records(self.run_id, seq, records)
-            eff = self.efficiency.add(records, time.monotonic()) if self.efficiency else None
-            if eff is not None:  # an aggregated row of its own, for the sidebar and the report
-                self.writer.records(self.run_id, seq, [eff])
-                if self.dashboard is not None and self.live:  # a paused view is fed nothing
-                    self.dashboard.feed([eff])
+            self._estimate(records, seq, time.monotonic())
         self.writer.flush()
         if self.run_id is not None and self.cluster.config.tensorboard:  # live scalars, after the store
             from dtwork.export.tensorboard import live_tensorboard
 
             live_tensorboard(self.cluster.config.tensorboard, self.run_id, self.cluster.config.name, records)
+
+    def _estimate(self, records: list[dict[str, Any]], seq: int | None, now: float) -> None:
+        """Write the cell's scaling-efficiency estimate when due: an aggregated row of its own, for
+        the sidebar and the report, and the dashboard's header."""
+        eff = self.efficiency.add(records, now) if self.efficiency and self.run_id is not None else None
+        if eff is not None and self.run_id is not None:
+            self.writer.records(self.run_id, seq, [eff])
+            if self.dashboard is not None and self.live:  # a paused view is fed nothing
+                self.dashboard.feed([eff])
 
     def flush(self) -> None:
         """Try again to write what the store refused (at most once a second)."""
@@ -201,6 +207,7 @@ class Session:
         status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
         err = None if not result.errors else error_line(result.errors[min(result.errors)])
         if result.seq is not None and self.run_id is not None:
+            self._estimate([], result.seq, math.inf)  # the cell's last estimate, however short it was
             self.writer.finish_cell(self.run_id, result.seq, status, err)
             if status == "error":
                 self.writer.run_status(self.run_id, "failed", ended=False)

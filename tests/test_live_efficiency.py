@@ -97,6 +97,8 @@ def test_a_two_rank_run_writes_its_efficiency_for_the_sidebar_and_report(
     assert 0.0 < eff <= 1.0
     rows = [r for r in session.store.metrics(run_id, EFFICIENCY_NAME)]
     assert rows and all(r["rank"] is None for r in rows)
+    last_perf = max(r["step"] for r in session.store.metrics(run_id, "step_time", rank="all"))
+    assert rows[-1]["step"] == last_perf  # the cell's last estimate is written when it ends
 
     listed = {r["id"]: r for r in data.list_runs(str(tmp_path))["runs"]}  # GET /dtwork/runs
     assert listed[run_id]["scaling_efficiency"] == pytest.approx(eff)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ EXPECTED = {
     "scaling.ipynb": ["efficient, 95% interval", "weak scaling", "strong scaling"],
     "gns.ipynb": ["B_simple", "Critical batch size"],
 }
-QUICKSTART = ["trained 120 steps", "test accuracy", "wrote run 1's report"]
+QUICKSTART = ["trained 120 steps", "% scaling efficiency", "test accuracy", "wrote run 1's report"]
 
 
 def _text(nb) -> str:
@@ -80,3 +81,6 @@ def test_quickstart_main_command_writes_the_executed_copy_and_its_report(tmp_pat
     text = _text(nbformat.read(tmp_path / "reports" / "quickstart.ipynb", as_version=4))
     for expected in QUICKSTART:
         assert expected in text, text[-3000:]
+    report = nbformat.read(tmp_path / "reports" / "quickstart-report.ipynb", as_version=4)
+    summary = "\n".join(cell.source for cell in report.cells)
+    assert re.search(r"\| scaling efficiency \| \d+% \|", summary), summary[:3000]

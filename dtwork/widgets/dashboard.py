@@ -468,6 +468,8 @@ class Dashboard(widgets.VBox):
             f"ranks {ranks_text(self.ranks)}",
         ]
         parts.append(self._step_text(progress))
+        if self.efficiency is not None:
+            parts.append(f"{self.efficiency:.0%} scaling efficiency")
         seconds = self._seconds
         parts.append(self.status + (f" in {format_duration(seconds)}" if seconds else ""))
         return " · ".join(parts)
