@@ -178,7 +178,9 @@ class StoreWriter:
                 store.finish_cell(w.run_id, *w.args)
             else:
                 store.set_run_status(w.run_id, w.args[0], ended=w.args[1])
-        except DtworkError as exc:  # the store refused this write's content: the others go on
+        # The store refused this write's content (a malformed row, text SQLite cannot encode):
+        # the others go on.
+        except (DtworkError, UnicodeEncodeError) as exc:
             if w.what == "rows" and len(w.rows) > 1:
                 while w.rows:  # one by one, each taken off once written: a retry repeats none
                     self._write(_Write("rows", w.run_id, (), rows=[w.rows[0]]))

@@ -100,11 +100,12 @@ def test_malformed_records_and_writes_are_dropped_with_one_warning_each(tmp_path
         good = {"kind": "log", "step": 0, "rank": 0, "time": 1.0, "values": {"loss": 2.0}}
         writer.records(run, None, [good, "junk", {"kind": "log", "step": 1}, "more junk", good | {"step": 1}])
         writer.finish_cell(run, 99, "ok")  # no such cell: the store refuses it
+        writer.event(run, "odd", "a lone surrogate \ud800 SQLite cannot encode")
         writer.event(run, "after", "still written")
         assert writer.flush()
         assert [r["step"] for r in store.metrics(run, "loss")] == [0, 1]
         assert [e["kind"] for e in store.events(run)] == ["after"]
-    assert len(said) == 3, said
+    assert len(said) == 4, said
     assert all(line.startswith("dtwork: warning: dropped") for line in said)
 
 
