@@ -6,7 +6,7 @@ record a step and a GNS estimate every PERF_SECONDS; the progress of every rank)
 does what the cell watcher does at every poll: ``Session.persist`` (the store and the live
 efficiency estimate), then ``Dashboard.feed`` and ``progress``, with the dashboard's drawer
 redrawing through a comm that serializes each widget message as the kernel would.
-``python -m benchmarks.kernel_scale [--seconds S] [--ranks 8,32,128,256] [--doc PATH]``.
+``python -m benchmarks.kernel_scale [--seconds S] [--ranks 8,32,128,256] [--perf-seconds P] [--doc PATH]``.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ GPU = dict(utilization=90.0, memory_used_mb=30e3, memory_total_mb=80e3, power_w=
 GNS = dict(b_simple=900.0, g2=0.1, trace_sigma=90.0)
 
 
-def publish(n: int, out: Any, stop: Any) -> None:
+def publish(n: int, out: Any, stop: Any, perf: float | None = None) -> None:
     """Put the batches that ``n`` ranks publish each FLUSH_SECONDS, as ``{rank: data}``, on ``out``."""
     from dtwork.records import make_record as rec
     from dtwork.runtime.loop import GPU_SECONDS, PERF_SECONDS
     from dtwork.runtime.publish import FLUSH_SECONDS
 
-    t0, step, flushes, every = time.monotonic(), 0, 0, max(1, round(PERF_SECONDS / STEP_SECONDS))
+    t0, step, flushes, every = time.monotonic(), 0, 0, max(1, round((perf or PERF_SECONDS) / STEP_SECONDS))
     while not stop.is_set():
         flushes += 1
         time.sleep(max(0.0, t0 + flushes * FLUSH_SECONDS - time.monotonic()))
@@ -70,7 +70,7 @@ def _wire() -> None:
     comm.create_comm = Wire
 
 
-def measure(n: int, seconds: float, folder: Path) -> dict[str, Any]:
+def measure(n: int, seconds: float, folder: Path, perf: float | None = None) -> dict[str, Any]:
     """Feed ``n`` simulated ranks through the kernel's path for ``seconds``; its CPU, redraws, store."""
     from dtwork.analysis.scaling import LiveEfficiency
     from dtwork.collector import POLL_SECONDS
@@ -88,7 +88,7 @@ def measure(n: int, seconds: float, folder: Path) -> dict[str, Any]:
     dash.start_drawer(idle=False)
     ctx = mp.get_context("spawn")
     out, stop = ctx.Queue(), ctx.Event()
-    ctx.Process(target=publish, args=(n, out, stop), daemon=True).start()
+    ctx.Process(target=publish, args=(n, out, stop, perf), daemon=True).start()
     pending = [out.get(timeout=120)]  # the child's imports take a few seconds
     t_start, marks = time.monotonic(), []
     try:
@@ -141,6 +141,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel_scale", description=__doc__)
     ap.add_argument("--seconds", type=float, default=30.0, help="the measured window per rank count")
     ap.add_argument("--ranks", default="8,32,128,256")
+    ap.add_argument("--perf-seconds", type=float, help="a perf record per rank this often (a what-if)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernel_scale.json")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     args = ap.parse_args()
@@ -148,7 +149,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="dtwork-kernel-scale-") as folder:
         for n in (int(v) for v in args.ranks.split(",")):
-            results.append(measure(n, args.seconds, Path(folder)))
+            results.append(measure(n, args.seconds, Path(folder), args.perf_seconds))
             log(json.dumps(results[-1]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"started": now(), "dtwork_commit": git_commit(), "machine": machine()}
