@@ -313,31 +313,6 @@ def format_runs_table(runs: list[dict[str, Any]], path: str | os.PathLike[str] |
         where = f" in {path}" if path is not None else ""
         return f"no runs yet{where}: run a %%dtrain cell to start one"
     header = ("id", "name", "status", "ranks", "backend", "steps", "started")
-    lines: list[tuple[str, ...]] = [header]
-    for run in runs:
-        created = run.get("created_at")
-        started = datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M") if created else None
-        lines.append(
-            tuple(
-                _cell(v)
-                for v in (
-                    run.get("id"),
-                    run.get("name"),
-                    run.get("status"),
-                    run.get("world_size"),
-                    run.get("backend"),
-                    run.get("last_step"),
-                    started,
-                )
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    numeric = {0, 3, 5}
-    out = []
-    for line in lines:
-        cells = [
-            c.rjust(w) if i in numeric else c.ljust(w)
-            for i, (c, w) in enumerate(zip(line, widths, strict=True))
-        ]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)
+    fields = ("id", "name", "status", "world_size", "backend", "last_step")
+    rows = [[*(_cell(run.get(f)) for f in fields), _when(run.get("created_at"))] for run in runs]
+    return _table(header, rows, right={0, 3, 5})
