@@ -119,3 +119,19 @@ def test_dashboard_shows_it_beside_throughput_not_among_the_metrics() -> None:
     assert "samples/s · 80% scaling efficiency" in dash._header.value
     assert [t.name for t in dash._series["metrics"].traces()] == ["loss"]
     dash.close()
+
+
+def test_scaling_figure_draws_the_intervals_as_error_bars() -> None:
+    from dtwork.plots import scaling_figure
+
+    res = ScalingResult(
+        "weak",
+        [
+            ScalingPoint(1, 100.0, 0.1, 0.0, 16, 16, low=95.0, high=105.0, repeats=3),
+            ScalingPoint(2, 170.0, 0.1, 0.02, 16, 32, low=160.0, high=180.0, repeats=3),
+        ],
+    )
+    fig = scaling_figure(res)
+    measured, efficiency = fig.data[0], fig.data[2]
+    assert list(measured.error_y.array) == [5.0, 10.0] and list(measured.error_y.arrayminus) == [5.0, 10.0]
+    assert efficiency.error_y.array[1] == pytest.approx(180 / 190 - 0.85)

@@ -332,11 +332,28 @@ def scaling_figure(result: ScalingResult | None) -> go.Figure:
     fig.update_xaxes(tickvals=sizes)
     fig.update_layout(title={"text": f"{mode.capitalize()} scaling<br><sup>{result.headline()}</sup>"})
     ideal, eff, comm = result.ideal(), result.efficiencies(), result.comm_share()
-    fig.add_trace(_line(sizes, [p.throughput for p in result.points], "measured", mode="lines+markers"), 1, 1)
+    tput = {p.world_size: p.throughput for p in result.points}
+    spans = {p.world_size: (p.low, p.high) for p in result.points if p.low is not None and p.high is not None}
+    measured = _line(
+        sizes, list(tput.values()), "measured", mode="lines+markers", error_y=_bars(sizes, tput, spans)
+    )
+    fig.add_trace(measured, 1, 1)
     fig.add_trace(_line(sizes, [ideal[n] for n in sizes], "ideal", line={"dash": "dash"}), 1, 1)
-    fig.add_trace(_line(sizes, [eff[n] for n in sizes], "efficiency", mode="lines+markers"), 1, 2)
+    bars = _bars(sizes, eff, result.efficiency_intervals())  # 95% intervals, where measured
+    fig.add_trace(
+        _line(sizes, [eff[n] for n in sizes], "efficiency", mode="lines+markers", error_y=bars), 1, 2
+    )
     fig.add_trace(_line(sizes, [comm[n] for n in sizes], "comm share", mode="lines+markers"), 1, 2)
     return fig
+
+
+def _bars(sizes: Sequence[int], mid: Mapping[int, float], bounds: Mapping[int, tuple[float, float]]) -> Any:
+    """Asymmetric error bars from (low, high) bounds; none where a size has no bounds."""
+    if not bounds:
+        return None
+    up = [bounds[n][1] - mid[n] if n in bounds else 0.0 for n in sizes]
+    down = [mid[n] - bounds[n][0] if n in bounds else 0.0 for n in sizes]
+    return {"type": "data", "symmetric": False, "array": up, "arrayminus": down}
 
 
 def bucket_figure(results: Mapping[float, float] | None) -> go.Figure:
