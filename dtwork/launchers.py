@@ -271,6 +271,10 @@ class DtworkSlurmEngineSetLauncher(SlurmEngineSetLauncher):  # type: ignore[misc
         nodes = re.search(r"--nodes=(\d+)", self.batch_template)
         extra: dict[str, Any] = self.namespace  # type: ignore[has-type]
         self.namespace = {**extra, "n_per_node": n // int(nodes.group(1)) if nodes else n}
+        # Beside the engine logs, not in the notebook's folder (the job itself still starts there).
+        logs = os.path.dirname(self.output_file)
+        if logs and not os.path.isabs(self.batch_file_name):
+            self.batch_file_name = os.path.join(logs, f"{self.cluster_id}.sbatch")
         super().write_batch_script(n)
 
     def stop(self) -> Any:

@@ -91,6 +91,9 @@ def test_mlflow_run_reads_back_through_the_client(
     from dtwork.export.mlflow import export_mlflow
 
     run, logged = fill_store(tmp_path / "runs.sqlite")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
     if backend == "file":  # MLflow 3 keeps its file store behind this switch
         monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
         uri = (tmp_path / "mlruns").as_uri()
@@ -111,6 +114,7 @@ def test_mlflow_run_reads_back_through_the_client(
         assert [h[1] for h in history] == pytest.approx([v[1] for v in values]), name
     artifacts = {a.path for a in client.list_artifacts(mlflow_id)}
     assert {"config.yaml", f"run-{run}.ipynb"} <= artifacts
+    assert not any(Path.cwd().iterdir())  # nothing written where the export was run from
 
 
 def test_mlflow_file_store_refusal_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -191,7 +191,7 @@ def test_slurm_start_trains_ddp_and_stop_leaves_no_job(shell: object, capsys) ->
 @pytest.mark.usefixtures("slurm")
 def test_slurm_queue_wait_is_shown_with_the_job_id_and_bounded(shell: object, capsys) -> None:
     hold = subprocess.run(
-        ["sbatch", "--parsable", "-n", str(os.cpu_count()), "--wrap", "sleep 600"],
+        ["sbatch", "--parsable", "-n", str(os.cpu_count()), "--output=/dev/null", "--wrap", "sleep 600"],
         capture_output=True,
         text=True,
         check=True,

@@ -32,6 +32,14 @@ def _uri(uri: str | os.PathLike[str]) -> str:
     return f"sqlite:///{path}" if path.suffix == ".db" else path.as_uri()
 
 
+def _artifacts(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside an SQLite store (MLflow's default is the
+    current folder's ./mlruns), the tracking server's own choice otherwise."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///") :]).parent / "mlartifacts").as_uri()
+    return None
+
+
 def export_mlflow(
     store: RunStore | str | os.PathLike[str],
     uri: str | os.PathLike[str],
@@ -57,7 +65,11 @@ def export_mlflow(
             f"MLflow cannot open {_uri(uri)} ({first}): use a tracking server, a sqlite:///PATH.db store, "
             "or for a folder set MLFLOW_ALLOW_FILE_STORE=true"
         ) from None
-    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    experiment_id = (
+        found.experiment_id
+        if found
+        else client.create_experiment(experiment, artifact_location=_artifacts(_uri(uri)))
+    )
     own = not isinstance(store, RunStore)
     rs = RunStore(store, readonly=True) if not isinstance(store, RunStore) else store
     try:
