@@ -275,6 +275,7 @@ class DtworkSlurmEngineSetLauncher(SlurmEngineSetLauncher):  # type: ignore[misc
         logs = os.path.dirname(self.output_file)
         if logs and not os.path.isabs(self.batch_file_name):
             self.batch_file_name = os.path.join(logs, f"{self.cluster_id}.sbatch")
+            self.batch_file = self.batch_file_name
         super().write_batch_script(n)
 
     def stop(self) -> Any:
