@@ -273,7 +273,7 @@ class DtworkSlurmEngineSetLauncher(SlurmEngineSetLauncher):  # type: ignore[misc
         self.namespace = {**extra, "n_per_node": n // int(nodes.group(1)) if nodes else n}
         # Beside the engine logs, not in the notebook's folder (the job itself still starts there).
         logs = os.path.dirname(self.output_file)
-        if logs and not os.path.isabs(self.batch_file_name):
+        if logs and not os.path.isabs(self.batch_file_name):  # type: ignore[has-type]
             self.batch_file_name = os.path.join(logs, f"{self.cluster_id}.sbatch")
             self.batch_file = self.batch_file_name
         super().write_batch_script(n)

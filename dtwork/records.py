@@ -4,7 +4,8 @@ A rank publishes *records*: one per kind and step, ``{"kind", "step", "rank", "t
 (events add ``event`` and ``message``). The kernel stores each value as a *row*
 ``{"kind", "step", "rank", "name", "value", "time"}``; the dashboard, the report, the server and
 the exports read rows. Logged metrics and GNS estimates are agreed across ranks by the loop's sync,
-so their rows carry rank None (aggregated); throughput and GPU rows stay per rank.
+so their rows carry rank None (aggregated), as does the kernel's scaling-efficiency estimate;
+throughput and GPU rows stay per rank.
 
 This module imports nothing but the standard library: the ranks and the kernel both use it.
 """
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any, TypedDict
 
-__all__ = ["AGGREGATED_KINDS", "Kind", "Record", "Row", "make_record", "to_rows"]
+__all__ = ["AGGREGATED_KINDS", "TRAINING_KINDS", "Kind", "Record", "Row", "make_record", "to_rows"]
 
 
 class Kind(str, Enum):
@@ -28,12 +29,15 @@ class Kind(str, Enum):
     PERF = "perf"  # a rank's throughput and step-time split
     GPU = "gpu"  # a rank's NVML telemetry
     EVENT = "event"  # something that happened on a rank (a warning, a checkpoint)
+    SCALING = "scaling"  # the kernel's estimate of the run's scaling efficiency, from the perf records
 
     def __str__(self) -> str:
         return self.value
 
 
-AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value})
+AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value, Kind.SCALING.value})
+# What a re-run of the same code on the same data reproduces: not the timings.
+TRAINING_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value})
 
 
 class Record(TypedDict, total=False):

@@ -42,7 +42,7 @@ def test_estimate_waits_for_every_rank_then_reports_the_share_not_waiting() -> N
     assert rec is not None and rec["values"][EFFICIENCY_NAME] == pytest.approx(0.7)  # 1 - (0.2+0.4)/2
     assert live.add([perf(0, 7, 100.0, 0.1, 0.0)], now=0.5) is None  # at most once a second
     rows = to_rows([live.add([], now=1.2)])  # type: ignore[list-item]
-    assert rows[0]["rank"] is None and rows[0]["kind"] == "log" and rows[0]["step"] == 7
+    assert rows[0]["rank"] is None and rows[0]["kind"] == "scaling" and rows[0]["step"] == 7
     assert rows[0]["value"] == pytest.approx(0.8)
 
 
@@ -96,7 +96,7 @@ def test_a_two_rank_run_writes_its_efficiency_for_the_sidebar_and_report(
     eff = session.store.last_metrics(run_id)[EFFICIENCY_NAME]
     assert 0.0 < eff <= 1.0
     rows = [r for r in session.store.metrics(run_id, EFFICIENCY_NAME)]
-    assert rows and all(r["rank"] is None for r in rows)
+    assert rows and all(r["rank"] is None and r["kind"] == "scaling" for r in rows)
     last_perf = max(r["step"] for r in session.store.metrics(run_id, "step_time", rank="all"))
     assert rows[-1]["step"] == last_perf  # the cell's last estimate is written when it ends
 
@@ -114,7 +114,7 @@ def test_dashboard_shows_it_beside_throughput_not_among_the_metrics() -> None:
 
     dash = Dashboard(1, [0, 1])
     dash.feed([perf(0, 3, 100.0, 0.1, 0.02), perf(1, 3, 100.0, 0.1, 0.02)])
-    dash.feed([make_record("log", 3, 0, {"loss": 1.0, EFFICIENCY_NAME: 0.8})])
+    dash.feed([make_record("log", 3, 0, {"loss": 1.0}), make_record("scaling", 3, 0, {EFFICIENCY_NAME: 0.8})])
     dash.flush()
     assert "samples/s · 80% scaling efficiency" in dash._header.value
     assert [t.name for t in dash._series["metrics"].traces()] == ["loss"]

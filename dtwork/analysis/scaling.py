@@ -18,7 +18,7 @@ from dtwork.records import Kind, Record, make_record
 
 Mode = Literal["weak", "strong"]
 MODES: tuple[str, ...] = ("weak", "strong")
-EFFICIENCY_NAME = "scaling_efficiency"  # the aggregated log metric the sidebar and the report read
+EFFICIENCY_NAME = "scaling_efficiency"  # the aggregated "scaling" row the sidebar and the report read
 SETTLE_REL = 0.05  # a throughput is settled when its 95% half-width is at most this share of its mean
 COMM_BOUND = 0.5  # a step spending more than this share waiting for communication is too short
 # two-sided 95% quantiles of Student's t, by degrees of freedom 1-10 (1.96 beyond)
@@ -264,7 +264,7 @@ class LiveEfficiency:
     With a single-rank throughput T(1) of the same model and per-slot batch (from a sweep), it is
     the measured E(n) = sum_r T_r / (n T(1)); without one, the share of a step not spent waiting for
     communication, E ~ 1 - mean_r(comm_time_r / step_time_r) (an upper bound: it ignores the
-    compute a rank loses to the exchange). ``add`` returns an aggregated log record of it at most
+    compute a rank loses to the exchange). ``add`` returns an aggregated "scaling" record of it at most
     every ``every`` seconds.
     """
 
@@ -292,7 +292,7 @@ class LiveEfficiency:
         if value is None or now - self._at < self.every:
             return None
         self._at = now
-        self.last = make_record(Kind.LOG, self._step, 0, {EFFICIENCY_NAME: value})
+        self.last = make_record(Kind.SCALING, self._step, 0, {EFFICIENCY_NAME: value})
         return self.last
 
     def estimate(self) -> float | None:

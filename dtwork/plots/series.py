@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 GNS_NAMES = ("b_simple", "g2", "trace_sigma")
-EFFICIENCY_NAME = "scaling_efficiency"  # a log row the session writes; shown beside throughput, not here
+EFFICIENCY_NAME = "scaling_efficiency"  # a "scaling" row the session writes; shown beside throughput
 PERF_NAMES = ("samples_per_s", "step_time", "compute_time", "comm_time", "data_time")
 GPU_NAMES = ("utilization", "memory_used_mb", "memory_total_mb")
 STEP_PARTS = (("compute_time", "compute"), ("comm_time", "communication wait"), ("data_time", "data loading"))
@@ -149,7 +149,7 @@ class MetricsSeries(Series):
     def _add(self, row: Mapping[str, Any]) -> bool:
         name = row["name"]
         if (
-            row["kind"] != "log" or name == EFFICIENCY_NAME
+            row["kind"] != "log"
             if self.names is None
             else (row["rank"] is not None or name not in self.names)
         ):

@@ -14,6 +14,7 @@ from typing import Any
 import nbformat
 from nbformat.v4 import new_markdown_cell
 
+from dtwork.records import TRAINING_KINDS
 from dtwork.report.build import RERUN_STORE, code_span, escape, now, table
 from dtwork.store import RunStore
 
@@ -32,7 +33,9 @@ class Verdict:
 
 
 def compare(recorded: list[dict[str, Any]], rerun: list[dict[str, Any]]) -> dict[str, float]:
-    """Max |recorded - rerun| of each metric over the steps both have (inf: no step in common)."""
+    """Max |recorded - rerun| of each training metric over the steps both have (inf: no step in
+    common); timings (throughput, the scaling estimate) differ from run to run and are not compared."""
+    recorded = [r for r in recorded if r.get("kind", "log") in TRAINING_KINDS]
     new: dict[str, dict[int, float | None]] = {}
     for r in rerun:
         new.setdefault(r["name"], {})[r["step"]] = r["value"]

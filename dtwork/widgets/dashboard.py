@@ -306,7 +306,7 @@ class Dashboard(widgets.VBox):
                     self._series[key].add(kind_rows)
             self.rows_fed += len(rows)
             for row in rows:
-                if row["name"] == plots.EFFICIENCY_NAME and row["kind"] == "log":
+                if row["kind"] == "scaling" and row["name"] == plots.EFFICIENCY_NAME:
                     self.efficiency = row["value"]
             self._last_step = rows[-1]["step"]
             self._dirty = True
