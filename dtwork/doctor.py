@@ -10,6 +10,7 @@ skipped with the reason. The checks run as cells on real ranks, exactly as a not
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import time
@@ -172,7 +173,7 @@ class Doctor:
         try:
             good, detail = fn()
         except Exception as exc:
-            good, detail = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            good, detail = False, _one_line(exc)
         self.checks.append(Check(name, "ok" if good else "FAIL", detail, time.monotonic() - t0))
         self.say(self.checks[-1])
         return good
@@ -233,6 +234,14 @@ class Doctor:
             self.check("bf16 throughput", lambda: _throughput(c))
         finally:
             c.stop()
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one line: its first line, and the exception a rank raised when it names one."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    cause = next((line for line in reversed(lines[1:]) if re.match(r"^[\w.]+(Error|Exception):", line)), None)
+    return f"{first} ({cause})" if cause else first
 
 
 def _value(c: Any, source: str) -> list[Any]:

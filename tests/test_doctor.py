@@ -100,3 +100,12 @@ def test_a_check_that_raises_is_one_failed_line() -> None:
     assert lines[1].split()[:3] == ["process", "group", "FAIL"]
     assert lines[1].endswith("RuntimeError: NCCL error: unhandled system error")
     assert lines[3].split()[:3] == ["bf16", "throughput", "skip"]
+
+
+def test_a_rank_failure_keeps_the_ranks_exception() -> None:
+    from dtwork.errors import RankFailure
+
+    exc = RankFailure(
+        "dtwork: the cell failed on rank 1\nTraceback ...\n  File x\nValueError: bad shape\nrank 0: ok"
+    )
+    assert doctor._one_line(exc) == "RankFailure: dtwork: the cell failed on rank 1 (ValueError: bad shape)"
