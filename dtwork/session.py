@@ -20,6 +20,7 @@ from dtwork import engines
 from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.collector import POLL_SECONDS, CellResult, CellWatcher, error_line, in_notebook
 from dtwork.errors import DtworkError
+from dtwork.perf_rate import PerfThinner
 from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
 
 REPAIR_SECONDS = 60.0  # for every rank to join a new process group after a failed cell
@@ -53,6 +54,7 @@ class Session:
         self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
         self.health = engines.RankHealth(cluster)  # which ranks' engines are gone, and why
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
+        self.perf_rate = PerfThinner(cluster.world_size)  # the current cell's perf records to store
 
     # -- store -----------------------------------------------------------------------------
 
@@ -98,7 +100,7 @@ class Session:
     def persist(self, records: list[dict[str, Any]], seq: int | None) -> None:
         """Write records to the store (first), as rows and events; the store refusing keeps them."""
         if self.run_id is not None:
-            self.writer.records(self.run_id, seq, records)
+            self.writer.records(self.run_id, seq, self.perf_rate(records))
             self._estimate(records, seq, time.monotonic())
         self.writer.flush()
         if self.run_id is not None and self.cluster.config.tensorboard:  # live scalars, after the store
@@ -173,6 +175,7 @@ class Session:
         ar = self.cluster.view(rank_list).execute(source, silent=False, block=False)
         on_records = self._dashboard_feed(run_id, rank_list, quiet)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
+        self.perf_rate = PerfThinner(len(rank_list))
         watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
         if bg:
             self.background = watcher
@@ -207,6 +210,7 @@ class Session:
         status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
         err = None if not result.errors else error_line(result.errors[min(result.errors)])
         if result.seq is not None and self.run_id is not None:
+            self.writer.records(self.run_id, result.seq, self.perf_rate.flush())
             self._estimate([], result.seq, math.inf)  # the cell's last estimate, however short it was
             self.writer.finish_cell(self.run_id, result.seq, status, err)
             if status == "error":

@@ -34,6 +34,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from dtwork import plots
+from dtwork.perf_rate import PerfThinner
 from dtwork.plots.bands import rank_bands
 from dtwork.records import Row, to_rows
 from dtwork.widgets.header import (
@@ -119,6 +120,7 @@ class Dashboard(widgets.VBox):
         self.status = "running"
         self._clock = clock
         self.rows_fed = 0
+        self._perf_rate = PerfThinner(len(self.ranks))  # the perf records drawn, as the store keeps them
         self._lock = threading.Lock()  # guards the data below
         self._draw_lock = threading.Lock()  # one redraw at a time
         self._series: dict[str, plots.Series] = {
@@ -210,6 +212,9 @@ class Dashboard(widgets.VBox):
         with self._lock:
             self.status = STATUS_WORDS.get(status, status)
             self._seconds = getattr(result, "seconds", None)
+        with self._draw_lock:
+            self._add_queued()
+            self._add(self._perf_rate.flush(), thin=False)
         self.flush()
         for panel in self._distinct_panels():
             panel.settle()
@@ -292,9 +297,9 @@ class Dashboard(widgets.VBox):
             self._stop_drawer.set()
             drawer.join(DRAWER_JOIN_SECONDS)
 
-    def _add(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Put the records' rows in the series."""
-        rows = to_rows(records)
+    def _add(self, records: Iterable[Mapping[str, Any]], thin: bool = True) -> None:
+        """Put the records' rows in the series (perf records at the rate the store keeps them)."""
+        rows = to_rows(self._perf_rate(records) if thin else records)
         if not rows:
             return
         by_kind: dict[str, list[Row]] = {}
