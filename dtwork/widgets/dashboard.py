@@ -52,6 +52,7 @@ __all__ = ["BAR_COLOURS", "Dashboard", "format_duration"]
 
 MIN_INTERVAL = 0.5  # seconds between redraws while records flow
 DRAW_SHARE = 0.01  # of a core, at most, spent redrawing (the interval grows with a redraw's cost)
+SHARE_RANKS = 128  # past this many ranks the share grows in proportion (2% at 256 ranks)
 MAX_POINTS = 1000  # per trace on screen (about a plot's width in pixels): redraws cost what is drawn
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
 DRAWER_IDLE_CHECK = 0.1  # seconds: how soon a drawer that found nothing new looks again
@@ -104,9 +105,9 @@ class Dashboard(widgets.VBox):
     ) -> None:
         """Build an empty dashboard for ``ranks`` of run ``run_id``; :meth:`start_drawer` starts drawing.
 
-        ``min_interval`` is the least time between two redraws; ``draw_share`` (None: no budget)
-        stretches it to the last redraw's CPU time divided by that share of a core. ``clock`` is
-        for tests.
+        ``min_interval`` is the least time between two redraws; ``draw_share`` (None: no budget),
+        times ``max(1, ranks / SHARE_RANKS)``, stretches it to the last redraw's CPU time divided by
+        that share of a core. ``clock`` is for tests.
         """
         super().__init__()
         self.run_id = run_id
@@ -114,7 +115,8 @@ class Dashboard(widgets.VBox):
         self.title = title
         self.global_batch = global_batch
         self.min_interval = min_interval
-        self.draw_share = draw_share
+        # the bars and bands cost more with more ranks: a larger view may take a little more
+        self.draw_share = draw_share and draw_share * max(1.0, len(self.ranks) / SHARE_RANKS)
         self.interval = min_interval  # the current one: min_interval, or longer when redraws cost more
         self.redraws = 0
         self.status = "running"
