@@ -1,5 +1,4 @@
-"""Percentile bands over many ranks (dtwork.plots.bands): the one-search computation equals each
-rank's value carried forward on its own."""
+"""Percentile bands over many ranks (dtwork.plots.bands) equal a plain rank-by-rank computation."""
 
 from __future__ import annotations
 

@@ -32,27 +32,16 @@ def _band(group: Sequence[Trace], what: str, axes: dict[str, Any]) -> list[Trace
         return []
     lo, hi = max(x[0] for x, _ in ranks), max(x[-1] for x, _ in ranks)  # every rank has begun at lo
     grid = np.unique(np.linspace(lo, hi, GRID_POINTS).round())
-    values = _carried(ranks, grid)
+    values = np.empty((len(ranks), grid.size))
+    for i, (x, y) in enumerate(ranks):
+        order = np.argsort(x, kind="stable")
+        values[i] = y[order][np.searchsorted(x[order], grid, side="right") - 1]  # >= 0: grid >= lo
     out = []
     bands = np.percentile(values, [q for q, _ in QUANTILES], axis=0)
     for (q, label), y in zip(QUANTILES, bands, strict=True):
         style = {**axes, **(_MEDIAN if q == 50 else _EDGE), **(_FILL if q == 90 else {})}
         out.append(Trace(f"ranks {what}{label}", grid.astype(np.int32), y, style))
     return out
-
-
-def _carried(ranks: Sequence[tuple[np.ndarray, np.ndarray]], grid: np.ndarray) -> np.ndarray:
-    """Each rank's value carried forward to each grid step, (ranks, grid) in one search: every
-    rank's steps are shifted into a block of their own so that one sorted array holds them all."""
-    xs = np.concatenate([x for x, _ in ranks])
-    ys = np.concatenate([y for _, y in ranks])
-    which = np.repeat(np.arange(len(ranks)), [x.size for x, _ in ranks])
-    width = xs.max() - xs.min() + 2.0  # a block per rank, wider than any rank's span of steps
-    keys = xs - xs.min() + which * width
-    order = np.argsort(keys, kind="stable")  # within a rank, equal steps keep their order: the last wins
-    queries = (grid - xs.min())[None, :] + (np.arange(len(ranks)) * width)[:, None]
-    at = np.searchsorted(keys[order], queries.ravel(), side="right") - 1  # in the rank's block: grid >= lo
-    return ys[order][at].reshape(len(ranks), grid.size)
 
 
 def rank_bands(traces: Sequence[Trace], ranks: int) -> list[Trace]:

@@ -52,7 +52,7 @@ __all__ = ["BAR_COLOURS", "Dashboard", "format_duration"]
 
 MIN_INTERVAL = 0.5  # seconds between redraws while records flow
 DRAW_SHARE = 0.01  # of a core, at most, spent redrawing (the interval grows with a redraw's cost)
-SHARE_RANKS = 128  # past this many ranks the share grows in proportion (2% at 256 ranks)
+SHARE_RANKS = 64  # past this many ranks the share grows in proportion (4% at 256 ranks)
 MAX_POINTS = 1000  # per trace on screen (about a plot's width in pixels): redraws cost what is drawn
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
 DRAWER_IDLE_CHECK = 0.1  # seconds: how soon a drawer that found nothing new looks again
