@@ -355,7 +355,7 @@ class Dashboard(widgets.VBox):
 
     def _draw(self) -> None:
         """Redraw the changed figures, the bars and the header (caller holds the draw lock)."""
-        cpu = time.thread_time()
+        cpu, start = time.thread_time(), self._clock()
         snap = self._snapshot()
         added = False
         rows: dict[str, list[plots.Trace]] = {}  # the changed rows of the base figures
@@ -382,7 +382,7 @@ class Dashboard(widgets.VBox):
             self._header_html(snap["progress"], snap["etas"], snap["total"]) + self._bars_html()
         )
         self.redraws += 1
-        self._last_draw = self._clock()
+        self._last_draw = start  # the interval runs from start to start: a slow redraw eats into it
         # a redraw that built widgets (the first, a new figure) pays once for what later ones reuse
         if self.draw_share and self.redraws > 1 and not added:
             self.interval = max(self.min_interval, (time.thread_time() - cpu) / self.draw_share)
