@@ -277,9 +277,12 @@ class Dashboard(widgets.VBox):
             idle_priority()
         next_check = self._clock()
         while not self._stop_drawer.wait(max(0.01, next_check - self._clock())):
+            drawn = self.redraws
             if not self._wake():
                 return
-            next_check = max(self._last_draw + self.interval, self._clock() + DRAWER_IDLE_CHECK)
+            next_check = self._last_draw + self.interval
+            if self.redraws == drawn:  # nothing new yet: look again soon, not at once
+                next_check = max(next_check, self._clock() + DRAWER_IDLE_CHECK)
 
     def _wake(self) -> bool:
         """One wake of the drawer: read what was fed, redraw if something is new and the interval
