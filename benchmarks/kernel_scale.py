@@ -1,29 +1,22 @@
 """The kernel's cost against the rank count, by simulation (issue 25): no training, the real kernel path.
 
-A child process publishes what N ranks publish (``runtime.publish``: a batch per rank every
-FLUSH_SECONDS; per rank a perf record every PERF_SECONDS and a GPU sample a second, rank 0 a log
-record a step and a GNS estimate every PERF_SECONDS; the progress of every rank). This process
-does what the cell watcher does at every poll: ``Session.persist`` (the store and the live
-efficiency estimate), then ``Dashboard.feed`` and ``progress``, with the dashboard's drawer
-redrawing through a comm that serializes each widget message as the kernel would.
-``python -m benchmarks.kernel_scale [--seconds S] [--ranks 8,32,128,256] [--perf-seconds P] [--doc PATH]``.
+A child process publishes what N ranks publish, at their rates (``publish``); this process does what
+the cell watcher does at every poll: ``Session.persist``, then ``Dashboard.feed`` and ``progress``,
+the dashboard's drawer redrawing through a comm that serializes each widget message (``wired``).
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import queue
 import sqlite3
-import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-
-from benchmarks.tables import fill, fmt, table
-from benchmarks.util import ROOT, git_commit, log, machine, now
 
 STEP_SECONDS = 0.05  # the simulated step; rank 0 logs the loss every step
 WARMUP = 3.0  # seconds before the window: widgets built, the first figures sent
@@ -56,18 +49,21 @@ def publish(n: int, out: Any, stop: Any, perf: float | None = None) -> None:
         out.put(batch)
 
 
-def _wire() -> None:
+@contextlib.contextmanager
+def wired() -> Iterator[None]:
     """Give the widgets a comm that serializes each message as the kernel's would, then drops it."""
     import comm
     from comm.base_comm import BaseComm
 
     class Wire(BaseComm):
-        def publish_msg(
-            self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any
-        ) -> None:
+        def publish_msg(self, msg_type: str, data: Any = None, *more: Any, **keys: Any) -> None:
             json.dumps(data, default=str)
 
-    comm.create_comm = Wire
+    before, comm.create_comm = comm.create_comm, Wire
+    try:
+        yield
+    finally:
+        comm.create_comm = before
 
 
 def measure(n: int, seconds: float, folder: Path, perf: float | None = None) -> dict[str, Any]:
@@ -86,8 +82,7 @@ def measure(n: int, seconds: float, folder: Path, perf: float | None = None) -> 
     dash = session.dashboard = Dashboard(run, list(range(n)), title=f"{n} simulated ranks")
     # At normal priority: on this shared machine an idle-priority drawer measures the others' load.
     dash.start_drawer(idle=False)
-    ctx = mp.get_context("spawn")
-    out, stop = ctx.Queue(), ctx.Event()
+    out, stop = (ctx := mp.get_context("spawn")).Queue(), ctx.Event()
     ctx.Process(target=publish, args=(n, out, stop, perf), daemon=True).start()
     pending = [out.get(timeout=120)]  # the child's imports take a few seconds
     t_start, marks = time.monotonic(), []
@@ -112,14 +107,10 @@ def measure(n: int, seconds: float, folder: Path, perf: float | None = None) -> 
         dash.close()
         session.close()
     (w0, c0, r0, b0), (w1, c1, r1, b1) = marks
-    return {
-        "ranks": n,
-        "seconds": w1 - w0,
-        "cpu_share": (c1 - c0) / (w1 - w0),
-        "redraw_interval_s": (w1 - w0) / max(1, r1 - r0),
-        "chosen_interval_s": dash.interval,  # what the drawer's CPU budget allows
-        "store_mb_per_hour": (b1 - b0) / (w1 - w0) * 3600 / 1e6,
-    }
+    wall = w1 - w0
+    out = dict(ranks=n, seconds=wall, cpu_share=(c1 - c0) / wall, redraw_interval_s=wall / max(1, r1 - r0))
+    out["chosen_interval_s"] = dash.interval  # what the drawer's CPU budget allows
+    return out | {"store_mb_per_hour": (b1 - b0) / wall * 3600 / 1e6}
 
 
 def _reading(dash: Any, path: Path) -> tuple[float, float, int, int]:
@@ -127,38 +118,3 @@ def _reading(dash: Any, path: Path) -> tuple[float, float, int, int]:
     with sqlite3.connect(path) as db:
         size = db.execute("PRAGMA page_count").fetchone()[0] * db.execute("PRAGMA page_size").fetchone()[0]
     return time.monotonic(), time.process_time(), dash.redraws, size
-
-
-def scale_table(results: list[dict[str, Any]]) -> str:
-    rows = [
-        [r["ranks"], f"{r['cpu_share']:.1%}", fmt(r["redraw_interval_s"], 2), fmt(r["store_mb_per_hour"], 3)]
-        for r in results
-    ]
-    return table("ranks | kernel CPU (share of one core) | redraw interval (s) | store (MB per hour)", rows)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel_scale", description=__doc__)
-    ap.add_argument("--seconds", type=float, default=30.0, help="the measured window per rank count")
-    ap.add_argument("--ranks", default="8,32,128,256")
-    ap.add_argument("--perf-seconds", type=float, help="a perf record per rank this often (a what-if)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernel_scale.json")
-    ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
-    args = ap.parse_args()
-    _wire()
-    results = []
-    with tempfile.TemporaryDirectory(prefix="dtwork-kernel-scale-") as folder:
-        for n in (int(v) for v in args.ranks.split(",")):
-            results.append(measure(n, args.seconds, Path(folder), args.perf_seconds))
-            log(json.dumps(results[-1]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"started": now(), "dtwork_commit": git_commit(), "machine": machine()}
-    args.out.write_text(json.dumps({**meta, "results": results}, indent=1) + "\n")
-    text = scale_table(results)
-    print(text)
-    if args.doc.exists():
-        args.doc.write_text(fill(args.doc.read_text(), {"kernel-scale": text}))
-
-
-if __name__ == "__main__":
-    main()

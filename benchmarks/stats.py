@@ -9,11 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 # two-sided 95% quantiles of Student's t, by degrees of freedom 1-30
-_T975 = (
-    *(12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228),
-    *(2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086),
-    *(2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042),
-)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145)
+_T975 += (2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048)
+_T975 += (2.045, 2.042)
 
 
 def median(values: Sequence[float | None]) -> float | None:
@@ -33,16 +31,12 @@ def summarize(runs: Sequence[float]) -> dict[str, Any]:
     return {"runs": [float(v) for v in runs], "median": median(runs)}
 
 
-def bootstrap_ci(
-    a: Sequence[float], b: Sequence[float] | None = None, n: int = 2000, seed: int = 0
-) -> list[float] | None:
+def bootstrap_ci(a: Sequence[float], b: Sequence[float] | None = None, n: int = 2000, seed: int = 0) -> Any:
     """95% percentile-bootstrap interval of median(a), or of median(a) / median(b) resampled apart."""
-    aa = [float(x) for x in a]
-    bb = None if b is None else [float(x) for x in b]
+    aa, bb = [float(x) for x in a], None if b is None else [float(x) for x in b]
     if len(aa) < 2 or (bb is not None and len(bb) < 2):
         return None
-    rng = random.Random(seed)
-    stats = []
+    rng, stats = random.Random(seed), []
     for _ in range(n):
         m = statistics.median(rng.choices(aa, k=len(aa)))
         if bb is not None:
@@ -67,16 +61,9 @@ def geometric_mean_ci(ratios: Sequence[float]) -> tuple[float | None, list[float
 
 def cycles_summary(pairs: list[float], on_total: float, off_total: float) -> dict[str, Any]:
     """Cycle ratios (off time / on time = on / off throughput): median, bootstrap interval, totals."""
-    return {
-        "cycles": len(pairs),
-        "ratio": median(pairs),
-        "ci95": bootstrap_ci(pairs),
-        "ratio_of_totals": off_total / on_total if on_total > 0 else None,
-        "on_total": on_total,
-        "off_total": off_total,
-        "pair_sd": sd(pairs),
-        "pair_ratios": pairs,
-    }
+    out = dict(cycles=len(pairs), ratio=median(pairs), ci95=bootstrap_ci(pairs), on_total=on_total)
+    out |= dict(ratio_of_totals=ratio(off_total, on_total), off_total=off_total, pair_sd=sd(pairs))
+    return out | {"pair_ratios": pairs}
 
 
 def interleaved_summary(windows_by_rank: list[list[float]], arms: list[bool]) -> dict[str, Any]:
@@ -110,26 +97,20 @@ def turns_summary(seconds: dict[str, list[float]], job: str, reference: str, ste
     a, b = seconds[job], seconds[reference]
     if not a or len(a) != len(b) or min(a + b) <= 0:
         raise ValueError("every cycle needs a positive window of both jobs")
-    pairs = [y / x for x, y in zip(a, b, strict=True)]
-    return {
-        **cycles_summary(pairs, sum(a), sum(b)),
-        "window_s": {job: median(a), reference: median(b)},
-        "steps_per_s": {job: steps * len(a) / sum(a), reference: steps * len(b) / sum(b)},
-    }
+    out = cycles_summary([y / x for x, y in zip(a, b, strict=True)], sum(a), sum(b))
+    out["window_s"] = {job: median(a), reference: median(b)}
+    return out | {"steps_per_s": {job: steps * len(a) / sum(a), reference: steps * len(b) / sum(b)}}
 
 
-def blocks_summary(
-    blocks: list[dict[str, list[float]]], job: str, reference: str, steps: int
-) -> dict[str, Any]:
+def blocks_summary(blocks: list[dict[str, list[float]]], job: str, reference: str, steps: int) -> dict:
     """Blocks of turns, each a fresh launch of both jobs: the geometric mean of the blocks' ratios of totals,
     with a t-interval over blocks (launches of a job differ more than the cycles inside one launch show)."""
     if not blocks:
         raise ValueError("no blocks")
     ratios = [turns_summary(b, job, reference, steps)["ratio_of_totals"] for b in blocks]
     gm, ci95 = geometric_mean_ci(ratios)
-    pooled = turns_summary(
-        {j: [x for b in blocks for x in b[j]] for j in (job, reference)}, job, reference, steps
-    )
+    jobs = {j: [x for b in blocks for x in b[j]] for j in (job, reference)}
+    pooled = turns_summary(jobs, job, reference, steps)
     within = {k: pooled[k] for k in ("ratio", "ci95", "ratio_of_totals", "pair_sd")}
     out = {"blocks": len(blocks), "ratio": gm, "ci95": ci95, "block_ratios": ratios, "block_sd": sd(ratios)}
     out["steps_per_window"] = steps

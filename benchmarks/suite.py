@@ -1,7 +1,5 @@
-"""The measurements in their order, side by side on one machine, and the results dictionary.
-
-Alternatives take turns inside every repetition (the order rotates), so that a slow minute caused by
-something else on the machine hits them all alike; ratios are taken between neighbours.
+"""The measurements (phases) in their order, side by side on one machine, and the targets. Alternatives
+take turns inside every repetition, so that a slow minute hits them all alike.
 """
 
 from __future__ import annotations
@@ -9,29 +7,29 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-from benchmarks import live, windows
+from benchmarks import kernel_scale, windows
 from benchmarks import workload as W
-from benchmarks.coldstart import ColdStarts
-from benchmarks.runners import (
-    DtworkRunner,
-    LaunchWorkerRunner,
-    RawIpyparallelRunner,
-    TorchrunRunner,
-    missing,
-)
+from benchmarks.runners import TORCHRUN, ColdStarts, DtworkRunner, LaunchWorkerRunner, missing
+from benchmarks.runners import RawIpyparallelRunner as Raw
+from benchmarks.runners import TorchrunRunner as Torchrun
 from benchmarks.stats import blocks_summary, bootstrap_ci, median, ratio, summarize
-from benchmarks.turns import Turns, run_in_turns
-from benchmarks.util import git_commit, log, machine, now, versions
+from benchmarks.turns import Turns, rotate, run_in_turns
+from benchmarks.util import ROOT, git_commit, log, machine, now, silenced, versions
 
 KINDS = W.KINDS
 OPTIONAL = ("accelerate", "fabric")
+SCRIPT = ROOT / "tests" / "fixtures" / "ddp_tutorial.py"  # the PyTorch DDP tutorial's structure
+PHASES = "cold_start round_trip throughput iteration_latency turns gns_interleaved live_interleaved handloop"
+PHASES += " script_rerun kernel_scale"
 
 
 def _kinds(mlp: int, convnet: int) -> Any:
@@ -57,50 +55,48 @@ class Plan:
     turn_blocks: int = 6
     turn_steps: dict[str, int] = _kinds(30, 8)
     turn_cycles: dict[str, int] = _kinds(12, 8)
+    hand_window: int = 30  # MLP steps: about 0.3 s
+    hand_cycles: int = 80
+    rerun_reps: int = 5
+    rerun_epochs: int = 2
+    scale_ranks: tuple[int, ...] = (8, 32, 128, 256)
+    scale_seconds: float = 30.0
 
     @classmethod
     def smoke_plan(cls) -> Plan:
         """A step or two of everything, once: it checks that everything runs."""
-        per_kind = (
-            "warmup steps window_warmup gns_cycles live_window live_cycles turn_steps turn_cycles".split()
-        )
-        once = (
-            "coldstart_reps throughput_reps latency_reps_inprocess latency_reps_relaunch turn_blocks".split()
-        )
-        return cls(
-            True, **dict.fromkeys(once, 1), round_trips=3, **dict.fromkeys(per_kind, {"mlp": 2, "convnet": 1})
-        )
+        per_kind = "warmup steps window_warmup gns_cycles live_window live_cycles turn_steps turn_cycles"
+        once = "coldstart_reps throughput_reps latency_reps_inprocess latency_reps_relaunch turn_blocks"
+        small = dict(hand_window=2, hand_cycles=2, rerun_epochs=1, scale_ranks=(4,), scale_seconds=1.0)
+        small |= dict.fromkeys(per_kind.split(), {"mlp": 2, "convnet": 1})
+        return cls(True, **dict.fromkeys([*once.split(), "rerun_reps"], 1), round_trips=3, **small)
 
 
-@contextlib.contextmanager
-def _record(errors: dict[str, str], name: str) -> Iterator[None]:
-    """Keep a launcher's failure as its error, so that the run goes on without it."""
-    try:
-        yield
-    except Exception as exc:
-        errors[name] = f"{type(exc).__name__}: {exc}"
+def _guarded(errors: dict[str, str], name: str, measure: Callable[[], Any]) -> Any:
+    """``measure()``, or {} once it failed: its error is kept, and the run goes on without it."""
+    if name not in errors:
+        try:
+            return measure()
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    return {}
 
 
 class Suite:
     """The runners, started once, and one method per measurement."""
 
     def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        self.dt = DtworkRunner()
-        self.raw = RawIpyparallelRunner()
-        self.torchrun = TorchrunRunner()
-        self.optional: dict[str, LaunchWorkerRunner] = {}
-        self.skipped: dict[str, str] = {}
+        self.plan, self.dt, self.raw, self.torchrun = plan, DtworkRunner(), Raw(), Torchrun()
+        self.optional, self.skipped = dict[str, LaunchWorkerRunner](), dict[str, str]()
 
-    def start(self) -> None:
-        """Both clusters at once, to save wall time (cold start is measured apart, in fresh kernels)."""
-        log("starting the dtwork cluster and the raw ipyparallel cluster")
+    def start(self, raw: bool = True, optional: bool = True) -> None:
+        """The clusters at once, to save wall time (cold start is measured apart, in fresh kernels)."""
+        log("starting the clusters")
         with ThreadPoolExecutor(2) as pool:
-            for started in [pool.submit(self.dt.start), pool.submit(self.raw.start)]:
+            for started in [pool.submit(self.dt.start), *([pool.submit(self.raw.start)] if raw else [])]:
                 started.result()
-        for name in OPTIONAL:  # one at a time: their import is part of their cold start
-            why = missing(name)
-            if why is None:
+        for name in OPTIONAL if optional else ():  # one at a time: their import is part of their cold start
+            if (why := missing(name)) is None:
                 try:
                     self.optional[name] = LaunchWorkerRunner(name)
                 except RuntimeError as exc:
@@ -108,9 +104,11 @@ class Suite:
             if why is not None:
                 self.skipped[name] = why
                 log(f"{name}: {why}")
+        self.relaunchers: dict[str, Any] = {"torchrun": self.torchrun, **self.optional}
         log("setup cells (model and data stay on the ranks)")
         self.dt.setup()
-        self.raw.setup()
+        if raw:
+            self.raw.setup()
 
     def stop(self) -> None:
         for r in [*self.optional.values(), self.torchrun]:
@@ -119,52 +117,31 @@ class Suite:
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda r: r.stop(), (self.dt, self.raw)))
 
-    def relaunchers(self) -> dict[str, TorchrunRunner | LaunchWorkerRunner]:
-        return {"torchrun": self.torchrun, **self.optional}
-
     def round_trip(self) -> dict[str, Any]:
         log("round trip of a trivial cell")
         for _ in range(2):  # warm the paths
             self.dt.round_trip()
             self.raw.round_trip()
-        dt: list[float] = []
-        raw: list[float] = []
-        pair = [(self.dt.round_trip, dt), (self.raw.round_trip, raw)]
-        for i in range(self.plan.round_trips):
-            for measure, into in pair if i % 2 == 0 else pair[::-1]:
-                into.append(measure())
-        return {
-            "dtwork_quiet_s": summarize(dt),
-            "raw_px_s": summarize(raw),
-            "ratio_quiet": ratio(median(dt), median(raw)),
-            "ratio_quiet_ci95": bootstrap_ci(dt, raw),
-        }
+        t = in_rotation({"dt": self.dt.round_trip, "raw": self.raw.round_trip}, self.plan.round_trips)
+        ci = bootstrap_ci(t["dt"], t["raw"])
+        ratio_quiet = ratio(median(t["dt"]), median(t["raw"]))
+        return dict(dtwork_quiet_s=summarize(t["dt"]), raw_px_s=summarize(t["raw"]), ratio_quiet=ratio_quiet,
+                    ratio_quiet_ci95=ci)  # fmt: skip
 
     def throughput(self) -> dict[str, Any]:
         """Whole runs of every launcher in turn, each repetition in a rotated order."""
-        p = self.plan
+        p, errors = self.plan, dict[str, str]()
 
         def in_cells(measure: Callable[[str, int, int], float]) -> Callable[[], dict[str, float]]:
             return lambda: {k: measure(k, p.warmup[k], p.steps[k]) for k in KINDS}
 
-        measure = {
-            "dtwork": in_cells(self.dt.throughput),
-            "dtwork_steps": in_cells(self.dt.throughput_steps),
-            "raw_ipyparallel": in_cells(self.raw.throughput),
-            **{n: partial(r.throughput_many, p.warmup, p.steps) for n, r in self.relaunchers().items()},
-        }
-        runs: dict[str, dict[str, list[float | None]]] = {a: {k: [] for k in KINDS} for a in measure}
-        errors: dict[str, str] = {}
-        names = list(measure)
-        for rep in range(p.throughput_reps):
-            log(f"steps/s, repetition {rep + 1}/{p.throughput_reps}")
-            for name in names[rep % len(names) :] + names[: rep % len(names)]:
-                res: dict[str, float] = {}
-                if name not in errors:
-                    with _record(errors, name):
-                        res = measure[name]()
-                for k in KINDS:  # a failed run stays a gap, so that repetitions stay aligned
-                    runs[name][k].append(res.get(k))
+        measure = {"dtwork": in_cells(self.dt.throughput), "dtwork_steps": in_cells(self.dt.throughput_steps)}
+        measure["raw_ipyparallel"] = in_cells(self.raw.throughput)
+        measure |= {n: partial(r.throughput_many, p.warmup, p.steps) for n, r in self.relaunchers.items()}
+        log(f"steps/s, {p.throughput_reps} repetitions")
+        res = in_rotation({n: partial(_guarded, errors, n, f) for n, f in measure.items()}, p.throughput_reps)
+        # a failed run stays a gap, so that repetitions stay aligned
+        runs = {a: {k: [r.get(k) for r in res[a]] for k in KINDS} for a in measure}
 
         def pairs(a: str, k: str) -> list[float]:
             return [x / y for x, y in zip(runs[a][k], runs["torchrun"][k], strict=True) if x and y]
@@ -179,23 +156,18 @@ class Suite:
 
     def turns(self) -> dict[str, Any]:
         """dtwork and torchrun in turns; each block a fresh launch of both, the interval over blocks."""
-        p = self.plan
-        blocks: list[dict[str, list[float]]] = []
-        errors: list[str] = []
+        p, blocks, errors = self.plan, list[dict[str, list[float]]](), list[str]()
         for b in range(p.turn_blocks):
             log(f"dtwork and torchrun in turns, block {b + 1}/{p.turn_blocks}")
-            try:
-                out = self._turn_block(b)
-            except Exception as exc:  # the run goes on without more blocks; the reason is kept
-                out = {"error": f"{type(exc).__name__}: {exc}"}
+            failed: dict[str, str] = {}  # the run goes on without more blocks; the reason is kept
+            out = _guarded(failed, "error", partial(self._turn_block, b)) or failed
             if out.get("error") or any(k not in out for k in KINDS):
                 errors.append(f"block {b + 1}: {out.get('error') or 'ended early'}")
                 break
             blocks.append({k: out[k]["seconds"] for k in KINDS})
         res: dict[str, Any] = {"errors": errors}
-        for k in KINDS:
-            if blocks:
-                res[k] = blocks_summary([blk[k] for blk in blocks], "dtwork", "torchrun", p.turn_steps[k])
+        for k in KINDS if blocks else ():
+            res[k] = blocks_summary([blk[k] for blk in blocks], "dtwork", "torchrun", p.turn_steps[k])
         return res
 
     def _turn_block(self, b: int) -> dict[str, Any]:
@@ -227,34 +199,26 @@ class Suite:
         """A changed cell on ranks that keep their state, against a relaunch for the launchers that must."""
         p = self.plan
         self.dt.run(W.LATENCY_STEPS_SETUP.format(kind=kind))
-        cells = {
-            "dtwork": partial(self.dt.iterate, kind),
-            "dtwork_steps": partial(self.dt.seconds, W.CHANGED_STEPS_CELL),
-            "raw_ipyparallel": partial(self.raw.iterate, kind),
-        }
+        cells = {"dtwork": partial(self.dt.iterate, kind), "raw_ipyparallel": partial(self.raw.iterate, kind)}
+        cells["dtwork_steps"] = partial(self.dt.seconds, W.CHANGED_STEPS_CELL)
         for cell in cells.values():  # warm the paths
             cell()
-        relaunchers = self.relaunchers()
-        res: dict[str, list[float]] = {n: [] for n in [*cells, *relaunchers]}
-        first: dict[str, list[float]] = {n: [] for n in relaunchers}
+        res: dict[str, list[float]] = {n: [] for n in [*cells, *self.relaunchers]}
+        first: dict[str, list[float]] = {n: [] for n in self.relaunchers}
         errors: dict[str, str] = {}
         for rep in range(max(p.latency_reps_inprocess, p.latency_reps_relaunch)):
             log(f"iteration latency, repetition {rep + 1}")
             for name, cell in cells.items() if rep < p.latency_reps_inprocess else ():
                 res[name].append(cell())
-            for name, runner in relaunchers.items() if rep < p.latency_reps_relaunch else ():
-                if name not in errors:
-                    with _record(errors, name):
-                        wall, first_step = runner.iterate(kind)
-                        res[name].append(wall)
-                        first[name].append(first_step)
+            for name, runner in self.relaunchers.items() if rep < p.latency_reps_relaunch else ():
+                if got := _guarded(errors, name, partial(runner.iterate, kind)):
+                    res[name].append(got[0])
+                    first[name].append(got[1])
         self.dt.run(W.LATENCY_STEPS_TEARDOWN)
         out: dict[str, Any] = {"kind": kind, "errors": errors}
         for name, vals in res.items():
-            out[name] = {
-                "wall_s": summarize(vals),
-                **({"first_step_s": summarize(first[name])} if name in first else {}),
-            }
+            more = {"first_step_s": summarize(first[name])} if name in first else {}
+            out[name] = {"wall_s": summarize(vals), **more}
         d = median(res["dtwork"])
         out["speedup_vs"] = {n: ratio(median(v), d) for n, v in res.items() if not n.startswith("dtwork")}
         out["speedup_vs_torchrun_first_step"] = ratio(median(first["torchrun"]), d)
@@ -262,56 +226,101 @@ class Suite:
         return out
 
     def gns(self) -> dict[str, Any]:
-        out = {}
-        for k in KINDS:
-            log(f"GNS on/off windows inside one loop ({k}, {self.plan.gns_cycles[k]} cycles)")
-            out[k] = windows.gns(self.dt, k, self.plan.window_warmup[k], self.plan.gns_cycles[k])
-        return out
+        log("GNS on/off windows inside one loop")
+        p = self.plan
+        return {k: windows.gns(self.dt, k, p.window_warmup[k], p.gns_cycles[k]) for k in KINDS}
 
     def live(self) -> dict[str, Any]:
         log("live view + run store on/off windows inside one loop")
         p = self.plan
-        return {
-            r["kind"]: r for r in live.take_runs(self.dt, 0, p.live_window, p.live_cycles, p.window_warmup)
-        }
+        runs = windows.take_runs(self.dt, 0, p.live_window, p.live_cycles, p.window_warmup)
+        return {r["kind"]: r for r in runs}
+
+    def handloop(self) -> dict[str, Any]:
+        """The MLP hand loop with dtwork's view of it (ctx.wrap), or in ctx.steps, ÷ on a plain DDP model."""
+        p = self.plan
+        log(f"hand loop: live view and ctx.steps against plain DDP ({p.hand_cycles} cycles each)")
+        hand = partial(windows.hand, self.dt, "mlp", p.hand_cycles, p.hand_window)
+        return {arm: hand(arm) for arm in ("wrap", "steps")}
+
+    def script_rerun(self) -> dict[str, Any]:
+        """The DDP tutorial's script from scratch: ``Cluster.run_script`` on warm ranks ÷ torchrun."""
+        p, cluster = self.plan, self.dt.cluster
+        assert cluster is not None
+
+        def args(f: str) -> list[str]:  # a fresh folder: no snapshot, so that every run trains from scratch
+            return f"{p.rerun_epochs} 1000 --snapshot {f}/snap.pt --out {f}/final.pt".split()
+
+        def warm() -> float:
+            cluster.session.live = False
+            with tempfile.TemporaryDirectory() as f, silenced():
+                t0 = time.perf_counter()
+                cluster.run_script(SCRIPT, args(f))
+                return time.perf_counter() - t0
+
+        def relaunch() -> float:
+            with tempfile.TemporaryDirectory() as f:
+                t0 = time.perf_counter()
+                cmd = [*TORCHRUN, str(SCRIPT), *args(f)]
+                proc = subprocess.run(cmd, cwd=f, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"torchrun exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+                return time.perf_counter() - t0
+
+        log("an unchanged torchrun script: re-run on warm ranks and relaunched, in turns")
+        first = warm()  # imports what the script imports
+        s = in_rotation({"dtwork": warm, "torchrun": relaunch}, p.rerun_reps)
+        out = dict(script=str(SCRIPT.relative_to(ROOT)), epochs=p.rerun_epochs, first_warm_run_s=first)
+        out |= {"seconds": {k: summarize(v) for k, v in s.items()}}
+        t, d = s["torchrun"], s["dtwork"]
+        return out | {"speedup": ratio(median(t), median(d)), "speedup_ci95": bootstrap_ci(t, d)}
+
+    def kernel_scale(self) -> list[dict[str, Any]]:
+        p, out = self.plan, []
+        with tempfile.TemporaryDirectory(prefix="dtwork-kernel-scale-") as folder, kernel_scale.wired():
+            for n in p.scale_ranks:
+                log(f"the kernel with {n} simulated ranks ({p.scale_seconds:.0f} s)")
+                out.append(kernel_scale.measure(n, p.scale_seconds, Path(folder)))
+        return out
 
 
-def run(plan: Plan, command: str) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    results: dict[str, Any] = {
-        "meta": {
-            "command": command,
-            "smoke": plan.smoke,
-            "started": now(),
-            "dtwork_commit": git_commit(),
-            "machine": machine(),
-            "versions": versions(),
-            "plan": asdict(plan),
-        }
-    }
-    cold = ColdStarts(plan.coldstart_reps)
-    suite = Suite(plan)
+def in_rotation(measure: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[Any]]:
+    """``reps`` readings of each, every repetition in a rotated order."""
+    out: dict[str, list[Any]] = {n: [] for n in measure}
+    for rep in range(reps):
+        for name in rotate(list(measure), rep):
+            out[name].append(measure[name]())
+    return out
+
+
+def run(plan: Plan, command: str, only: list[str] | None = None) -> dict[str, Any]:
+    """Every phase (``only``: those) and the meta of the run."""
+    phases, t0 = only or PHASES.split(), time.perf_counter()
+    meta = dict(command=command, smoke=plan.smoke, started=now(), dtwork_commit=git_commit())
+    meta |= {"machine": machine(), "versions": versions(), "plan": asdict(plan)}
+    results: dict[str, Any] = {"meta": meta}
+    cold, suite = ColdStarts(plan.coldstart_reps), Suite(plan)
     try:
-        cold.start(sequential=not plan.smoke)
-        if not plan.smoke:
+        if "cold_start" in phases:
+            cold.start(sequential=not plan.smoke)
+            if not plan.smoke:
+                results["cold_start"] = cold.results()
+        if set(phases) - {"cold_start"}:
+            raw = {"round_trip", "throughput", "iteration_latency"} & set(phases)
+            suite.start(raw=bool(raw), optional="throughput" in phases)
+        for name in phases:
+            if name != "cold_start":
+                results[name] = getattr(suite, name.removesuffix("_interleaved"))()
+        if plan.smoke and "cold_start" in phases:
             results["cold_start"] = cold.results()
-        suite.start()
-        results["round_trip"] = suite.round_trip()
-        results["throughput"] = suite.throughput()
-        results["iteration_latency"] = suite.iteration_latency()
-        results["turns"] = suite.turns()
-        results["gns_interleaved"] = suite.gns()
-        results["live_interleaved"] = suite.live()
-        if plan.smoke:
-            results["cold_start"] = cold.results()
-        results["alternatives"] = alternatives(results, suite)
+        if {"throughput", "iteration_latency", "cold_start"} <= set(results):
+            results["alternatives"] = alternatives(results, suite)
     finally:
         log("stopping clusters")
         cold.abort()
         suite.stop()
-    results["meta"]["duration_s"] = time.perf_counter() - t0
-    results["meta"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    results["targets"] = targets(results)
+    meta["duration_s"] = time.perf_counter() - t0
+    meta["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return results
 
 
@@ -323,77 +332,74 @@ def alternatives(results: dict[str, Any], suite: Suite) -> dict[str, Any]:
     def plus(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else a + b
 
-    cold_by = {
-        "dtwork": plus(imp["dtwork"], cold["dtwork_s"]["median"]),
-        "raw_ipyparallel": plus(imp["ipyparallel"], cold["raw_ipyparallel_ddp_s"]["median"]),
-        "torchrun": median(suite.torchrun.cold_starts),
-        **{n: plus(r.import_s, median(r.cold_starts)) for n, r in suite.optional.items()},
-    }
+    cold_by = {"dtwork": plus(imp["dtwork"], cold["dtwork_s"]["median"])}
+    cold_by |= {"torchrun": median(suite.torchrun.cold_starts)}
+    cold_by |= {n: plus(r.import_s, median(r.cold_starts)) for n, r in suite.optional.items()}
+    cold_by |= {"raw_ipyparallel": plus(imp["ipyparallel"], cold["raw_ipyparallel_ddp_s"]["median"])}
     cold_by["dtwork_steps"] = cold_by["dtwork"]
     rows: dict[str, Any] = {a: {"available": False, "skipped": why} for a, why in suite.skipped.items()}
     for a in tp["ratio_vs_torchrun"]:
         err = tp["errors"].get(a) or lat["errors"].get(a)
-        rows[a] = {
-            "available": err is None,
-            "steps_per_s": {k: tp[a][k]["median"] for k in KINDS},
-            "ratio_vs_torchrun": tp["ratio_vs_torchrun"][a],
-            "cold_start_s": cold_by.get(a),
-            "iteration_latency_s": lat[a]["wall_s"]["median"],
-            **({"error": err} if err else {}),
-        }
+        rows[a] = {"available": err is None, "steps_per_s": {k: tp[a][k]["median"] for k in KINDS}}
+        rows[a] |= {"ratio_vs_torchrun": tp["ratio_vs_torchrun"][a], "cold_start_s": cold_by.get(a)}
+        rows[a] |= {"iteration_latency_s": lat[a]["wall_s"]["median"], **({"error": err} if err else {})}
     return rows
 
 
-def _target(
-    tid: str, issue: int, what: str, measured: float | None, target: str, ci95: list[float] | None
-) -> dict[str, Any]:
+def _target(tid: str, issue: int, what: str, measured: float | None, target: str, ci95: Any) -> dict:
     """One target: ``met`` by the reading, ``conclusive`` when its 95% interval lies on one side."""
-    op, value = target.split()
-    t = float(value)
+    op, t = target.split()[0], float(target.split()[1])
     met = None if measured is None else {"<": measured < t, "<=": measured <= t, ">=": measured >= t}[op]
     conclusive = None
     if ci95:
         lo, hi = ci95
         conclusive = (hi <= t or lo > t) if op.startswith("<") else (lo >= t or hi < t)
-    return dict(
-        id=tid,
-        issue=issue,
-        what=what,
-        measured=measured,
-        target=target,
-        met=met,
-        ci95=ci95,
-        conclusive=conclusive,
-    )
+    row = dict(id=tid, issue=issue, what=what, measured=measured, target=target, met=met, ci95=ci95)
+    return row | {"conclusive": conclusive}
 
 
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
-    cold, rt, tp, lat = r["cold_start"], r["round_trip"], r["throughput"], r["iteration_latency"]
+    """The targets of the phases that ``r`` holds."""
     same = "steps/s under %%dtrain / torchrun --nproc_per_node=2, same code"
-    rows: list[tuple[Any, ...]] = [
-        ("2a", 2, "cold start to process group ready, N=2: dtwork / raw ipyparallel's own start",
-         cold["ratio_vs_raw_ipyparallel"], "< 1.0", cold["ratio_vs_raw_ipyparallel_ci95"]),
-        ("2b", 2, "round trip of a trivial %%dtrain cell / raw %px", rt["ratio_quiet"], "<= 1.2",
-         rt["ratio_quiet_ci95"]),
-    ]  # fmt: skip
+    within = "windows alternating inside one loop"
+    rows: list[tuple[Any, ...]] = []
+    if c := r.get("cold_start"):
+        what = "cold start to process group ready, N=2: dtwork / raw ipyparallel's own start"
+        ci = c["ratio_vs_raw_ipyparallel_ci95"]
+        rows.append(("2a", 2, what, c["ratio_vs_raw_ipyparallel"], "< 1.0", ci))
+    if rt := r.get("round_trip"):
+        what = "round trip of a trivial %%dtrain cell / raw %px"
+        rows.append(("2b", 2, what, rt["ratio_quiet"], "<= 1.2", rt["ratio_quiet_ci95"]))
     for k in KINDS:
-        if k in r["turns"]:
-            t = r["turns"][k]
+        if t := r.get("turns", {}).get(k):
             rows.append((f"2c-{k}", 2, f"{same}, in turns ({k})", t["ratio"], ">= 0.98", t["ci95"]))
-        v, ci = tp["ratio_vs_torchrun"]["dtwork"][k], tp["ratio_vs_torchrun_ci95"]["dtwork"][k]
-        rows.append((f"2c-{k}-runs", 2, f"{same}, whole runs in turn ({k})", v, ">= 0.98", ci))
-    rows.append(
-        ("2d", 2, "iteration latency: torchrun relaunch / changed %%dtrain cell (x faster)",
-         lat["speedup_vs"]["torchrun"], ">= 10", lat["speedup_vs_torchrun_ci95"])
-    )  # fmt: skip
-    for k, v in r["live_interleaved"].items():
-        what = f"throughput, live view + run store on / off, windows alternating inside one loop ({k})"
-        rows.append((f"3-{k}", 3, what, v["ratio"], ">= 0.99", v["ci95"]))
-    for k, v in r["gns_interleaved"].items():
-        what = f"step throughput, GNS measurement on / off, windows alternating inside one loop ({k})"
-        rows.append((f"4-{k}", 4, what, v["ratio"], ">= 0.97", v["ci95"]))
-    limit = "< 120" if r["meta"]["smoke"] else "< 900"
-    rows.append(
-        ("8-time", 8, "the benchmark's wall time on this machine (s)", r["meta"]["duration_s"], limit, None)
-    )
+        if tp := r.get("throughput"):
+            v, ci = tp["ratio_vs_torchrun"]["dtwork"][k], tp["ratio_vs_torchrun_ci95"]["dtwork"][k]
+            rows.append((f"2c-{k}-runs", 2, f"{same}, whole runs in turn ({k})", v, ">= 0.98", ci))
+    if lat := r.get("iteration_latency"):
+        what = "iteration latency: torchrun relaunch / changed %%dtrain cell (x faster)"
+        rows.append(("2d", 2, what, lat["speedup_vs"]["torchrun"], ">= 10", lat["speedup_vs_torchrun_ci95"]))
+    for key, tid, issue, what, goal in (
+        ("live_interleaved", "3", 3, "throughput, live view + run store on / off", ">= 0.99"),
+        ("gns_interleaved", "4", 4, "step throughput, GNS measurement on / off", ">= 0.97"),
+    ):
+        for k in KINDS:
+            if v := r.get(key, {}).get(k):
+                rows.append((f"{tid}-{k}", issue, f"{what}, {within} ({k})", v["ratio"], goal, v["ci95"]))
+    if sr := r.get("script_rerun"):
+        what = "an unchanged torchrun script: torchrun relaunch / re-run on warm ranks (x faster)"
+        rows.append(("22-script", 22, what, sr["speedup"], ">= 10", sr["speedup_ci95"]))
+    for arm, what in (("wrap", "the hand loop's live view (ctx.wrap)"), ("steps", "ctx.steps' bookkeeping")):
+        if v := r.get("handloop", {}).get(arm):
+            what = f"MLP steps/s, {what} / a plain DDP hand loop, {within}"
+            rows.append((f"22-{arm}", 22, what, v["ratio"], ">= 0.98", v["ci95"]))
+    if ks := r.get("kernel_scale"):
+        top = max(ks, key=lambda x: x["ranks"])
+        what = f"the kernel with {top['ranks']} simulated ranks"
+        rows.append(("25-cpu", 25, f"{what}: CPU (share of one core)", top["cpu_share"], "<= 0.10", None))
+        rows.append(("25-redraw", 25, f"{what}: redraw (s)", top["redraw_interval_s"], "<= 0.5", None))
+    if "cold_start" in r and "throughput" in r:  # the whole suite
+        limit = "< 120" if r["meta"]["smoke"] else "< 900"
+        what = "the benchmark's wall time on this machine (s)"
+        rows.append(("8-time", 8, what, r["meta"]["duration_s"], limit, None))
     return [_target(*row) for row in rows]

@@ -1,7 +1,5 @@
-"""results.json (and live.json) -> the tables of docs/benchmarks.md and the console summary.
-
-The page's prose is written by hand; each table sits between ``<!-- generated: NAME -->`` and
-``<!-- end: NAME -->``, and only what lies between them is replaced.
+"""results.json (and live.json) -> the tables of docs/benchmarks.md: the prose is written by hand, and
+only what lies between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->`` is replaced.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from typing import Any
 from benchmarks.util import PACKAGES
 
 KINDS = ("mlp", "convnet")
+NOISE = " (within noise: the 95% interval spans the target)"
 LABELS = {
     "dtwork": "dtwork %%dtrain (same code: DDP + hand loop)",
     "dtwork_steps": "dtwork %%dtrain idiomatic (ctx.wrap + ctx.steps + ctx.log)",
@@ -26,13 +25,12 @@ LABELS = {
 
 
 def fmt(x: Any, nd: int = 3) -> str:
-    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
-        return f"{x:.{nd}f}"
-    return "n/a"
+    number = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return f"{x:.{nd}f}" if number else "n/a"
 
 
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
+def pct(x: float | None, nd: int = 1) -> str:
+    return "n/a" if x is None else f"{100 * x:.{nd}f}%"
 
 
 def ci(x: list[float] | None, nd: int = 3) -> str:
@@ -43,10 +41,8 @@ def verdict(ratio: float | None, ci95: list[float] | None, target: float) -> str
     """Met or not by the reading (higher is better); "within noise" when the interval spans the target."""
     if ratio is None:
         return "n/a"
-    text = "**met**" if ratio >= target else "**not met**"
-    if ci95 and ci95[0] < target <= ci95[1]:
-        text += " (within noise: the 95% interval spans the target)"
-    return text
+    noise = NOISE if ci95 and ci95[0] < target <= ci95[1] else ""
+    return ("**met**" if ratio >= target else "**not met**") + noise
 
 
 def table(head: str, rows: list[list[Any]]) -> str:
@@ -59,41 +55,28 @@ CYCLES = "on ÷ off (median of cycles) | 95% interval | ratio of the totals | cy
 
 
 def _cycles(p: dict[str, Any]) -> list[str]:
-    return [
-        fmt(p["ratio"]),
-        ci(p["ci95"]),
-        fmt(p["ratio_of_totals"]),
-        pct(p["pair_sd"]),
-    ]
+    return [fmt(p["ratio"]), ci(p["ci95"]), fmt(p["ratio_of_totals"]), pct(p["pair_sd"])]
 
 
 def _cpu(p: dict[str, Any]) -> str:
-    cpu = p.get("cpu") or {}
-    return f"{fmt(cpu.get('ratio'))} ({ci(cpu.get('ci95'))})"
+    return f"{fmt((p.get('cpu') or {}).get('ratio'))} ({ci((p.get('cpu') or {}).get('ci95'))})"
 
 
 def run_table(r: dict[str, Any]) -> str:
     m, mach, v = r["meta"], r["meta"]["machine"], r["meta"]["versions"]
     commit = f", dtwork {m['dtwork_commit']}" if m.get("dtwork_commit") else ""
-    rows = [
-        ["command", f"`{m['command']}`"],
-        ["started", f"{m['started']}{commit}, {m['duration_s']:.0f} s"],
-        [
-            "CPU",
-            f"{mach['cpu_model']}, {mach['logical_cpus']} logical / {mach['physical_cpus']} physical cores",
-        ],
-        ["memory", f"{mach['memory_gib']} GiB"],
-        ["load average", f"at start {mach['load_average_at_start']}, at end {m['load_average_at_end']}"],
-        *([p, v.get(p) or "not installed"] for p in ("python", *PACKAGES)),
-    ]
-    return table(" | ", rows)
+    cpu = f"{mach['cpu_model']}, {mach['logical_cpus']} logical / {mach['physical_cpus']} physical cores"
+    rows = [["command", f"`{m['command']}`"], ["started", f"{m['started']}{commit}, {m['duration_s']:.0f} s"]]
+    rows += [["CPU", cpu], ["memory", f"{mach['memory_gib']} GiB"]]
+    rows += [["load average", f"at start {mach['load_average_at_start']}, at end {m['load_average_at_end']}"]]
+    return table(" | ", rows + [[p, v.get(p) or "not installed"] for p in ("python", *PACKAGES)])
 
 
 def targets_table(r: dict[str, Any]) -> str:
     rows = []
     for t in r["targets"]:
         met = "n/a" if t["met"] is None else ("**met**" if t["met"] else "**not met**")
-        met += " (within noise: the 95% interval spans the target)" if t.get("conclusive") is False else ""
+        met += NOISE if t.get("conclusive") is False else ""
         rows.append([t["issue"], t["what"], t["target"], fmt(t["measured"]), ci(t.get("ci95")), met])
     return table("issue | what | target | measured | 95% interval | met", rows)
 
@@ -108,11 +91,8 @@ def alternatives_table(r: dict[str, Any]) -> str:
             continue
         sps, rel, lat = row["steps_per_s"], row["ratio_vs_torchrun"], row["iteration_latency_s"]
         cells = [fmt(sps["mlp"], 1), fmt(rel["mlp"]), fmt(sps["convnet"], 1), fmt(rel["convnet"])]
-        cells += [
-            fmt(row["cold_start_s"], 2),
-            fmt(lat),
-            fmt(lat / dt_latency if lat and dt_latency else None, 1),
-        ]
+        speed = lat / dt_latency if lat and dt_latency else None
+        cells += [fmt(row["cold_start_s"], 2), fmt(lat), fmt(speed, 1)]
         rows.append([label, *cells])
     head = "launcher | MLP steps/s | ÷ torchrun | convnet steps/s | ÷ torchrun | cold start (s)"
     return table(head + " | iteration latency (s) | ÷ dtwork's", rows)
@@ -145,30 +125,21 @@ def turns_table(r: dict[str, Any]) -> str:
                          fmt(sps["torchrun"], 1), fmt(t["ratio"]), ci(t["ci95"]), blocks,
                          pct(t["block_sd"]), fmt(t["within_block"]["ratio_of_totals"]),
                          verdict(t["ratio"], t["ci95"], 0.98)])  # fmt: skip
-    head = (
-        "workload | blocks | cycles | window (steps) | dtwork steps/s | torchrun steps/s | dtwork ÷ torchrun "
-    )
-    head += (
-        "(geometric mean of blocks) | 95% interval (over blocks) | block ratios | block SD | cycles pooled"
-    )
+    head = "workload | blocks | cycles | window (steps) | dtwork steps/s | torchrun steps/s | dtwork ÷ "
+    head += "torchrun (geometric mean of blocks) | 95% interval (over blocks) | block ratios | block SD"
+    head += " | cycles pooled"
     return table(head + " | >= 0.98", rows)
 
 
+def _windows(ps: dict[str, Any], goal: float, nd: int = 3, cpu: bool = False, head: str = "workload") -> str:
+    """Windows alternating inside one loop: a row for each of ``ps``."""
+    rows = [[k, p["cycles"], fmt(p["window_s"], nd), *_cycles(p), *([_cpu(p)] if cpu else []),
+             verdict(p["ratio"], p["ci95"], goal)] for k, p in ps.items()]  # fmt: skip
+    return table(f"{head} | cycles | window (s) | {CYCLES}{' | in CPU seconds' * cpu} | >= {goal}", rows)
+
+
 def live_table(r: dict[str, Any]) -> str:
-    rows = []
-    for k in KINDS:
-        p = r["live_interleaved"][k]
-        rows.append(
-            [
-                k,
-                p["cycles"],
-                fmt(p["window_s"], 2),
-                *_cycles(p),
-                _cpu(p),
-                verdict(p["ratio"], p["ci95"], 0.99),
-            ]
-        )
-    return table(f"workload | cycles | window (s) | {CYCLES} | in CPU seconds | >= 0.99", rows)
+    return _windows({k: r["live_interleaved"][k] for k in KINDS}, 0.99, 2, cpu=True)
 
 
 def live_long_table(long: dict[str, Any]) -> str:
@@ -176,25 +147,38 @@ def live_long_table(long: dict[str, Any]) -> str:
     for k in KINDS:
         for mode, p in long["pooled"].get(k, {}).items():
             goal = verdict(p["ratio"], p["ci95"], 0.99) if mode == "ab" else "1.0 (control)"
-            rows.append(
-                [k + (" A/A" if mode == "aa" else ""), p["runs"], p["cycles"], *_cycles(p), _cpu(p), goal]
-            )
+            rows.append([k + " A/A" * (mode == "aa"), p["runs"], p["cycles"], *_cycles(p), _cpu(p), goal])
     sent, ranks = long["kernel"], f"{long['ranks']} rank" + ("s" if long["ranks"] > 1 else "")
     widget = sent["messages"].get("comm_msg", 0)
-    return table(f"workload | runs | cycles | {CYCLES} | in CPU seconds | >= 0.99", rows) + (
-        f"\n\n`{long['command']}`, started {long['started']}, {long['duration_s'] / 60:.0f} min, "
-        f"dtwork {long['dtwork_commit']}, {ranks}; the kernel sent {widget:,} widget messages "
-        f"({widget / sent['seconds']:.1f} a second), read here at {100 * sent['client_cpu_share']:.2f}% "
-        "of a core."
-    )
+    text = f"\n\n`{long['command']}`, started {long['started']}, {long['duration_s'] / 60:.0f} min, "
+    text += f"dtwork {long['dtwork_commit']}, {ranks}; the kernel sent {widget:,} widget messages "
+    text += f"({widget / sent['seconds']:.1f} a second), read here at {pct(sent['client_cpu_share'], 2)}"
+    text += " of a core."
+    return table(f"workload | runs | cycles | {CYCLES} | in CPU seconds | >= 0.99", rows) + text
 
 
 def gns_table(r: dict[str, Any]) -> str:
-    rows = []
-    for k in KINDS:
-        p = r["gns_interleaved"][k]
-        rows.append([k, p["cycles"], fmt(p["window_s"]), *_cycles(p), verdict(p["ratio"], p["ci95"], 0.97)])
-    return table(f"workload | cycles | window (s) | {CYCLES} | >= 0.97", rows)
+    return _windows({k: r["gns_interleaved"][k] for k in KINDS}, 0.97)
+
+
+def handloop_table(r: dict[str, Any]) -> str:
+    names = {"wrap": "hand loop + dtwork's live view (ctx.wrap)", "steps": "ctx.steps' bookkeeping"}
+    return _windows({names[a]: p for a, p in r["handloop"].items()}, 0.98, head="MLP, ÷ plain DDP hand loop")
+
+
+def script_rerun_table(r: dict[str, Any]) -> str:
+    sr, s = r["script_rerun"], r["script_rerun"]["seconds"]
+    rows = [[sr["script"], sr["epochs"], len(s["dtwork"]["runs"]), fmt(s["dtwork"]["median"]),
+             fmt(s["torchrun"]["median"], 2), fmt(sr["speedup"], 1), ci(sr["speedup_ci95"], 0),
+             fmt(sr["first_warm_run_s"], 1), verdict(sr["speedup"], sr["speedup_ci95"], 10)]]  # fmt: skip
+    head = "script | epochs | turns | warm re-run (s) | torchrun relaunch (s) | x faster | 95% interval"
+    return table(head + " | first warm run (s) | >= 10", rows)
+
+
+def kernel_scale_table(r: dict[str, Any]) -> str:
+    rows = [[x["ranks"], pct(x["cpu_share"]), fmt(x["redraw_interval_s"], 2), fmt(x["store_mb_per_hour"], 3)]
+            for x in r["kernel_scale"]]  # fmt: skip
+    return table("ranks | kernel CPU (share of one core) | redraw interval (s) | store (MB per hour)", rows)
 
 
 def fill(doc: str, generated: dict[str, str]) -> str:
@@ -210,8 +194,12 @@ def fill(doc: str, generated: dict[str, str]) -> str:
 def write_doc(out: Path, doc: Path) -> None:
     """The tables of ``doc`` from ``out/results.json`` and, when there, ``out/live.json``."""
     r = json.loads((out / "results.json").read_text())
-    makers = [run_table, targets_table, alternatives_table, core_table, turns_table, live_table, gns_table]
-    generated = {make.__name__.removesuffix("_table"): make(r) for make in makers}
+    makers = {"meta": run_table, "targets": targets_table, "alternatives": alternatives_table,
+              "iteration_latency": core_table, "turns": turns_table, "live_interleaved": live_table,
+              "gns_interleaved": gns_table, "handloop": handloop_table, "script_rerun": script_rerun_table,
+              "kernel_scale": kernel_scale_table}  # fmt: skip
+    names = {k: make.__name__.removesuffix("_table").replace("_", "-") for k, make in makers.items()}
+    generated = {names[k]: make(r) for k, make in makers.items() if k in r}
     if (out / "live.json").exists():
         generated["live-long"] = live_long_table(json.loads((out / "live.json").read_text()))
     doc.write_text(fill(doc.read_text(), generated))

@@ -1,9 +1,8 @@
 """Launchers training in turns: short windows of the same code, alternating, inside long-lived jobs.
 
-Each job (dtwork's ranks inside one ``%%dtrain`` cell, torchrun's workers inside one launch) runs the
-workload's ``serve_turns``: it connects to the ``Turns`` coordinator here, then blocks in a socket read
-(no CPU) until told to train a window. A cycle holds one window of each job in a random order, so the
-machine's drift cancels within it. A window's time is the slower rank's, timed inside the ranks.
+The ranks of each job (dtwork's in a ``%%dtrain`` cell, torchrun's in a launch) run ``serve_turns``: they
+connect to ``Turns`` here and block in a socket read (no CPU) until told to train a window. A cycle holds
+one window of each job in a random order; a window's time is the slower rank's, timed inside the ranks.
 """
 
 from __future__ import annotations
@@ -17,12 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 
+def rotate(items: list[Any], rep: int) -> list[Any]:
+    """``items`` in the order of repetition ``rep``: each takes the lead in turn."""
+    return items[rep % len(items) :] + items[: rep % len(items)]
+
+
 class Turns:
     """The coordinator: a listening socket on 127.0.0.1; every rank of every job connects once."""
 
     def __init__(self, jobs: dict[str, int], timeout: float = 180.0) -> None:
-        self.jobs = dict(jobs)  # job name -> number of ranks
-        self.timeout = timeout
+        self.jobs, self.timeout = dict(jobs), timeout  # job name -> number of ranks
         self.server = socket.create_server(("127.0.0.1", 0), backlog=sum(self.jobs.values()) + 4)
         self.port: int = self.server.getsockname()[1]
         self.conns: dict[str, dict[int, Any]] = {j: {} for j in self.jobs}
@@ -86,14 +89,9 @@ class Turns:
         self.conns = {j: {} for j in self.jobs}
 
 
-def run_in_turns(
-    turns: Turns, plan: dict[str, tuple[int, int]], seed: int, alive: Callable[[], bool]
-) -> tuple[threading.Thread, dict[str, Any]]:
-    """Drive ``turns`` in a thread while the caller's thread runs a job's blocking cell.
-
-    ``plan``: kind -> (steps per window, cycles). The dict returned fills in with each kind's cycles,
-    or ``error``; the thread ends with ``turns.stop()``, which releases every job.
-    """
+def run_in_turns(turns: Turns, plan: dict[str, Any], seed: int, alive: Callable[[], bool]) -> tuple[Any, Any]:
+    """Drive ``turns`` in a thread while the caller runs a job's blocking cell; ``plan``: kind -> (steps per
+    window, cycles). The dict returned fills in with each kind's cycles, or ``error``; ``stop`` ends it."""
     out: dict[str, Any] = {}
 
     def go() -> None:
@@ -106,6 +104,5 @@ def run_in_turns(
         finally:
             turns.stop()
 
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
+    (t := threading.Thread(target=go, daemon=True)).start()
     return t, out

@@ -44,11 +44,7 @@ def free_port() -> int:
 
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit, so that ``finally`` blocks stop the engines this process started."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def git_commit() -> str | None:
@@ -65,22 +61,17 @@ def machine() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.lower().startswith("model name")), cpu)
-    return {
-        "platform": platform.platform(),
-        "cpu_model": cpu,
-        "logical_cpus": psutil.cpu_count(logical=True),
-        "physical_cpus": psutil.cpu_count(logical=False),
-        "memory_gib": round(psutil.virtual_memory().total / 1024**3, 1),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
+    out = dict(platform=platform.platform(), cpu_model=cpu, logical_cpus=psutil.cpu_count(logical=True))
+    memory = round(psutil.virtual_memory().total / 2**30, 1)
+    out |= dict(physical_cpus=psutil.cpu_count(logical=False), memory_gib=memory)
+    return out | {"load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
 def versions() -> dict[str, Any]:
     def version(pkg: str) -> str | None:
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
+        return None
 
     return {"python": platform.python_version(), **{pkg: version(pkg) for pkg in PACKAGES}}
 
@@ -102,10 +93,9 @@ class Kernel:
 
     def run(self, code: str, timeout: float) -> tuple[Any, dict[str, int]]:
         """Run ``code``, which prints ``RESULT <json>``; return that value and the messages seen, by type."""
-        msg_id = self.kc.execute(code, store_history=False)
+        msg_id, deadline = self.kc.execute(code, store_history=False), time.monotonic() + timeout
         counts: dict[str, int] = {}
         text: list[str] = []
-        deadline = time.monotonic() + timeout
         while True:
             try:
                 msg = self.kc.get_iopub_msg(timeout=max(1.0, deadline - time.monotonic()))

@@ -126,9 +126,8 @@ def train_steps(model, opt, batches, steps, timed_from=None):
 
 # A fresh wrapped model per measurement, dropped after, so that ctx's bookkeeping sees only that one.
 TIMED_STEPS_CELL = "_m = idiom({kind!r}, gns=False)\n_sps = train_steps(*_m, {total}, {warmup})\ndel _m\n"
-LATENCY_STEPS_SETUP = "_lat = idiom({kind!r})\n"
+LATENCY_STEPS_SETUP, LATENCY_STEPS_TEARDOWN = "_lat = idiom({kind!r})\n", "del _lat\n"
 CHANGED_STEPS_CELL = "for _g in _lat[1].param_groups:\n    _g['lr'] = 0.02\ntrain_steps(*_lat, 1)\n"
-LATENCY_STEPS_TEARDOWN = "del _lat\n"
 
 # torchrun runs the same source in a script, measuring as the spec in its argument says.
 SCRIPT_MAIN = """

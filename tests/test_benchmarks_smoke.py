@@ -2,7 +2,8 @@
 
 ``python -m benchmarks --smoke`` runs a few steps of every measurement (cold start in fresh
 processes, round trip, steps/s under every launcher, iteration latency, dtwork and torchrun
-in turns, the GNS and live-view on/off windows) and writes the tables of a copy of the page.
+in turns, the GNS, live-view and hand-loop windows, a script re-run against torchrun, the kernel
+with simulated ranks) and writes the tables of a copy of the page.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("mlp", "convnet")
-TIMEOUT = 240  # a hang guard: the smoke run takes about a minute on 2 cores
+TIMEOUT = 420  # a hang guard: the smoke run takes a minute or two on 2 cores
 
 
 def _positive(x: Any, what: str) -> None:
@@ -32,9 +33,9 @@ def _positive(x: Any, what: str) -> None:
     assert math.isfinite(x) and x > 0, f"{what}: {x!r} is not finite and positive"
 
 
-def _run_smoke(out: Path, doc: Path, state: Path) -> subprocess.CompletedProcess[str]:
+def _run_smoke(out: Path, doc: Path, state: Path, *more: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DTWORK_HOME": str(state / "home"), "DTWORK_STORE": str(state / "runs.sqlite")}
-    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out), "--doc", str(doc)]
+    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out), "--doc", str(doc), *more]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=TIMEOUT)
@@ -54,7 +55,7 @@ def test_smoke_run_measures_everything_and_fills_the_pages_tables(tmp_path: Path
     shutil.copy(ROOT / "docs" / "benchmarks.md", doc)
     proc = _run_smoke(out, doc, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "| launcher | MLP steps/s |" in proc.stdout
+    assert "| issue | what | target | measured |" in proc.stdout
 
     r = json.loads((out / "results.json").read_text())
     plan = r["meta"]["plan"]
@@ -96,9 +97,20 @@ def test_smoke_run_measures_everything_and_fills_the_pages_tables(tmp_path: Path
         assert lv["switches"] == 2 * lv["cycles"] and lv["aa"] is False  # the kernel heard every window
         _positive(lv["cpu"]["ratio"], f"live.{kind} CPU")
 
+    for arm in ("wrap", "steps"):  # the hand loop against plain DDP, windows alternating
+        h = r["handloop"][arm]
+        assert (h["cycles"], h["steps_per_window"]) == (plan["hand_cycles"], plan["hand_window"])
+        _positive(h["ratio"], f"handloop.{arm}")
+    rerun = r["script_rerun"]
+    _positive(rerun["seconds"]["dtwork"]["median"], "script re-run")
+    _positive(rerun["speedup"], "script re-run speedup")
+    assert [x["ranks"] for x in r["kernel_scale"]] == plan["scale_ranks"]
+    _positive(r["kernel_scale"][0]["cpu_share"], "kernel CPU")
+
     ids = [t["id"] for t in r["targets"]]
     assert ids == ["2a", "2b", "2c-mlp", "2c-mlp-runs", "2c-convnet", "2c-convnet-runs", "2d", "3-mlp",
-                   "3-convnet", "4-mlp", "4-convnet", "8-time"]  # fmt: skip
+                   "3-convnet", "4-mlp", "4-convnet", "22-script", "22-wrap", "22-steps", "25-cpu",
+                   "25-redraw", "8-time"]  # fmt: skip
     for t in r["targets"]:
         _positive(t["measured"], f"target {t['id']}")
         assert isinstance(t["met"], bool)
@@ -114,6 +126,25 @@ def test_smoke_run_measures_everything_and_fills_the_pages_tables(tmp_path: Path
     )
     long = "<!-- generated: live-long -->"
     assert page.split(long)[1].split("<!-- end")[0] == before.split(long)[1].split("<!-- end")[0]
+    assert "| hand loop + dtwork's live view (ctx.wrap) | 2 |" in page
+    assert "| 4 | " in page.split("<!-- generated: kernel-scale -->")[1]
+
+
+def test_one_phase_replaces_only_its_own_results(tmp_path: Path) -> None:
+    """``--only`` runs the phases named and keeps every other phase of results.json as it was."""
+    out, doc = tmp_path / "bench", tmp_path / "benchmarks.md"
+    out.mkdir()
+    shutil.copy(ROOT / "benchmarks" / "results" / "results.json", out / "results.json")
+    shutil.copy(ROOT / "docs" / "benchmarks.md", doc)
+    before = json.loads((out / "results.json").read_text())
+    proc = _run_smoke(out, doc, tmp_path, "--only", "kernel_scale")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads((out / "results.json").read_text())
+    assert [x["ranks"] for x in r["kernel_scale"]] == [4] != [x["ranks"] for x in before["kernel_scale"]]
+    assert r["turns"] == before["turns"] and r["meta"]["started"] == before["meta"]["started"]
+    assert r["meta"]["phases"]["kernel_scale"]["command"].endswith("--only kernel_scale")
+    assert [t["id"] for t in r["targets"]] == [t["id"] for t in before["targets"]]
+    assert "| 4 | " in doc.read_text().split("<!-- generated: kernel-scale -->")[1]
 
 
 def test_the_tables_are_written_only_between_their_markers() -> None:
@@ -156,8 +187,8 @@ def test_interleaved_summary_pairs_each_on_window_with_its_off_window() -> None:
 
 
 def test_pooled_runs_take_every_cycle_and_the_totals() -> None:
-    from benchmarks.live import _brief
     from benchmarks.stats import pool
+    from benchmarks.windows import _brief
 
     def run(pairs: list[float], on: float, off: float) -> dict[str, Any]:
         cpu = {"pair_ratios": [x + 0.01 for x in pairs], "on_total": on, "off_total": off}
@@ -236,7 +267,7 @@ def test_the_long_run_drives_a_real_kernel_that_imports_the_benchmarks() -> None
     from benchmarks.util import ROOT as BENCH_ROOT
     from benchmarks.util import Kernel
 
-    code = "import sys, json\nimport benchmarks.live\nprint('hello', file=sys.stderr)\n"
+    code = "import sys, json\nimport benchmarks.windows\nprint('hello', file=sys.stderr)\n"
     code += "print('RESULT', json.dumps(41 + 1))\n"
     with Kernel(BENCH_ROOT) as kernel:
         value, counts = kernel.run(code, timeout=120)

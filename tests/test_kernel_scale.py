@@ -58,8 +58,11 @@ def test_gpu_subplots_band_apart() -> None:
 
 
 def test_benchmark_feeds_the_kernel_path(tmp_path: Path) -> None:
-    from benchmarks.kernel_scale import measure, scale_table
+    from benchmarks.kernel_scale import measure, wired
+    from benchmarks.tables import kernel_scale_table
 
-    result = measure(4, 1.0, tmp_path)
+    with wired():  # widget messages serialized as the kernel's comm would, then dropped
+        result = measure(4, 1.0, tmp_path)
     assert result["ranks"] == 4 and result["cpu_share"] > 0 and result["store_mb_per_hour"] > 0
-    assert "| 4 |" in scale_table([result])
+    assert result["redraw_interval_s"] > 0
+    assert "| 4 |" in kernel_scale_table({"kernel_scale": [result]})
