@@ -130,14 +130,22 @@ test.describe('dtwork sidebar', () => {
 
     // The live dashboard in the page: plotly's graph takes every redraw (one widget message each) as the
     // ranks train, and ends with every logged step (the loss is the same on both ranks: its mean is the step).
-    // ~9 s of training at two redraws a second leaves room for a slow first load of plotly's JS (CI machines).
+    // The ranks pause at steps 40, 80 and 120 until this test has seen the graph drawn that far (a flag file
+    // each), so three partial drawings are seen however slowly a loaded machine draws; a pause gives up
+    // after 120 s, so a view that never draws fails the assertions below instead of hanging the cell.
     // The view reads well: as wide as the cell, each row with its own legend, a loss spanning more than two
     // decades on a log axis; when the cell ends its widgets give way to the same figure as plotly JSON.
     const steps = 150;
+    const pauses = [40, 80, 120];
+    const flags = fs.mkdtempSync('/tmp/dtwork-live-');
     await page.notebook.addCell(
       'code',
-      `%%dtrain\nimport time\nfor step, _ in ctx.steps(range(${steps}), max_steps=${steps}):\n` +
-        '    time.sleep(0.06)\n    ctx.log(loss=float(step + 1))'
+      // every line of the loop's body at one indentation: the editor re-indents typed nested blocks
+      `%%dtrain\nimport os, time\nflag = lambda s: os.path.exists(f"${flags}/{s}")\n` +
+        `for step, _ in ctx.steps(range(${steps}), max_steps=${steps}):\n` +
+        '    until = time.time() + 120\n' +
+        `    while step in (${pauses.join(', ')}) and not flag(step) and time.time() < until: time.sleep(0.05)\n` +
+        '    time.sleep(0.02)\n    ctx.log(loss=float(step + 1))'
     );
     const liveView = () =>
       page.evaluate(() => {
@@ -164,9 +172,10 @@ test.describe('dtwork sidebar', () => {
       });
     const running = page.notebook.runCell(2, { inplace: true });
     const seen = new Set<number>();
-    const deadline = Date.now() + 120_000;
+    const deadline = Date.now() + 600_000;
     let points: number[] | null = null;
     let liveWidth = 0; // the widest the live widget was drawn, as a share of the cell's width
+    let next = 0; // the next pause to release, once the graph is drawn within 20 steps of it
     while (Date.now() < deadline) {
       const view = await liveView();
       points = view.points;
@@ -175,6 +184,10 @@ test.describe('dtwork sidebar', () => {
       }
       if (view.widget && view.cellWidth > 0) {
         liveWidth = Math.max(liveWidth, view.width / view.cellWidth);
+      }
+      if (next < pauses.length && points && points.length >= pauses[next] - 20) {
+        fs.writeFileSync(`${flags}/${pauses[next]}`, '');
+        next += 1;
       }
       if (points && points.length === steps) {
         break;
