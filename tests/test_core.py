@@ -32,33 +32,32 @@ def _reference_model() -> torch.nn.Module:
     return ns["net"]  # type: ignore[return-value]
 
 
-def test_ddp_matches_one_process_on_the_global_batch(cluster) -> None:
-    k, global_batch = 5, 16
-    cluster.run(
-        MODEL
-        + textwrap.dedent(
-            f"""
-            model = ctx.wrap(net)
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            g = torch.Generator().manual_seed(1)
-            X = torch.randn({k} * {global_batch}, 8, generator=g); Y = torch.randn({k} * {global_batch}, 1, generator=g)
-            half = {global_batch} // ctx.world_size
-            for s in range({k}):
-                lo = s * {global_batch} + ctx.rank * half
-                loss = F.mse_loss(model(X[lo:lo + half]), Y[lo:lo + half])
-                opt.zero_grad(); loss.backward(); opt.step()
-            params = [p.detach().clone() for p in model.module.parameters()]
-            """
-        ),
-        quiet=True,
+def ddp_cell(steps: int, global_batch: int) -> str:
+    """A cell training MODEL under DDP for ``steps`` steps of ``global_batch`` split over the ranks."""
+    return MODEL + textwrap.dedent(
+        f"""
+        model = ctx.wrap(net)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        X = torch.randn({steps} * {global_batch}, 8, generator=g); Y = torch.randn({steps} * {global_batch}, 1, generator=g)
+        half = {global_batch} // ctx.world_size
+        for s in range({steps}):
+            lo = s * {global_batch} + ctx.rank * half
+            loss = F.mse_loss(model(X[lo:lo + half]), Y[lo:lo + half])
+            opt.zero_grad(); loss.backward(); opt.step()
+        params = [p.detach().clone() for p in model.module.parameters()]
+        """
     )
-    by_rank = cluster.pull("params")
+
+
+def assert_equals_one_process(by_rank: list[list[torch.Tensor]], steps: int, global_batch: int) -> None:
+    """The ranks' parameters after :func:`ddp_cell` equal each other and one process on the global batch."""
     ref = _reference_model()
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1)
-    X = torch.randn(k * global_batch, 8, generator=g)
-    Y = torch.randn(k * global_batch, 1, generator=g)
-    for s in range(k):
+    X = torch.randn(steps * global_batch, 8, generator=g)
+    Y = torch.randn(steps * global_batch, 1, generator=g)
+    for s in range(steps):
         sl = slice(s * global_batch, (s + 1) * global_batch)
         loss = F.mse_loss(ref(X[sl]), Y[sl])
         opt.zero_grad()
@@ -67,6 +66,11 @@ def test_ddp_matches_one_process_on_the_global_batch(cluster) -> None:
     for p0, p1, pr in zip(by_rank[0], by_rank[1], ref.parameters(), strict=True):
         assert torch.equal(p0, p1)
         assert torch.allclose(p0, pr.detach(), atol=1e-5)
+
+
+def test_ddp_matches_one_process_on_the_global_batch(cluster) -> None:
+    cluster.run(ddp_cell(5, 16), quiet=True)
+    assert_equals_one_process(cluster.pull("params"), 5, 16)
 
 
 def test_run_push_pull_and_functions(cluster) -> None:

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-import torch.nn.functional as F
 from slurm_fixtures import openmpi, slurm, squeue_jobs, wait_for  # noqa: F401  (fixtures used by name)
-from test_core import MODEL, _reference_model
+from test_core import assert_equals_one_process, ddp_cell
 
 import dtwork
 from dtwork import launchers
@@ -31,37 +29,11 @@ from dtwork.launchers import LaunchOptions, SlurmLauncher
 
 STEPS, GLOBAL_BATCH = 4, 16
 
-DDP_CELL = MODEL + textwrap.dedent(
-    f"""
-    model = ctx.wrap(net)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(1)
-    X = torch.randn({STEPS} * {GLOBAL_BATCH}, 8, generator=g); Y = torch.randn({STEPS} * {GLOBAL_BATCH}, 1, generator=g)
-    half = {GLOBAL_BATCH} // ctx.world_size
-    for s in range({STEPS}):
-        lo = s * {GLOBAL_BATCH} + ctx.rank * half
-        loss = F.mse_loss(model(X[lo:lo + half]), Y[lo:lo + half])
-        opt.zero_grad(); loss.backward(); opt.step()
-    params = [p.detach().clone() for p in model.module.parameters()]
-    """
-)
+DDP_CELL = ddp_cell(STEPS, GLOBAL_BATCH)
 
 
 def _assert_equals_one_process(by_rank: list[list[torch.Tensor]]) -> None:
-    ref = _reference_model()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(1)
-    X = torch.randn(STEPS * GLOBAL_BATCH, 8, generator=g)
-    Y = torch.randn(STEPS * GLOBAL_BATCH, 1, generator=g)
-    for s in range(STEPS):
-        sl = slice(s * GLOBAL_BATCH, (s + 1) * GLOBAL_BATCH)
-        loss = F.mse_loss(ref(X[sl]), Y[sl])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    for p0, p1, pr in zip(by_rank[0], by_rank[1], ref.parameters(), strict=True):
-        assert torch.equal(p0, p1)
-        assert torch.allclose(p0, pr.detach(), atol=1e-5)
+    assert_equals_one_process(by_rank, STEPS, GLOBAL_BATCH)
 
 
 def _alive(pids: list[int]) -> list[int]:
