@@ -167,6 +167,34 @@ def test_the_default_dashboard_redraws_twice_a_second_while_records_flow() -> No
     dash.close()
 
 
+def test_late_wakes_do_not_slow_the_redraws_and_a_pause_does_not_bunch_them() -> None:
+    """A drawer that wakes 50 ms after each redraw is due still redraws every 0.5 s (the next one is
+    due an interval after this one was due, not after it happened): 20 in 10 s, not 19. After a
+    pause the schedule starts again from the first redraw, without redraws to catch up."""
+    clock = FakeClock()
+    dash = Dashboard(1, [0], clock=clock, draw_share=None)
+    start, step = clock.now, 0
+    while clock.now - start < 10.0:
+        dash.feed([log(step, loss=1.0)])
+        step += 1
+        dash._wake()
+        clock.now = max(clock.now, dash._last_draw + dash.interval + 0.05)
+    assert dash.redraws == 20
+    clock.now += 3.0  # nothing fed for 3 s
+    dash.feed([log(step, loss=1.0)])
+    dash._wake()
+    assert dash.redraws == 21
+    for _ in range(4):  # 0.1 s apart: none of these is due yet
+        clock.now += 0.1
+        dash.feed([log(step := step + 1, loss=1.0)])
+        dash._wake()
+    assert dash.redraws == 21
+    clock.now += 0.1
+    dash._wake()
+    assert dash.redraws == 22
+    dash.close()
+
+
 def test_costly_redraws_come_less_often() -> None:
     """The interval stretches to a redraw's CPU time over ``draw_share`` of a core, and not below
     ``min_interval``; the first redraw (it builds the widgets) is not budgeted."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from array import array as Column
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -20,11 +20,22 @@ __all__ = [
     "RankSeries",
     "StepMeans",
     "Steps",
+    "Trace",
     "pick",
     "step_column",
     "take",
     "value_column",
 ]
+
+
+class Trace(NamedTuple):
+    """One trace of a figure: its name, x and y (lists, or numpy arrays when thinned) and its
+    plotly style (keyword arguments of ``go.Scatter``, axes of a subplot included)."""
+
+    name: str
+    x: Any
+    y: Any
+    style: dict[str, Any]
 
 
 def step_column() -> Column:

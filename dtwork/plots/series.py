@@ -12,17 +12,19 @@ from __future__ import annotations
 import abc
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from plotly.colors import qualitative
 
+from dtwork.plots.bands import RankBands, banded
 from dtwork.plots.columns import (
     Column,
     MeanColumn,
     RankSeries,
     StepMeans,
     Steps,
+    Trace,
     pick,
     step_column,
     take,
@@ -88,16 +90,6 @@ def global_throughput(rows: Iterable[Mapping[str, Any]]) -> tuple[list[int], lis
     """
     trace = ThroughputSeries().add(rows).global_trace()
     return (list(trace[0]), list(trace[1])) if trace else ([], [])
-
-
-class Trace(NamedTuple):
-    """One trace of a figure: its name, x and y (lists, or numpy arrays when thinned) and its
-    plotly style (keyword arguments of ``go.Scatter``, axes of a subplot included)."""
-
-    name: str
-    x: Any
-    y: Any
-    style: dict[str, Any]
 
 
 class Series(abc.ABC):
@@ -304,6 +296,7 @@ class ThroughputSeries(Series):
     def __init__(self) -> None:
         super().__init__()
         self.ranks: dict[int, RankSeries] = {}
+        self._bands = RankBands(self.ranks)  # past BAND_RANKS ranks, in place of a line per rank
         self._gx = step_column()
         self._gy = value_column()
         self._upto: int | None = None  # the global trace is final up to this step
@@ -316,8 +309,10 @@ class ThroughputSeries(Series):
             series = self.ranks[row["rank"]] = RankSeries()
             self._reset()
         step = row["step"]
-        if not series.set(step, row["value"]) and self._upto is not None and step <= self._upto:
-            self._reset()
+        if not series.set(step, row["value"]):  # a value taken before changed, or came out of order
+            self._bands.reset()
+            if self._upto is not None and step <= self._upto:
+                self._reset()
         return True
 
     def _reset(self) -> None:
@@ -358,6 +353,8 @@ class ThroughputSeries(Series):
             keep = pick(len(glob[0]), max_points)
             style = {"line": {"width": 3, "color": "#222"}}
             out.append(Trace("global", take(glob[0], keep, array), take(glob[1], keep, array), style))
+        if banded(self.ranks):
+            return out + self._bands.traces("", {}, array)
         for i, (rank, series) in enumerate(sorted(self.ranks.items())):
             x, y = series.trace(max_points, array)
             out.append(Trace(f"rank {rank}", x, y, {"line": {"color": colour(i)}}))
@@ -439,6 +436,7 @@ class GpuSeries(Series):
         super().__init__()
         self._util: dict[int, RankSeries] = {}
         self._memory: dict[int, RankSeries] = {}
+        self._bands = {"utilization": RankBands(self._util), "memory_used_mb": RankBands(self._memory)}
         self._totals: dict[int, RankSeries] = {}
         self._total: float | None = None  # the largest memory total
         self._memory_steps: tuple[int, int] | None = None  # (first, last) memory step
@@ -450,6 +448,8 @@ class GpuSeries(Series):
             return False
         series = table[name].setdefault(rank, RankSeries())
         fresh = series.set(row["step"], row["value"])
+        if not fresh and name in self._bands:
+            self._bands[name].reset()
         if name == "memory_total_mb":
             value = row["value"]
             if fresh:
@@ -464,6 +464,19 @@ class GpuSeries(Series):
 
     def traces(self, max_points: int | None = None) -> list[Trace]:
         array = max_points is not None
+        if banded(self._util) or banded(self._memory):
+            out = self._bands["utilization"].traces("utilization ", {}, array)
+            out += self._bands["memory_used_mb"].traces("memory ", _RIGHT, array)
+        else:
+            out = self._rank_traces(max_points, array)
+        if self._total is not None and self._memory_steps is not None:
+            x, y = list(self._memory_steps), [self._total] * 2
+            out.append(
+                Trace("memory total", take(x, None, array), take(y, None, array), {**_GREY_DASH, **_RIGHT})
+            )
+        return out
+
+    def _rank_traces(self, max_points: int | None, array: bool) -> list[Trace]:
         out = []
         for i, (rank, series) in enumerate(sorted(self._util.items())):
             x, y = series.trace(max_points, array)
@@ -472,10 +485,5 @@ class GpuSeries(Series):
             x, y = series.trace(max_points, array)
             out.append(
                 Trace(f"rank {rank} memory", x, y, {"line": {"color": colour(i), "dash": "dot"}, **_RIGHT})
-            )
-        if self._total is not None and self._memory_steps is not None:
-            x, y = list(self._memory_steps), [self._total] * 2
-            out.append(
-                Trace("memory total", take(x, None, array), take(y, None, array), {**_GREY_DASH, **_RIGHT})
             )
         return out

@@ -35,14 +35,12 @@ import plotly.io as pio
 
 from dtwork import plots
 from dtwork.perf_rate import PerfThinner
-from dtwork.plots.bands import rank_bands
 from dtwork.records import Row, to_rows
 from dtwork.widgets.header import (
     BAR_COLOURS,
-    BAR_STYLES,
     STATUS_COLOURS,
+    Bars,
     RankBar,
-    bars_html,
     format_duration,
     ranks_text,
 )
@@ -143,8 +141,8 @@ class Dashboard(widgets.VBox):
         self._drawer: threading.Thread | None = None
         self._queued: list[Iterable[Mapping[str, Any]]] = []
         self._stop_drawer = threading.Event()
-        self._bars = {r: RankBar(r) for r in self.ranks}
-        self._header = widgets.HTML(self._header_html({}, {}, None) + self._bars_html())  # header + bars
+        self._rank_bars = Bars(self.ranks)
+        self._header = widgets.HTML(self._header_html({}, {}, None) + self._rank_bars.html())  # + bars
         self._rows = RowsPanel({key: self._series[key] for key in BASE_FIGURES})
         self.panels: dict[str, FigurePanel] = {key: self._rows for key in BASE_FIGURES}  # gpu, gns: their own
         self._drawn: dict[str, int] = {}  # the version of each series last drawn
@@ -184,6 +182,11 @@ class Dashboard(widgets.VBox):
             key: panel.row(key) if isinstance(panel, RowsPanel) else panel.figure
             for key, panel in self.panels.items()
         }
+
+    @property
+    def _bars(self) -> dict[int, RankBar]:
+        """The single ranks' bars on screen, by rank."""
+        return self._rank_bars.bars
 
     def feed(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Hand over rank records (or store rows) for the drawer to read. Thread-safe."""
@@ -354,7 +357,7 @@ class Dashboard(widgets.VBox):
     def _traces(self, key: str) -> list[plots.Trace]:
         """A figure's traces, bounded by what is on screen: points per trace, and past BAND_RANKS
         ranks, percentile bands for the per-rank lines (caller holds the lock)."""
-        return rank_bands(self._series[key].traces(MAX_POINTS), len(self.ranks))
+        return self._series[key].traces(MAX_POINTS)
 
     def _draw(self) -> None:
         """Redraw the changed figures, the bars and the header (caller holds the draw lock)."""
@@ -379,13 +382,16 @@ class Dashboard(widgets.VBox):
             self._rows.show_rows(rows, axes)
         if added:
             self._arrange()
-        self._draw_bars(snap["progress"], snap["rates"], snap["etas"])
+        self._rank_bars.draw(snap["progress"], snap["rates"], snap["etas"], self.status)
         # one widget message for the header line and every rank's bar (sent only when it changed)
         self._header.value = (
-            self._header_html(snap["progress"], snap["etas"], snap["total"]) + self._bars_html()
+            self._header_html(snap["progress"], snap["etas"], snap["total"]) + self._rank_bars.html()
         )
         self.redraws += 1
-        self._last_draw = start  # the interval runs from start to start: a slow redraw eats into it
+        # the next redraw is due an interval after this one was due, so that the drawer's late
+        # wakes do not add up; after a pause, or a redraw longer than the interval, from now
+        due = self._last_draw + self.interval
+        self._last_draw = due if 0 <= start - due < self.interval else start
         # a redraw that built widgets (the first, a new figure) pays once for what later ones reuse
         if self.draw_share and self.redraws > 1 and not added:
             self.interval = max(self.min_interval, (time.thread_time() - cpu) / self.draw_share)
@@ -408,40 +414,6 @@ class Dashboard(widgets.VBox):
         if step is None or total is None or per_step is None:
             return None
         return max(0, int(total) - int(step)) * per_step
-
-    def _draw_bars(
-        self,
-        progress: Mapping[int, Mapping[str, Any]],
-        rates: Mapping[int, float],
-        etas: Mapping[int, float | None],
-    ) -> None:
-        for rank, info in sorted(progress.items()):
-            if rank not in self._bars:
-                self._bars[rank] = RankBar(rank)
-            self._draw_bar(self._bars[rank], rank, info, rates.get(rank), etas.get(rank))
-
-    def _draw_bar(
-        self,
-        bar: RankBar,
-        rank: int,
-        info: Mapping[str, Any],
-        rate: float | None,
-        eta: float | None,
-    ) -> None:
-        step = int(info.get("step") or 0)
-        total = info.get("total")
-        parts = [f"rank {rank}: step {step}" + (f"/{total}" if total else "")]
-        if rate is not None:
-            parts.append(f"{rate:,.0f} samples/s")
-        if eta is not None and self.status == "running":
-            parts.append(f"ETA {format_duration(eta)}")
-        bar.max = max(int(total), 1) if total else max(step, 1)
-        bar.value = min(step, bar.max)
-        bar.description = " · ".join(parts)
-        bar.bar_style = BAR_STYLES.get(self.status, "")
-
-    def _bars_html(self) -> str:
-        return bars_html(self._bars)
 
     def _header_html(
         self,

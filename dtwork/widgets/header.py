@@ -1,20 +1,30 @@
 """The dashboard's header: the cell's status line and one progress bar per rank, drawn as HTML so
-that a redraw updates them all in one widget message, however many ranks."""
+that a redraw updates them all in one widget message. Past ``BAND_RANKS`` ranks (where the figures
+draw bands) it shows one bar for all of them and the bars of the ``SLOWEST`` slowest: the
+stragglers are what a long list of bars would hide, and the bars' cost stays that of a few."""
 
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from dtwork.plots.bands import BAND_RANKS
 
 __all__ = [
     "BAR_COLOURS",
     "BAR_STYLES",
     "STATUS_COLOURS",
+    "Bars",
     "RankBar",
     "bars_html",
     "format_duration",
     "ranks_text",
+    "slowest",
+    "summary_bar",
 ]
+
+SLOWEST = 4  # bars of single ranks shown past BAND_RANKS ranks: the furthest behind
 
 STATUS_COLOURS = {"running": "#1565c0", "finished": "#2e7d32", "failed": "#c62828", "interrupted": "#ef6c00"}
 BAR_STYLES = {"finished": "success", "failed": "danger", "interrupted": "warning"}
@@ -59,12 +69,35 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
-def bars_html(bars: Mapping[int, RankBar]) -> str:
-    """Every rank's bar, labels in one column so that the bars line up."""
+def bars_html(bars: Iterable[RankBar]) -> str:
+    """The bars in order, labels in one column so that the bars line up."""
     return (
         "<div style='display:grid;grid-template-columns:max-content 1fr;gap:3px 8px;align-items:center;"
-        "margin-top:4px'>" + "".join(bars[r].html() for r in sorted(bars)) + "</div>"
+        "margin-top:4px'>" + "".join(bar.html() for bar in bars) + "</div>"
     )
+
+
+def slowest(progress: Mapping[int, Mapping[str, Any]]) -> list[int]:
+    """The SLOWEST ranks furthest behind (fewest steps; a rank not yet stepping first), slowest first."""
+    return sorted(progress, key=lambda r: (int(progress[r].get("step") or 0), r))[:SLOWEST]
+
+
+def summary_bar(progress: Mapping[int, Mapping[str, Any]], ranks: int) -> RankBar:
+    """One bar for every rank: filled to the slowest rank's step, labelled with the steps' spread."""
+    bar = RankBar(0)
+    steps = sorted(int(p.get("step") or 0) for p in progress.values())
+    totals = [int(t) for p in progress.values() if (t := p.get("total"))]
+    if not steps:
+        bar.description = f"{ranks} ranks: waiting"
+        return bar
+    total = max(totals) if totals else None
+    bar.max = max(total, 1) if total else max(steps[-1], 1)
+    bar.value = min(steps[0], bar.max)
+    spread = f"step {steps[0]}" if steps[0] == steps[-1] else f"steps {steps[0]}-{steps[-1]}"
+    bar.description = (
+        f"{ranks} ranks: {spread}" + (f"/{total}" if total else "") + f" (median {steps[len(steps) // 2]})"
+    )
+    return bar
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
@@ -72,3 +105,55 @@ def ranks_text(ranks: Sequence[int]) -> str:
     if len(ranks) > 1 and list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
         return f"{ranks[0]}-{ranks[-1]}"
     return ", ".join(str(r) for r in ranks)
+
+
+class Bars:
+    """The bars under the header line: one a rank, or past BAND_RANKS ranks one for all of them
+    (:func:`summary_bar`) above the slowest ranks' (:func:`slowest`), slowest first."""
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        self.ranks = len(ranks)
+        many = self.ranks > BAND_RANKS
+        self.summary: RankBar | None = summary_bar({}, self.ranks) if many else None
+        self.bars: dict[int, RankBar] = {} if many else {r: RankBar(r) for r in ranks}
+
+    def draw(
+        self,
+        progress: Mapping[int, Mapping[str, Any]],
+        rates: Mapping[int, float],
+        etas: Mapping[int, float | None],
+        status: str,
+    ) -> None:
+        """Update the bars from the ranks' progress, samples/s and seconds left."""
+        style = BAR_STYLES.get(status, "")
+        if self.summary is not None or len(progress) > BAND_RANKS:
+            self.summary = summary_bar(progress, max(self.ranks, len(progress)))
+            self.summary.bar_style = style
+            self.bars = {r: self.bars.get(r) or RankBar(r) for r in slowest(progress)}
+        else:
+            for rank in progress:
+                self.bars.setdefault(rank, RankBar(rank))
+        for rank, bar in self.bars.items():
+            info = progress.get(rank)
+            if info is None:
+                continue
+            step, total, rate, eta = (
+                int(info.get("step") or 0),
+                info.get("total"),
+                rates.get(rank),
+                etas.get(rank),
+            )
+            parts = [f"rank {rank}: step {step}" + (f"/{total}" if total else "")]
+            if rate is not None:
+                parts.append(f"{rate:,.0f} samples/s")
+            if eta is not None and status == "running":
+                parts.append(f"ETA {format_duration(eta)}")
+            bar.max = max(int(total), 1) if total else max(step, 1)
+            bar.value = min(step, bar.max)
+            bar.description = " · ".join(parts)
+            bar.bar_style = style
+
+    def html(self) -> str:
+        if self.summary is not None:
+            return bars_html([self.summary, *self.bars.values()])
+        return bars_html(self.bars[r] for r in sorted(self.bars))
