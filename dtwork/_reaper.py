@@ -23,11 +23,7 @@ def watch(path: Path) -> int:
         if data is None:
             return 0  # stopped normally (or removed by a cleaner)
         if not registry.alive(data.get("kernel")):
-            registry.discard(data)
-            if data.get("jobs"):
-                from dtwork.launchers import cancel  # imports ipyparallel: only for scheduler jobs
-
-                cancel([str(j) for j in data["jobs"]])
+            registry.discard(data)  # its processes, its scheduler jobs, its files
             return 0
         time.sleep(POLL_SECONDS)
 

@@ -247,8 +247,13 @@ def kill_processes(records: Iterable[dict[str, Any]], grace: float = 3.0) -> lis
 
 
 def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
-    """Kill a validated entry's processes, delete its ipyparallel file and the entry itself."""
+    """Kill a validated entry's processes, cancel its scheduler jobs, delete its ipyparallel file
+    and the entry itself."""
     kill_processes(entry.get("processes", []), grace=grace)
+    if entry.get("jobs"):  # a dead kernel's Slurm allocation would otherwise run to its time limit
+        from dtwork.launchers import cancel  # imports ipyparallel: only for scheduler jobs
+
+        cancel([str(j) for j in entry["jobs"]])
     cid = entry["cluster_id"]
     for name in entry.get("files", []):
         if _own_file(cid, name):  # validated already; checked again where it deletes

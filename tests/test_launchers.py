@@ -23,7 +23,7 @@ from slurm_fixtures import openmpi, slurm, squeue_jobs, wait_for  # noqa: F401  
 from test_core import assert_equals_one_process, ddp_cell
 
 import dtwork
-from dtwork import launchers
+from dtwork import launchers, registry
 from dtwork.errors import DtworkError
 from dtwork.launchers import LaunchOptions, SlurmLauncher
 
@@ -272,6 +272,27 @@ def test_slurm_kernel_killed_mid_run_gets_its_job_cancelled(tmp_path: Path) -> N
     info = _kill_kernel_mid_run(tmp_path, "slurm")
     assert len(info["jobs"]) == 1
     wait_for(lambda: not squeue_jobs(), 30, f"the reaper to scancel job {info['jobs']}")
+
+
+@pytest.mark.usefixtures("slurm")
+def test_a_stale_clusters_slurm_job_is_cancelled_by_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel and its reaper both gone (a node rebooted, the reaper killed): the registry entry
+    still names the job, and the clean-up every start runs cancels it."""
+    monkeypatch.setenv("DTWORK_HOME", str(tmp_path / "home"))
+    out = subprocess.run(
+        ["sbatch", "--parsable", "-J", "dtwork-stale", "-o", os.devnull, "--wrap", "sleep 600"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    job = out.strip().split(";")[0]
+    wait_for(lambda: job in squeue_jobs("dtwork-stale"), 30, f"job {job} in squeue")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    kernel = registry.proc_record(gone.pid)
+    gone.wait()
+    registry.write("dtwork-7-stale1", {"kernel": kernel, "processes": [], "files": [], "jobs": [job]})
+    assert registry.clean_stale() == ["dtwork-7-stale1"]
+    wait_for(lambda: job not in squeue_jobs(), 30, f"clean_stale to scancel job {job}")
 
 
 # -- MPI ---------------------------------------------------------------------------------------
