@@ -250,6 +250,7 @@ def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
     """Kill a validated entry's processes, cancel its scheduler jobs, delete its ipyparallel file
     and the entry itself."""
     kill_processes(entry.get("processes", []), grace=grace)
+    _interrupt_runs(entry)
     if entry.get("jobs"):  # a dead kernel's Slurm allocation would otherwise run to its time limit
         from dtwork.launchers import cancel  # imports ipyparallel: only for scheduler jobs
 
@@ -259,6 +260,32 @@ def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
         if _own_file(cid, name):  # validated already; checked again where it deletes
             Path(name).unlink(missing_ok=True)
     remove(cid)
+
+
+def _interrupt_runs(entry: dict[str, Any]) -> None:
+    """Mark the runs and cells a dead kernel left "running" in its store as interrupted: the kernel
+    cannot say so itself, and a run shown running for ever hides that it ended. Best effort: a
+    store that is gone or cannot be written is left as it is."""
+    path = entry.get("store")
+    if not path or not Path(path).is_file():
+        return
+    import sqlite3
+
+    from dtwork.errors import DtworkError
+    from dtwork.store import RunStore
+
+    try:
+        with RunStore(path) as store:
+            for run in store.list_runs():
+                if run["status"] != "running" or run["cluster_id"] != entry["cluster_id"]:
+                    continue
+                for cell in store.cells(run["id"]):
+                    if cell["status"] == "running":
+                        store.finish_cell(run["id"], cell["seq"], "interrupted", "the kernel died")
+                store.set_run_status(run["id"], "interrupted", ended=True)
+                store.add_event(run["id"], "kernel_died", "the kernel died: its cluster was cleaned up")
+    except (DtworkError, sqlite3.Error, OSError):
+        pass
 
 
 def clean_stale() -> list[str]:

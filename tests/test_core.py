@@ -263,13 +263,18 @@ time.sleep(600)
 
 
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
-def test_kernel_exit_or_crash_leaves_no_process(how: str, tmp_path) -> None:
+def test_kernel_exit_or_crash_leaves_no_process_and_no_run_running(how: str, tmp_path) -> None:
+    """Whichever way the kernel ends, its processes go and its run does not stay "running" in the
+    store (after a SIGKILL the reaper marks it interrupted, with an event saying why)."""
     import json
+
+    from dtwork.store import RunStore
 
     script = tmp_path / "kernel.py"
     script.write_text(KERNEL)
+    env = {**os.environ, "DTWORK_STORE": str(tmp_path / "runs.sqlite")}
     proc = subprocess.Popen(
-        [sys.executable, str(script), how], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+        [sys.executable, str(script), how], stdout=subprocess.PIPE, text=True, cwd=tmp_path, env=env
     )
     line = proc.stdout.readline()  # type: ignore[union-attr]
     pids = json.loads(line)
@@ -278,6 +283,15 @@ def test_kernel_exit_or_crash_leaves_no_process(how: str, tmp_path) -> None:
         os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert _gone(pids, 15), f"left behind: {[p for p in pids if psutil.pid_exists(p)]}"
+    with RunStore(tmp_path / "runs.sqlite", readonly=True) as store:
+        (run,) = store.list_runs()
+        deadline = time.monotonic() + 60  # the reaper writes it after it has ended the processes
+        while store.get_run(run["id"])["status"] == "running" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if how == "sigkill":
+            assert store.get_run(run["id"])["status"] == "interrupted"
+            assert [c["status"] for c in store.cells(run["id"])] == ["ok"]  # the cell had ended
+            assert [e["kind"] for e in store.events(run["id"], "kernel_died")] == ["kernel_died"]
 
 
 def test_engines_that_do_not_answer_the_first_request_in_time_are_asked_again(monkeypatch, caplog) -> None:
