@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()  # a killed run still stops the engines it started
     store = tempfile.mkdtemp(prefix="dtwork-bench-store-")  # the clusters' run store, not ./.dtwork
     os.environ.setdefault("DTWORK_STORE", os.path.join(store, "runs.sqlite"))
+    failed: dict[str, str] = {}
     try:
         if args.live is not None:
             if args.live < 0 or args.ranks < 1:
@@ -46,22 +47,24 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.report_only:
             plan = suite.Plan.smoke_plan() if args.smoke else suite.Plan()
             results = suite.run(plan, cmd, only)
+            failed = results["meta"].get("failed", {})  # phases left out: their earlier numbers stay
             path = args.out / "results.json"
             if only and path.exists():  # the phases run replace theirs; the rest stays as measured
                 new, results = results, json.loads(path.read_text())
-                results.update({k: v for k, v in new.items() if k in only})
-                results["meta"].setdefault("phases", {}).update(dict.fromkeys(only, new["meta"]))
+                ran = [k for k in only if k in new]
+                results.update({k: new[k] for k in ran})
+                results["meta"].setdefault("phases", {}).update(dict.fromkeys(ran, new["meta"]))
             results["targets"] = suite.targets(results)
             args.out.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(results, indent=1, default=str) + "\n")
-            print(tables.targets_table(results))
+            print(tables.targets_table(results) + "".join(f"\n{k} FAILED: {v}" for k, v in failed.items()))
     finally:
         shutil.rmtree(store, ignore_errors=True)
     doc = args.doc or (None if args.smoke else ROOT / "docs" / "benchmarks.md")
     if doc is not None and not args.no_doc and (args.out / "results.json").exists():
         tables.write_doc(args.out, doc)
         print(f"wrote the tables of {doc}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -259,13 +259,13 @@ class Suite:
                 return time.perf_counter() - t0
 
         def relaunch() -> float:
-            with tempfile.TemporaryDirectory() as f:
-                t0 = time.perf_counter()
-                cmd = [*TORCHRUN, str(SCRIPT), *args(f)]
-                proc = subprocess.run(cmd, cwd=f, capture_output=True, text=True)
-                if proc.returncode != 0:
-                    raise RuntimeError(f"torchrun exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-                return time.perf_counter() - t0
+            for _ in range(3):  # a relaunch whose ranks abort (once: "terminate called ...") is retried
+                with tempfile.TemporaryDirectory() as f:
+                    t0, cmd = time.perf_counter(), [*TORCHRUN, str(SCRIPT), *args(f)]
+                    if (proc := subprocess.run(cmd, cwd=f, capture_output=True, text=True)).returncode == 0:
+                        return time.perf_counter() - t0
+                    log(f"torchrun exited {proc.returncode}, reading left out: {proc.stderr.strip()[-300:]}")
+            raise RuntimeError(f"torchrun exited {proc.returncode} three times:\n{proc.stderr[-3000:]}")
 
         log("an unchanged torchrun script: re-run on warm ranks and relaunched, in turns")
         first = warm()  # imports what the script imports
@@ -308,9 +308,12 @@ def run(plan: Plan, command: str, only: list[str] | None = None) -> dict[str, An
         if set(phases) - {"cold_start"}:
             raw = {"round_trip", "throughput", "iteration_latency"} & set(phases)
             suite.start(raw=bool(raw), optional="throughput" in phases)
-        for name in phases:
-            if name != "cold_start":
+        for name in (n for n in phases if n != "cold_start"):
+            try:
                 results[name] = getattr(suite, name.removesuffix("_interleaved"))()
+            except Exception as exc:  # the other phases' numbers stay: the run goes on without it
+                log(f"{name} failed, left out of the results: {str(exc).splitlines()[0]}")
+                meta.setdefault("failed", {})[name] = str(exc)[-3000:]
         if plan.smoke and "cold_start" in phases:
             results["cold_start"] = cold.results()
         if {"throughput", "iteration_latency", "cold_start"} <= set(results):

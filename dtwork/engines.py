@@ -411,10 +411,12 @@ def set_auto_resume(on: bool) -> None:
     current().auto_resume = on
 
 
-def set_run_id(run_id: int) -> None:
+def set_run_id(run_id: int, store: str | None = None) -> None:
+    """Name the run the rank trains in, and its store (a run folder of checkpoints is theirs)."""
     from dtwork.runtime import current
 
-    current().run_id = run_id
+    ctx = current()
+    ctx.run_id, ctx.run_store = run_id, store
 
 
 def repair_group() -> str | None:

@@ -144,7 +144,7 @@ class Session:
     def _tell_ranks(self, run_id: int) -> None:
         """Set ``ctx.run_id`` on the ranks (it names the run's checkpoint folder) when it changed."""
         if self._ranks_run != run_id:
-            self.cluster.run(engines.set_run_id, run_id)
+            self.cluster.run(engines.set_run_id, run_id, str(self.cluster.store_file))
             self._ranks_run = run_id
 
     # -- running cells ---------------------------------------------------------------------

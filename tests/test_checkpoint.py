@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from dtwork.config import load_config
-from dtwork.errors import DtworkError
+from dtwork.errors import DtworkError, RankFailure
 from dtwork.runtime import checkpoint
 from dtwork.runtime.context import Context
 
@@ -184,6 +184,34 @@ def test_a_checkpoint_that_would_run_code_is_refused(group: None, tmp_path: Path
         checkpoint.load(ctx, folder / "step-00000006.pt")
 
 
+def test_a_run_folder_belongs_to_its_store(group: None, tmp_path: Path) -> None:
+    """Two notebooks whose stores both have a run 7 and share one checkpoint directory: the second
+    is refused (before it would prune or resume the first's), the first goes on."""
+    first, *_keep_a = make_ctx(tmp_path, run_id=7)
+    first.run_store = "/home/a/.dtwork/runs.sqlite"
+    save_at(first, 10, 20)
+    assert (tmp_path / "run-7" / checkpoint.OWNER).exists()
+    second, *_keep_b = make_ctx(tmp_path, run_id=7)
+    second.run_store = "/home/b/.dtwork/runs.sqlite"
+    refused = (
+        r"checkpoint folder .*run-7 holds run run-7 of the run store /home/a/.*, not of this one \(/home/b/"
+    )
+    for attempt in (
+        lambda: checkpoint.check_owner(second),
+        lambda: checkpoint.find(second, True),
+        lambda: checkpoint.find(second, 7),
+        lambda: checkpoint.find(second, "run-7"),
+    ):
+        with pytest.raises(DtworkError, match=refused):
+            attempt()
+    assert checkpoint.find(second, tmp_path / "run-7") == tmp_path / "run-7" / "step-00000020.pt"  # named
+    checkpoint.check_owner(first)
+    save_at(first, 30)
+    assert steps_in(tmp_path / "run-7") == [10, 20, 30]
+    second.run_store = None  # no kernel store (a script of its own): the folder is anyone's
+    checkpoint.check_owner(second)
+
+
 # -- two experiments sharing one checkpoint directory, on the 2-rank cluster ------------------
 
 TRAIN = """
@@ -248,3 +276,22 @@ def test_gns_and_scaler_state_resume_under_weights_only(
     payload = torch.load(tmp_path / f"run-{cluster.session.run_id}" / "step-00000010.pt", weights_only=True)
     assert payload[saved] is not None
     assert train(cluster, 12, resume=True) == [10, 10]
+
+
+def test_a_cell_whose_run_folder_another_store_owns_fails_before_training(
+    cluster: Any, tmp_path: Path
+) -> None:
+    cluster.configure({"global_batch_size": 8, "checkpoint": {"every": 10, "directory": str(tmp_path)}})
+    assert cluster.run("started = True", quiet=True).ok  # the run exists from its first cell
+    folder = tmp_path / f"run-{cluster.session.run_id}"
+    folder.mkdir()
+    (folder / checkpoint.OWNER).write_text('{"run": "run-1", "store": "/elsewhere/runs.sqlite"}')
+    with pytest.raises(RankFailure, match="holds run run-1 of the run store /elsewhere/runs.sqlite, not of"):
+        cluster.run(TRAIN.replace("MAX", "20").replace("RESUME", "False"), quiet=True)
+    assert cluster.pull("first") == [None, None] and steps_in(folder) == []  # not one step trained
+    cluster.configure(
+        {"global_batch_size": 8, "checkpoint": {"every": 10, "directory": str(tmp_path / "own")}}
+    )
+    train(cluster, 20)
+    owner = (tmp_path / "own" / f"run-{cluster.session.run_id}" / checkpoint.OWNER).read_text()
+    assert str(cluster.store_file) in owner

@@ -6,6 +6,11 @@ name (or ``default``). Rank 0 writes a checkpoint atomically (a temp file, then 
 keeps the newest K of its own run; other runs' folders are never touched. Every rank reads
 the same file on resume (a shared file system across hosts).
 
+A run folder names its owner, the run and the kernel's store, in ``run.json``: two notebooks
+whose stores both have a run 7 and share one checkpoint directory (an absolute ``host_path``)
+would otherwise prune and resume each other's checkpoints; a run whose folder another store's
+run owns is refused before it trains. Folders without ``run.json`` belong to anyone.
+
 A resume loads the newest checkpoint of the same run, or the one named: a ``step-*.pt`` file,
 a run folder, or a run (``7``, ``"run-7"``, a folder name under the checkpoint directory).
 Files load with ``weights_only=True``: a payload holds only tensors and plain containers (the
@@ -18,6 +23,7 @@ bitwise-identically on CPU.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -34,6 +40,7 @@ from dtwork.errors import DtworkError
 STEP_FILE = re.compile(r"step-(\d+)\.pt")
 RUN_REF = re.compile(r"(?:run-)?(\d+)")
 FORMAT = 2  # payload layout; 1 had the numpy RNG state as an ndarray and no "run"
+OWNER = "run.json"  # in a run folder: the run and the store it belongs to
 
 
 def directory(ctx: Any) -> Path:
@@ -52,6 +59,32 @@ def run_name(ctx: Any) -> str:
 
 def run_directory(ctx: Any) -> Path:
     return directory(ctx) / run_name(ctx)
+
+
+def check_owner(ctx: Any, folder: Path | None = None) -> None:
+    """Refuse a run folder (this run's, by default) that a run of another store owns."""
+    store = getattr(ctx, "run_store", None)
+    folder = run_directory(ctx) if folder is None else folder
+    try:
+        owner = json.loads((folder / OWNER).read_text())
+    except (OSError, ValueError):
+        return  # no owner yet (or unreadable): anyone's
+    if store is not None and isinstance(owner, dict) and owner.get("store") not in (None, store):
+        raise DtworkError(
+            f"checkpoint folder {folder} holds run {owner.get('run')} of the run store {owner['store']}, "
+            f"not of this one ({store}): give this experiment a checkpoint directory of its own "
+            f"(checkpoint.directory or checkpoint_storage.host_path in its config)"
+        )
+
+
+def _claim(ctx: Any, folder: Path) -> None:
+    """Write the folder's owner (rank 0, at its first checkpoint) when the kernel named a store."""
+    store = getattr(ctx, "run_store", None)
+    if store is None or (folder / OWNER).exists():
+        return
+    tmp = folder / f".{OWNER}.tmp"
+    tmp.write_text(json.dumps({"run": run_name(ctx), "store": store}))
+    os.replace(tmp, folder / OWNER)
 
 
 # -- RNG -------------------------------------------------------------------------------------
@@ -119,6 +152,7 @@ def save(ctx: Any, loop_state: dict[str, Any]) -> Path | None:
             "world_size": ctx.world_size,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
+        _claim(ctx, path.parent)
         tmp = path.with_name(f".{path.name}.tmp")
         torch.save(payload, tmp)
         os.replace(tmp, path)
@@ -170,12 +204,15 @@ def find(ctx: Any, resume: Any) -> Path | None:
     newest in that folder. Another string: the folder of that name under the checkpoint directory.
     """
     if resume is True:
+        check_owner(ctx)
         return latest(ctx)
     root = directory(ctx)
     if isinstance(resume, int) and not isinstance(resume, bool):
         folder = root / f"run-{resume}"
+        check_owner(ctx, folder)  # run N of this store, not another's
     elif isinstance(resume, str) and RUN_REF.fullmatch(resume):
         folder = root / f"run-{RUN_REF.fullmatch(resume).group(1)}"  # type: ignore[union-attr]
+        check_owner(ctx, folder)
     elif isinstance(resume, (str, os.PathLike)):
         given = Path(resume).expanduser()
         if given.is_file():

@@ -72,6 +72,7 @@ class Context:
         self.gpu_index: int | None = None
         self.auto_resume = False  # set when the cluster restarts a failed trial
         self.run_id: int | None = None  # the kernel's run (names its checkpoint folder), set per run
+        self.run_store: str | None = None  # the kernel's store of that run (owns the folder)
         self._set_batch(global_batch_size)
         self._seed()
         control.install()

@@ -59,6 +59,8 @@ class StepLoop:
         self.resume = resume or getattr(ctx, "auto_resume", False)
         period = cfg.checkpoint.every or cfg.steps_in(cfg.min_checkpoint_period, ctx.global_batch_size)
         self.every = checkpoint_every if checkpoint_every is not None else period
+        if self.every:  # before training: a folder another store's run owns is refused now
+            checkpoint.check_owner(ctx)
         self.validate = validate
         self.check_every = check_replicas_every  # steps between replica checks; else at the end only
         self.validate_every = validate_every or cfg.steps_in(cfg.min_validation_period, ctx.global_batch_size)
