@@ -259,7 +259,7 @@ class Suite:
                 return time.perf_counter() - t0
 
         def relaunch() -> float:
-            for _ in range(3):  # a relaunch whose ranks abort (once: "terminate called ...") is retried
+            for _ in range(3):  # ranks that abort at exit (tests/torchrun_ref.py) make a relaunch again
                 with tempfile.TemporaryDirectory() as f:
                     t0, cmd = time.perf_counter(), [*TORCHRUN, str(SCRIPT), *args(f)]
                     if (proc := subprocess.run(cmd, cwd=f, capture_output=True, text=True)).returncode == 0:

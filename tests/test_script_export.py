@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 
 import nbformat
 import pytest
+from torchrun_ref import torchrun
 
 from dtwork.errors import DtworkError
 from dtwork.script_export import notebook_to_script
@@ -33,12 +33,9 @@ def test_quickstart_as_a_torchrun_script_reaches_the_notebooks_loss(cluster: Any
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     with script.open("a") as f:
         f.write("\nif ctx.rank == 0:\n    print('FINAL', repr(loss.item()))\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    proc = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "test accuracy" in proc.stdout and proc.stdout.count("trained 120 steps") == 1  # --rank0 kept
-    exported = float(proc.stdout.split("FINAL ")[1].split()[0])
+    out = torchrun(script, [], tmp_path, timeout=600)
+    assert "test accuracy" in out and out.count("trained 120 steps") == 1  # --rank0 kept
+    exported = float(out.split("FINAL ")[1].split()[0])
 
     cluster.configure({"global_batch_size": 64})
     try:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from torchrun_ref import torchrun
 
 from dtwork.errors import RankFailure
 
@@ -31,17 +31,6 @@ def ip(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     shell.run_line_magic("load_ext", "dtwork")
     monkeypatch.setattr(magics, "_clusters", [cluster])
     yield shell
-
-
-def torchrun(script: Path, args: list[str], cwd: Path, timeout: float = 300) -> str:
-    """Run ``script`` under torchrun with 2 CPU processes; its output (fails the test on an error)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [*cmd, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
 
 
 def _params(path: Path) -> dict[str, Any]:
@@ -104,7 +93,6 @@ def test_the_script_sees_torchrun_and_leaves_no_trace(cluster: Any, tmp_path: Pa
     assert [s["argv"] for s in seen] == [["--lr", "0.1"]] * 2
 
     def after() -> tuple[Any, ...]:
-        import sys
 
         import torch
         import torch.distributed as dist
