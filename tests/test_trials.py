@@ -163,8 +163,9 @@ def test_checkpoint_and_resume_is_bitwise_equal(cluster, tmp_path) -> None:
     )  # stops after a checkpoint at 6
     cluster.run(RESUMABLE.replace("MAX", "10").replace("RESUME", "True"), quiet=True)
     resumed = cluster.pull("params")[0]
-    # this run's folder only; the loop's end (7, then 10) checkpoints too
+    # this run's folder only (its owner in run.json); the loop's end (7, then 10) checkpoints too
     assert sorted(os.listdir(Path(ck) / f"run-{cluster.session.run_id}")) == [
+        "run.json",
         "step-00000007.pt",
         "step-00000009.pt",
         "step-00000010.pt",
