@@ -40,9 +40,9 @@ def make_batches(kind, rank, n=16):
     return [(torch.randn(b, *shape, generator=g), torch.randint(0, 10, (b,), generator=g)) for _ in range(n)]
 
 
-def setup(kind):
+def setup(kind, **ddp):
     """(DDP model, optimizer, batches) of this rank."""
-    model = DDP(make_model(kind))
+    model = DDP(make_model(kind), **ddp)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     return model, opt, make_batches(kind, dist.get_rank())
 
