@@ -247,8 +247,8 @@ def kill_processes(records: Iterable[dict[str, Any]], grace: float = 3.0) -> lis
 
 
 def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
-    """Kill a validated entry's processes, cancel its scheduler jobs, delete its ipyparallel file
-    and the entry itself."""
+    """Clean up after a dead kernel: kill a validated entry's processes, mark its runs interrupted,
+    cancel its scheduler jobs, delete its ipyparallel file and the entry itself."""
     kill_processes(entry.get("processes", []), grace=grace)
     _interrupt_runs(entry)
     if entry.get("jobs"):  # a dead kernel's Slurm allocation would otherwise run to its time limit

@@ -102,7 +102,7 @@ def test_progress_sets_bars_value_max_and_label() -> None:
     dash.progress({0: {"rank": 0, "time": 110.0, "step": 20, "total": 100, "phase": "train", "epoch": 0}})
     dash.progress({1: {"rank": 1, "time": 110.0, "step": 20, "total": None, "phase": "train", "epoch": 0}})
     dash.flush()
-    bars = dash._bars
+    bars = dash._rank_bars.bars
     assert (bars[0].value, bars[0].max) == (20, 100)
     # 10 steps in 10 s -> 1 s/step, 80 steps left
     assert bars[0].description == "rank 0: step 20/100 · 250 samples/s · ETA 1 min 20 s"
@@ -126,7 +126,7 @@ def test_progress_eta_falls_back_to_step_times() -> None:
     dash.feed([perf(s, 0, 100.0, step_time=2.0) for s in range(3)])
     dash.progress({0: {"rank": 0, "time": 5.0, "step": 3, "total": 10}})
     dash.flush()
-    assert dash._bars[0].description.endswith("ETA 14 s")
+    assert dash._rank_bars.bars[0].description.endswith("ETA 14 s")
     dash.close()
 
 
@@ -347,7 +347,7 @@ def test_finish_header_says_how_the_cell_ended(
     dash.finish(CellResult(seq=1, ranks=[0, 1], status=status, seconds=75.0))
     assert f"{word} in 1 min 15 s" in dash._header.value
     assert "running" not in dash._header.value
-    assert dash._bars[0].bar_style == bar_style
+    assert dash._rank_bars.bars[0].bar_style == bar_style
     assert f"background:{BAR_COLOURS[bar_style]}" in dash._header.value  # the bar takes the ending's colour
     assert dash.status == word
 
@@ -371,7 +371,7 @@ def test_for_cell_displays_and_takes_only_a_title_from_the_session(monkeypatch: 
     assert (
         "cifar" in dash._header.value and "run 12" in dash._header.value and "ranks 0-3" in dash._header.value
     )
-    assert sorted(dash._bars) == [0, 1, 2, 3]
+    assert sorted(dash._rank_bars.bars) == [0, 1, 2, 3]
     dash.close()
     bare = Dashboard.for_cell(object(), 1, [0], display=False)
     assert bare.title == "dtwork" and bare.global_batch is None

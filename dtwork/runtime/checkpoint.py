@@ -64,12 +64,14 @@ def run_directory(ctx: Any) -> Path:
 def check_owner(ctx: Any, folder: Path | None = None) -> None:
     """Refuse a run folder (this run's, by default) that a run of another store owns."""
     store = getattr(ctx, "run_store", None)
+    if store is None:  # no kernel store (a script of its own): every folder is its to use
+        return
     folder = run_directory(ctx) if folder is None else folder
     try:
         owner = json.loads((folder / OWNER).read_text())
     except (OSError, ValueError):
         return  # no owner yet (or unreadable): anyone's
-    if store is not None and isinstance(owner, dict) and owner.get("store") not in (None, store):
+    if isinstance(owner, dict) and owner.get("store") not in (None, store):
         raise DtworkError(
             f"checkpoint folder {folder} holds run {owner.get('run')} of the run store {owner['store']}, "
             f"not of this one ({store}): give this experiment a checkpoint directory of its own "

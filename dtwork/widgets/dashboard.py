@@ -40,7 +40,6 @@ from dtwork.widgets.header import (
     BAR_COLOURS,
     STATUS_COLOURS,
     Bars,
-    RankBar,
     format_duration,
     ranks_text,
 )
@@ -182,11 +181,6 @@ class Dashboard(widgets.VBox):
             key: panel.row(key) if isinstance(panel, RowsPanel) else panel.figure
             for key, panel in self.panels.items()
         }
-
-    @property
-    def _bars(self) -> dict[int, RankBar]:
-        """The single ranks' bars on screen, by rank."""
-        return self._rank_bars.bars
 
     def feed(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Hand over rank records (or store rows) for the drawer to read. Thread-safe."""

@@ -48,6 +48,11 @@ class RankBar:
         self.description = f"rank {rank}: waiting"
         self.bar_style = ""
 
+    def fill(self, step: int, total: int | None) -> None:
+        """Fill the bar to ``step`` of ``total`` (no total: full at its step)."""
+        self.max = max(int(total), 1) if total else max(step, 1)
+        self.value = min(step, self.max)
+
     def html(self) -> str:
         share = 100.0 * min(max(self.value / self.max, 0.0), 1.0) if self.max > 0 else 0.0
         colour = BAR_COLOURS.get(self.bar_style, BAR_COLOURS[""])
@@ -91,8 +96,7 @@ def summary_bar(progress: Mapping[int, Mapping[str, Any]], ranks: int) -> RankBa
         bar.description = f"{ranks} ranks: waiting"
         return bar
     total = max(totals) if totals else None
-    bar.max = max(total, 1) if total else max(steps[-1], 1)
-    bar.value = min(steps[0], bar.max)
+    bar.fill(steps[0], total or max(steps[-1], 1))  # the slowest rank's step
     spread = f"step {steps[0]}" if steps[0] == steps[-1] else f"steps {steps[0]}-{steps[-1]}"
     bar.description = (
         f"{ranks} ranks: {spread}" + (f"/{total}" if total else "") + f" (median {steps[len(steps) // 2]})"
@@ -137,19 +141,13 @@ class Bars:
             info = progress.get(rank)
             if info is None:
                 continue
-            step, total, rate, eta = (
-                int(info.get("step") or 0),
-                info.get("total"),
-                rates.get(rank),
-                etas.get(rank),
-            )
+            step, total = int(info.get("step") or 0), info.get("total")
             parts = [f"rank {rank}: step {step}" + (f"/{total}" if total else "")]
-            if rate is not None:
+            if (rate := rates.get(rank)) is not None:
                 parts.append(f"{rate:,.0f} samples/s")
-            if eta is not None and status == "running":
+            if (eta := etas.get(rank)) is not None and status == "running":
                 parts.append(f"ETA {format_duration(eta)}")
-            bar.max = max(int(total), 1) if total else max(step, 1)
-            bar.value = min(step, bar.max)
+            bar.fill(step, total)
             bar.description = " · ".join(parts)
             bar.bar_style = style
 
