@@ -58,6 +58,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "RunStore",
     "default_store_path",
+    "store_path",
 ]
 
 RUN_STATUSES = ("running", "completed", "failed", "interrupted", "stopped")
@@ -70,11 +71,26 @@ _RUN_COLUMNS = (
 _METRIC_COLUMNS = ("run_id", "cell_seq", "kind", "step", "rank", "name", "value", "time")
 
 
-def default_store_path() -> Path:
-    """``$DTWORK_STORE`` when set (and not empty), else ``./.dtwork/runs.sqlite``; absolute."""
+def default_store_path(root: str | os.PathLike[str] | None = None) -> Path:
+    """``$DTWORK_STORE`` when set (and not empty), else ``<root>/.dtwork/runs.sqlite`` (root: the
+    working folder); absolute, a relative ``$DTWORK_STORE`` taken from ``root``."""
+    base = Path(root) if root is not None else Path.cwd()
     env = os.environ.get("DTWORK_STORE", "").strip()
     path = Path(env).expanduser() if env else Path(".dtwork") / "runs.sqlite"
-    return path.absolute()
+    return (base / path).absolute() if not path.is_absolute() else path
+
+
+def store_path(named: str | os.PathLike[str] | None = None) -> Path:
+    """The store file a user named: a file as is; a folder or a notebook: ``.dtwork/runs.sqlite``
+    there; nothing: the default (``default_store_path``)."""
+    if named is None or not str(named).strip():
+        return default_store_path()
+    path = Path(named).expanduser().absolute()
+    if path.is_dir():
+        return path / ".dtwork" / "runs.sqlite"
+    if path.suffix == ".ipynb":
+        return path.parent / ".dtwork" / "runs.sqlite"
+    return path
 
 
 class RunStore:
