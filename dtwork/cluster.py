@@ -25,6 +25,7 @@ import ipyparallel as ipp
 
 from dtwork import devices, engines, launchers, registry, rendezvous, telemetry
 from dtwork.errors import DtworkError
+from dtwork.runtime import entry
 from dtwork.session import Session
 
 DEFAULT_TIMEOUT = 300.0  # process-group timeout (s): bounded, unlike NCCL's 30 minutes
@@ -198,7 +199,7 @@ class Cluster:
         self.master_addr = rendezvous.master_address(probes[rank0.engine_id], iface)
         if len({p["hostname"] for p in probes.values()}) > 1 or iface:
             engines.check_routes(self.client, self.ranks, self.master_addr, iface)
-        self.master_port = self.client[rank0.engine_id].apply_sync(engines.free_port, self.master_addr)
+        self.master_port = self.client[rank0.engine_id].apply_sync(entry.free_port, self.master_addr)
         shared = {
             "backend": self.backend,
             "master_addr": self.master_addr,
@@ -352,7 +353,7 @@ class Cluster:
             raise DtworkError(
                 f"global_batch_size {gbs} is smaller than the {self.world_size} slots: use at least {self.world_size}"
             )
-        out = self._call(engines.set_config, (cfg.to_dict(), gbs), {}, None)
+        out = self._call(entry.set_config, (cfg.to_dict(), gbs), {}, None)
         notes = engines.take_rank0_warnings(out)
         self.config, self.global_batch_size = cfg, out[0]["global_batch_size"]
         if self._session is not None:

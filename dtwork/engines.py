@@ -24,6 +24,7 @@ import psutil
 
 from dtwork import registry
 from dtwork.errors import DtworkError, DtworkWarning, RankFailure
+from dtwork.runtime import entry
 
 if TYPE_CHECKING:
     from dtwork.cluster import Cluster
@@ -55,7 +56,7 @@ def probe_engines(
     run twice).
     """
     for i, seconds in enumerate(PROBE_TIMEOUTS):
-        ar = client[ids].apply_async(probe, kernel, host)
+        ar = client[ids].apply_async(entry.probe, kernel, host)
         try:
             return list(ar.get(timeout=seconds))
         except ipp.error.TimeoutError:
@@ -71,11 +72,11 @@ def check_routes(
     client: ipp.Client, ranks: list[RankPlan], master_addr: str | None, iface: str | None
 ) -> None:
     """Check that every rank can reach rank 0's address before the process group forms."""
-    port = client[ranks[0].engine_id].apply_sync(listen_once, master_addr, 15.0)
+    port = client[ranks[0].engine_id].apply_sync(entry.listen_once, master_addr, 15.0)
     others = [p.engine_id for p in ranks[1:]]
     if not others:
         return
-    errors = client[others].apply_sync(check_route, master_addr, port)
+    errors = client[others].apply_sync(entry.check_route, master_addr, port)
     bad = [(p, e) for p, e in zip(ranks[1:], errors, strict=True) if e]
     if bad:
         p, err = bad[0]
@@ -114,7 +115,7 @@ def init_ranks(
     client: ipp.Client, specs: dict[int, dict[str, Any]], seconds: float
 ) -> dict[int, dict[str, Any]]:
     """Join every engine (by id) to the process group its spec names; each rank's info by engine id."""
-    ars = {eid: client[eid].apply_async(init_rank, spec) for eid, spec in specs.items()}
+    ars = {eid: client[eid].apply_async(entry.init_rank, spec) for eid, spec in specs.items()}
     deadline = time.monotonic() + seconds
     infos = {}
     for eid, ar in ars.items():
@@ -203,18 +204,6 @@ def close_log(logger: logging.Logger) -> None:
 # -- results by rank -------------------------------------------------------------------------------
 
 
-def _boxed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-    """Call ``fn`` on an engine and return its value in a one-item list.
-
-    ipyparallel sorts the keys of a dict it sends back at the top level, so a dict whose keys
-    do not compare (``{0: ..., "total": ...}``) would fail to come back; inside a list it is
-    pickled as it is.
-    """
-    from dtwork.runtime import call_with_ctx
-
-    return [call_with_ctx(fn, args, kwargs)]
-
-
 def first_error(exc: Exception) -> tuple[str, str]:
     """(exception name, message) of the first rank's failure in an ipyparallel error."""
     if isinstance(exc, ipp.error.CompositeError) and exc.elist:
@@ -224,7 +213,7 @@ def first_error(exc: Exception) -> tuple[str, str]:
 
 def call_on_ranks(view: ipp.DirectView, fn: Callable[..., Any], args: Any, kwargs: Any) -> list[Any]:
     """Call ``fn(*args, **kwargs)`` on every engine of ``view``; the results by rank (raise on failure)."""
-    ar = view.apply_async(_boxed, fn, *args, **kwargs)
+    ar = view.apply_async(entry.call, fn, *args, **kwargs)
     try:
         return [box[0] for box in ar.get()]
     except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
@@ -237,7 +226,7 @@ def pull_by_rank(view: ipp.DirectView, name: str) -> list[Any]:
     """Fetch ``name`` from every engine's namespace of ``view``; a list by rank."""
     if not isinstance(name, str) or not name.isidentifier():
         raise DtworkError(f"pull takes a variable name, got {name!r}")
-    try:  # a one-name list comes back as a list per rank: see _boxed
+    try:  # a one-name list comes back as a list per rank: see entry.call
         return [box[0] for box in view.pull([name], block=True)]
     except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
         ename, evalue = first_error(exc)
@@ -341,91 +330,3 @@ def environment(cluster: Cluster) -> dict[str, Any]:
         "gpus": [g.to_dict() for g in gpu_inventory()],
         "seed": cluster.config.seed,
     }
-
-
-# -- functions shipped to the engines --------------------------------------------------------------
-
-
-def probe(kernel: dict[str, Any], host: str) -> dict[str, Any]:
-    from dtwork.runtime.bootstrap import probe
-
-    return probe(kernel, host)
-
-
-def free_port(address: str) -> int:
-    from dtwork.runtime.bootstrap import free_port
-
-    return free_port(address)
-
-
-def listen_once(address: str, seconds: float) -> int:
-    from dtwork.runtime.bootstrap import listen_once
-
-    return listen_once(address, seconds)
-
-
-def check_route(address: str, port: int) -> str | None:
-    from dtwork.runtime.bootstrap import check_route
-
-    return check_route(address, port)
-
-
-def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
-    import atexit
-
-    from IPython import get_ipython
-
-    import dtwork.runtime as rt
-    from dtwork.runtime.bootstrap import init_rank
-
-    info = init_rank(spec)
-    get_ipython().user_ns["ctx"] = rt.current()  # ``ctx`` in the namespace where cells run
-    atexit.unregister(_exit_now)
-    atexit.register(_exit_now)  # last registered, first run: before the interpreter's teardown
-    return info
-
-
-def _exit_now() -> None:
-    """End a stopping engine at once, exit code 0: the interpreter's own teardown of torch's objects
-    takes seconds and ipyparallel reports the signal that stops an engine as a failure."""
-    import os
-    import sys
-
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(0)
-
-
-def set_config(config: dict[str, Any], global_batch_size: int | None) -> dict[str, Any]:
-    from dtwork.runtime.bootstrap import set_config
-
-    return set_config(config, global_batch_size)
-
-
-def set_auto_resume(on: bool) -> None:
-    from dtwork.runtime import current
-
-    current().auto_resume = on
-
-
-def set_run_id(run_id: int, store: str | None = None) -> None:
-    """Name the run the rank trains in, and its store (a run folder of checkpoints is theirs)."""
-    from dtwork.runtime import current
-
-    ctx = current()
-    ctx.run_id, ctx.run_store = run_id, store
-
-
-def repair_group() -> str | None:
-    from dtwork.runtime import group
-
-    return group.repair()
-
-
-def set_cell_ranks(ranks: list[int]) -> None:
-    from dtwork.runtime import control
-
-    control.set_next_cell_ranks(ranks)

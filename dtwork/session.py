@@ -21,6 +21,7 @@ from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.collector import POLL_SECONDS, CellResult, CellWatcher, error_line, in_notebook
 from dtwork.errors import DtworkError
 from dtwork.perf_rate import PerfThinner
+from dtwork.runtime import entry
 from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
 
 REPAIR_SECONDS = 60.0  # for every rank to join a new process group after a failed cell
@@ -144,7 +145,7 @@ class Session:
     def _tell_ranks(self, run_id: int) -> None:
         """Set ``ctx.run_id`` on the ranks (it names the run's checkpoint folder) when it changed."""
         if self._ranks_run != run_id:
-            self.cluster.run(engines.set_run_id, run_id, str(self.cluster.store_file))
+            self.cluster.run(entry.set_run_id, run_id, str(self.cluster.store_file))
             self._ranks_run = run_id
 
     # -- running cells ---------------------------------------------------------------------
@@ -171,7 +172,7 @@ class Session:
             # before the ranks start: ~1.5 s of kernel CPU would otherwise compete with the cell.
             dashboard_ready()
         if len(rank_list) < self.cluster.world_size:  # so that ctx refuses collectives at once
-            self.cluster.view(rank_list).apply_async(engines.set_cell_ranks, rank_list)
+            self.cluster.view(rank_list).apply_async(entry.set_cell_ranks, rank_list)
         ar = self.cluster.view(rank_list).execute(source, silent=False, block=False)
         on_records = self._dashboard_feed(run_id, rank_list, quiet)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
@@ -235,7 +236,7 @@ class Session:
         """The failing rank aborted the process group (so no rank waits for it): every rank joins
         a new one, keeping engines and namespaces; a restart only if that fails."""
         try:  # bounded: a rank that cannot rejoin must not hold the notebook
-            self.cluster.view().apply_async(engines.repair_group).get(timeout=REPAIR_SECONDS)
+            self.cluster.view().apply_async(entry.repair_group).get(timeout=REPAIR_SECONDS)
         except Exception as exc:
             print(
                 f"dtwork: the process group could not be rebuilt ({exc}): restarting the engines",
@@ -281,7 +282,7 @@ class Session:
             f"dtwork: restart {self.restarts_used} of {limit}: replaying the run from its last checkpoint",
             file=sys.stderr,
         )
-        self.cluster.run(engines.set_auto_resume, True)
+        self.cluster.run(entry.set_auto_resume, True)
         self._tell_ranks(self.run_id)
         try:
             result = None
@@ -297,7 +298,7 @@ class Session:
             return result
         finally:
             if self.cluster.state == "running":
-                self.cluster.run(engines.set_auto_resume, False)
+                self.cluster.run(entry.set_auto_resume, False)
 
     def _live_efficiency(self, run_id: int, n: int) -> LiveEfficiency | None:
         """The cell's efficiency estimate, measured against a sweep's 1-rank throughput where known."""

@@ -125,7 +125,9 @@ def _within(name: str, prefixes: tuple[str, ...]) -> bool:
 def test_the_import_graph_has_no_cycle() -> None:
     graph = _graph()
     cycles = _cycles(graph)
-    described = [" <-> ".join(c) + ": " + "; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in cycles]
+    described = [
+        " <-> ".join(c) + ": " + "; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in cycles
+    ]
     assert not cycles, "import cycles:\n" + "\n".join(described)
 
 

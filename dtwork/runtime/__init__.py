@@ -16,7 +16,7 @@ _CTX: Context | None = None
 
 
 def current() -> Context:
-    """Return this rank's context (set by ``bootstrap.init_rank``)."""
+    """Return this rank's context (set by ``entry.init_rank``)."""
     if _CTX is None:
         raise RuntimeError("dtwork: this engine has not joined a process group (run %dtrain start)")
     return _CTX

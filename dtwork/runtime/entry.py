@@ -1,22 +1,26 @@
-"""Rank bootstrap: probe an engine, pin its GPU, join the process group.
+"""The engine entry points: every function the kernel calls on the ranks, one name each.
 
-Called by the kernel through ``DirectView.apply`` on each engine; each function is small and
-returns plain data so that the kernel can decide ranks and the rendezvous address.
+The kernel ships these by reference (``DirectView.apply``; the engines import this module), so
+each is module-level, small, and returns plain data. This module imports no torch at import
+time: the kernel imports it to name the functions and must not initialise CUDA.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import psutil
+
+from dtwork import runtime
 
 
 def _addresses() -> dict[str, list[str]]:
@@ -153,7 +157,6 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from dtwork import runtime
     from dtwork.runtime import group, script
     from dtwork.runtime.context import Context
 
@@ -180,6 +183,9 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     script.install(spec)  # torchrun's environment and %run for scripts run on this rank
     gpu = _gpu_facts(spec.get("gpu_uuid") if spec.get("gpu") is not None else None)
     threading.Thread(target=_warm_imports, name="dtwork-warm-imports", daemon=True).start()
+    _user_namespace()["ctx"] = ctx  # ``ctx`` in the namespace where cells run
+    atexit.unregister(_exit_now)
+    atexit.register(_exit_now)  # last registered, first run: before the interpreter's teardown
     return {
         "rank": ctx.rank,
         "device": str(device),
@@ -261,8 +267,6 @@ def _gpu_facts(uuid: str | None) -> dict[str, Any]:
 
 def set_config(config: dict[str, Any] | None, global_batch_size: int | None) -> dict[str, Any]:
     """Load a config (as a dict) into this rank's ctx; return the per-slot batch it implies."""
-    from dtwork import runtime
-
     ctx = runtime.current()
     with _warnings_for_the_kernel() as notes:
         ctx.configure(config, global_batch_size)
@@ -271,3 +275,68 @@ def set_config(config: dict[str, Any] | None, global_batch_size: int | None) -> 
         "global_batch_size": ctx.global_batch_size,
         "warnings": notes,
     }
+
+
+def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+    """Call ``fn`` on this rank (handing it ``ctx`` when it takes one) and return its value in a
+    one-item list.
+
+    ipyparallel sorts the keys of a dict it sends back at the top level, so a dict whose keys
+    do not compare (``{0: ..., "total": ...}``) would fail to come back; inside a list it is
+    pickled as it is.
+    """
+    from dtwork.runtime import call_with_ctx
+
+    return [call_with_ctx(fn, args, kwargs)]
+
+
+def set_auto_resume(on: bool) -> None:
+    """Resume ``ctx.steps`` from the run's newest checkpoint (while the kernel replays a run)."""
+    runtime.current().auto_resume = on
+
+
+def set_run_id(run_id: int, store: str | None = None) -> None:
+    """Name the run the rank trains in, and its store (a run folder of checkpoints is theirs)."""
+    ctx = runtime.current()
+    ctx.run_id, ctx.run_store = run_id, store
+
+
+def repair_group() -> str | None:
+    """Join a new process group after a failed cell, keeping the engine and its namespace."""
+    from dtwork.runtime import group
+
+    return group.repair()
+
+
+def set_cell_ranks(ranks: list[int]) -> None:
+    """The ranks the next cell runs on (``%%dtrain --ranks``), so that ctx refuses collectives."""
+    from dtwork.runtime import control
+
+    control.set_next_cell_ranks(ranks)
+
+
+def run_script(path: str, args: list[str]) -> None:
+    """Run a torchrun-style script as ``__main__`` in this rank's cell namespace (``%dtrain run``)."""
+    from dtwork.runtime import script
+
+    script.run_script(path, args, namespace=_user_namespace())
+
+
+def _user_namespace() -> dict[str, Any]:
+    """The engine's interactive namespace, where cells run."""
+    from IPython import get_ipython
+
+    return get_ipython().user_ns  # type: ignore[no-any-return]
+
+
+def _exit_now() -> None:
+    """End a stopping engine at once, exit code 0: the interpreter's own teardown of torch's objects
+    takes seconds and ipyparallel reports the signal that stops an engine as a failure."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(0)
