@@ -69,13 +69,13 @@ def wired() -> Iterator[None]:
 def measure(n: int, seconds: float, folder: Path, perf: float | None = None) -> dict[str, Any]:
     """Feed ``n`` simulated ranks through the kernel's path for ``seconds``; its CPU, redraws, store."""
     from dtwork.analysis.scaling import LiveEfficiency
-    from dtwork.collector import POLL_SECONDS
-    from dtwork.session import Session
+    from dtwork.kernel.session import Session
+    from dtwork.kernel.watcher import POLL_SECONDS
     from dtwork.widgets.dashboard import Dashboard
 
     path = folder / f"runs-{n}.sqlite"
     config = SimpleNamespace(name="sim", tensorboard=None)
-    session = Session(SimpleNamespace(store_file=path, world_size=n, config=config))  # type: ignore[arg-type]
+    session = Session(SimpleNamespace(world_size=n, config=config), path)  # type: ignore[arg-type]
     run = session.run_id = session.store.create_run(name="sim", world_size=n, backend="nccl")
     seq = session.store.add_cell(run, "# simulated")
     session.efficiency = LiveEfficiency(n)

@@ -72,7 +72,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from dtwork.magics import stop_all
+    from dtwork.cluster import stop_all
 
     stop_all()
 

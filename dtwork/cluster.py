@@ -1,39 +1,63 @@
-"""Kernel-side cluster: start/stop/restart, GPU discovery and pinning, rendezvous, run/push/pull.
+"""``Cluster``: the public face of a cluster, and the list of the clusters this process started.
 
-Stands on ipyparallel: its ``Cluster`` starts a controller and engines (locally, or on other
-hosts through a profile's launcher: SSH, MPI, Slurm), its ``DirectView`` runs code on them.
-This module decides ranks and joins them in a torch.distributed process group (the calls to the
-engines: ``dtwork.engines``; runs and cells: ``dtwork.session``). It never imports torch: the
-kernel must not initialise CUDA (engines own the GPUs).
+It composes the engine group (``kernel.engines``: engines, ranks, the process group) and the
+trial session (``kernel.session``: runs, cells, the store). ``dtwork.start()`` and ``%dtrain``
+see the same list, so a cluster started from Python is the one ``%%dtrain`` cells run on.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import socket
-import subprocess
+import shlex
 import sys
-import time
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import ipyparallel as ipp
 
-from dtwork import devices, engines, launchers, registry, rendezvous, telemetry
+from dtwork import launchers, rendezvous
+from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError
-from dtwork.runtime import entry
-from dtwork.session import Session
+from dtwork.kernel.engines import DEFAULT_TIMEOUT, ENGINE_TIMEOUT, EngineGroup
+from dtwork.kernel.session import Session
+from dtwork.kernel.watcher import CellResult
+from dtwork.store import store_path
 
-DEFAULT_TIMEOUT = 300.0  # process-group timeout (s): bounded, unlike NCCL's 30 minutes
-ENGINE_TIMEOUT = 60  # seconds to wait for engines to register
+__all__ = ["DEFAULT_TIMEOUT", "Cluster", "clusters", "current", "start", "stop_all"]
+
+ConfigSource = ExperimentConfig | Mapping[str, Any] | str | os.PathLike[str] | None
+
+_started: list[Cluster] = []  # every cluster started in this process, oldest first
+
+
+def clusters() -> list[Cluster]:
+    """The clusters started in this process (running or not), oldest first."""
+    return list(_started)
+
+
+def current() -> Cluster:
+    """The newest running cluster, or a one-line error saying how to start one."""
+    live = [c for c in _started if c.refresh() == "running"]  # a stop from the sidebar is seen here
+    if not live:
+        raise DtworkError("no cluster is running: start one with %dtrain start (or dtwork.start())")
+    return live[-1]
+
+
+def stop_all() -> None:
+    """Stop every cluster this process started."""
+    for c in list(_started):
+        c.stop()
+    _started.clear()
+
+
+def notebook_name() -> str | None:
+    """The notebook this kernel serves (Jupyter names it in the kernel's environment), if any."""
+    return os.environ.get("JPY_SESSION_NAME") or None
 
 
 class Cluster:
-    """A set of engines, one per rank, joined in a process group.
+    """A set of engines, one per rank, joined in a process group, with its trial session.
 
     Use ``dtwork.start(...)`` (or ``%dtrain start``); usable as a context manager.
     """
@@ -47,378 +71,132 @@ class Cluster:
         interface: str | None = None,
         profile: str | None = None,
         global_batch_size: int | None = None,
-        config: Any = None,
-        store: Any = None,
+        config: ConfigSource = None,
+        store: str | os.PathLike[str] | None = None,
         engine_timeout: int = ENGINE_TIMEOUT,
         launcher: str | None = None,
         launch_options: launchers.LaunchOptions | None = None,
     ) -> None:
-        from dtwork.config import load_config
-        from dtwork.config.determined import check_slots
-
-        self.config = load_config(config)
-        if global_batch_size is None:
-            global_batch_size = self.config.global_batch_size
-        self.profile = profile
-        if profile and launcher not in (None, "local"):
-            raise DtworkError("use --launcher or --profile, not both (a profile names its own launcher)")
-        self.launcher = launchers.get(launcher, launch_options)
-        remote = profile or self.launcher.remote  # engines may be elsewhere: this host's GPUs say nothing
-        gpus = None if remote else len(devices.visible([g.to_dict() for g in telemetry.cuda_devices()]))
-        if n is None:
-            n = self.config.resources.slots_per_trial
-            if gpus is not None:
-                check_slots(n, global_batch_size, gpus, backend, os.cpu_count() or 1)
-        for note in self.config.notes:
-            print(f"dtwork: {note}")
-        self.n, self.backend = rendezvous.validate_request(
-            n, backend, gpus, timeout=timeout, global_batch_size=global_batch_size
+        cfg = load_config(config)
+        notebook = notebook_name()
+        # Resolved once: a later change of the working folder must not move the run store.
+        store_file = store_path(store)
+        self.engines = EngineGroup(
+            n,
+            config=cfg,
+            store_file=store_file,
+            notebook=notebook,
+            backend=backend,
+            timeout=timeout,
+            interface=interface,
+            profile=profile,
+            global_batch_size=global_batch_size,
+            engine_timeout=engine_timeout,
+            launcher=launcher,
+            launch_options=launch_options,
         )
-        self.launcher.check(self.n)
-        self.requested_backend = backend
-        self.timeout = float(timeout)
-        if interface and not profile:  # an unknown name fails before anything starts
-            rendezvous.interface_address(interface)
-        self.interface = interface
-        self.global_batch_size = global_batch_size
-        self.engine_timeout = engine_timeout
-        self.store_path = store
-        self.state = "new"
-        self.cluster_id = f"dtwork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.ranks: list[rendezvous.RankPlan] = []
-        self.rank_info: list[dict[str, Any]] = []
-        self._probes: dict[int, dict[str, Any]] = {}  # what each engine reported, by engine id
-        self.master_addr: str | None = None
-        self.master_port: int | None = None
-        self.started_at: float | None = None
-        self.start_seconds: float | None = None
-        self._ipp: ipp.Cluster | None = None
-        self.client: ipp.Client | None = None
-        self._views: dict[tuple[int, ...], ipp.DirectView] = {}  # of this client, by engine ids
-        self._reaper: subprocess.Popen[bytes] | None = None
-        self._session: Session | None = None  # the trial session (runs, store, dashboard), made lazily
-        self._log: logging.Logger | None = None  # ipyparallel's messages: to log_file, not the notebook
-        self.log_file: Path | None = None
-        self._listeners: list[Callable[[Cluster], None]] = []
+        for note in cfg.notes:
+            print(f"dtwork: {note}")
+        self.session = Session(self.engines, store_file, notebook)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> Cluster:
-        """Start the engines and join them in a process group; clean up on any failure."""
+        """Start the engines and join them in a process group (see ``EngineGroup.start``)."""
         if self.state == "running":
             return self
-        registry.clean_stale()
-        t0 = time.perf_counter()
-        self._set_state("starting")
         from dtwork.widgets import dashboard_ready, warm_dashboard
 
         # The live view's modules (~1.5 s of CPU) load in the background: while the engines start
         # when this host has a core to spare for it, else once they are up (then the import would
         # only slow their start: engines importing torch fill every core).
-        early = self.session.live and self._spare_core()
+        early = self.session.live and self.engines.spare_core()
         if early:
             warm_dashboard()
         try:
-            self._start_engines()
-            self._register()
-            self._join_process_group()
-        except BaseException:
-            self._teardown(force=True)
-            self._set_state("failed")
-            raise
+            self.engines.start()
         finally:
             if early:
                 dashboard_ready(30.0)  # no import left running under the notebook's next cell
-        self.start_seconds = time.perf_counter() - t0
-        self.started_at = time.time()
-        self._set_state("running")
-        self._register()
         if self.session.live and not early:
             warm_dashboard()  # done by the next training cell, which waits for it before it starts
+        self._track()
         return self
 
-    def _spare_core(self) -> bool:
-        """Whether this host has a core beyond one per local engine and one for the kernel."""
-        local = 0 if self.profile else self.n  # a profile's engines may start elsewhere
-        return (os.cpu_count() or 1) > local + 1
-
-    def _start_engines(self) -> None:
-        kwargs: dict[str, Any] = {
-            "n": self.n,
-            "cluster_id": self.cluster_id,
-            "engine_timeout": self.engine_timeout,
-            "delay": 0.05,
-            "log_level": logging.WARNING,
-            # Engines finish registering on the controller's next heartbeat: 3 s by default.
-            # A 0.5 s beat halves the start time and lets a dead engine be noticed sooner.
-            "controller_args": ["--HeartMonitor.period=500"],
-        }
-        if self.profile:
-            kwargs["profile"] = self.profile
-        else:
-            kwargs["controller_ip"] = rendezvous.LOOPBACK
-        if self.interface and not self.profile:  # that interface's address only, not every one
-            kwargs["controller_ip"] = rendezvous.interface_address(self.interface)
-        if not self.profile:
-            kwargs.update(self.launcher.cluster_kwargs(self.interface))
-        self._log, self.log_file = engines.engine_log(self.cluster_id)
-        self._ipp = ipp.Cluster(**kwargs, log=self._log)
-        try:
-            self.client = self.launcher.connect(self._ipp, self.n, self.engine_timeout, self._register)
-        except TimeoutError as exc:
-            raise DtworkError(
-                f"not all {self.n} engines registered within {self.engine_timeout} s: "
-                f"check the launcher (profile {self.profile or 'default'}; engine log: {self.log_file}) "
-                "or ask for fewer ranks"
-            ) from exc
-        if len(self.client.ids) < self.n:
-            raise DtworkError(
-                f"only {len(self.client.ids)} of {self.n} engines started (engine log: {self.log_file}): "
-                "ask for fewer ranks"
-            )
-        # Functions defined in a notebook or a test module travel by value, closures included.
-        self.client[:].use_cloudpickle()
-
-    def _join_process_group(self) -> None:
-        assert self.client is not None
-        ids = sorted(self.client.ids)[: self.n]
-        host = socket.gethostname()
-        probes = dict(
-            zip(ids, engines.probe_engines(self.client, ids, engines.kernel_record(), host), strict=True)
-        )
-        self.backend, note = devices.choose_backend(self.requested_backend, probes)  # from what torch can use
-        if note:
-            engines.show_warnings([note])
-        self.ranks = rendezvous.assign_ranks(probes, use_gpus=self.backend == "nccl", first_host=host)
-        if self.launcher.remote:
-            self.ranks = launchers.order_ranks(self.client, self.ranks, probes, self.backend == "nccl")
-        self._probes = probes
-        self._register()
-        iface = rendezvous.choose_interface(probes, self.interface)
-        rank0 = self.ranks[0]
-        self.master_addr = rendezvous.master_address(probes[rank0.engine_id], iface)
-        if len({p["hostname"] for p in probes.values()}) > 1 or iface:
-            engines.check_routes(self.client, self.ranks, self.master_addr, iface)
-        self.master_port = self.client[rank0.engine_id].apply_sync(entry.free_port, self.master_addr)
-        shared = {
-            "backend": self.backend,
-            "master_addr": self.master_addr,
-            "master_port": self.master_port,
-            "timeout": self.timeout,
-            "run_id": self.cluster_id,
-            "global_batch_size": self.global_batch_size,
-            "config": self.config.to_dict(),
-        }
-        specs = engines.rank_specs(self.ranks, probes, iface, shared)
-        infos = engines.init_ranks(self.client, specs, min(self.timeout, 120.0) + 30.0)
-        notes = engines.take_rank0_warnings([infos[p.engine_id] for p in self.ranks])
-        self.rank_info = [{**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in self.ranks]
-        self.global_batch_size = self.rank_info[0].get("global_batch_size")  # the batch used
-        engines.show_warnings(notes)
-
-    def _register(self) -> None:
-        """Write (or refresh) this cluster's registry entry and make sure a reaper watches it."""
-        procs = self._process_records()
-        files = [self._ipp.cluster_file] if self._ipp is not None and self._ipp.cluster_file else []
-        path = registry.write(
-            self.cluster_id,
-            {
-                "kernel": engines.kernel_record(),
-                "kernel_host": socket.gethostname(),
-                "state": self.state,
-                "n": self.n,
-                "backend": self.backend,
-                "profile": self.profile,
-                "master": f"{self.master_addr}:{self.master_port}" if self.master_port else None,
-                "ranks": self.rank_info or [p.to_dict() for p in self.ranks],
-                "processes": procs,
-                "jobs": self.launcher.jobs(self._ipp) if self._ipp is not None else [],
-                "files": files,
-                "started_at": self.started_at,
-                "cwd": os.getcwd(),
-                "store": str(self.store_file),
-                "notebook": os.environ.get("JPY_SESSION_NAME"),
-            },
-        )
-        if self._reaper is None:
-            self._reaper = subprocess.Popen(
-                [sys.executable, "-m", "dtwork._reaper", str(path)],
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-
-    def _process_records(self) -> list[dict[str, Any]]:
-        """Every process this cluster owns that can be seen from here: controller, launchers, engines."""
-        procs = [registry.proc_record(pid) for pid in engines.launched_pids(self._ipp)]
-        procs += [{"pid": p["pid"], "create_time": p["create_time"]} for p in self._probes.values()]
-        return [p for p in procs if p]
-
-    @property
-    def store_file(self) -> Path:
-        """The run store's file: the one named at start, else the default."""
-        from dtwork.store import default_store_path
-
-        return Path(self.store_path) if self.store_path else default_store_path()
-
-    @property
-    def probes(self) -> Mapping[int, dict[str, Any]]:
-        """What each engine reported when it was first asked (pid, host, GPUs), by engine id."""
-        return self._probes
-
-    def engine_exit_code(self, pid: int) -> int | None:
-        """The exit code of an engine process its launcher has seen end (negative: a signal)."""
-        return engines.exit_code(self._ipp, pid)
+    def _track(self) -> None:
+        if self not in _started:
+            _started.append(self)
 
     def stop(self) -> None:
-        """Stop every engine and the controller; the cluster leaves the registry."""
+        """End the session's run, stop every engine and the controller."""
         if self.state in ("stopped", "new"):
             return
-        if self._session is not None:
-            self._session.close()
-        self._teardown()
-        self._set_state("stopped")
-
-    def _teardown(self, force: bool = False) -> None:
-        entry = registry.read(registry.entry_path(self.cluster_id)) or {}
-        procs = entry.get("processes", []) + self._process_records()
-        if force:
-            # Engines stuck in a collective ignore a polite stop: signal them all ourselves first.
-            registry.kill_processes(procs, grace=2.0)
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                self.client.close()
-        if self._ipp is not None:
-            jobs = self.launcher.jobs(self._ipp)
-            with contextlib.suppress(Exception):
-                self._ipp.stop_cluster_sync()
-            launchers.cancel(jobs)  # stop_cluster's own scancel may have failed silently
-        registry.kill_processes(procs, grace=2.0)  # whatever is left
-        registry.remove(self.cluster_id)
-        if self._reaper is not None:
-            try:
-                self._reaper.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._reaper.kill()
-            self._reaper = None
-        self.client = None
-        self._views.clear()
-        self._ipp = None
-        if self._log is not None:
-            engines.close_log(self._log)
+        self.session.close()
+        self.engines.stop()
 
     def restart(self, force: bool = False) -> Cluster:
         """Stop and start again with the same ranks and settings (fresh engines and process group).
 
         The trial session (its run in the store) carries on across the restart.
         """
-        if self.state not in ("stopped", "new"):
-            self._teardown(force=force)
-            self._set_state("stopped")
-        self.cluster_id = f"dtwork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.ranks, self.rank_info, self._probes = [], [], {}
-        self.start()
-        if self._session is not None:
-            self._session.on_restart()
+        self.session.restart(force=force)
+        self._track()
         return self
+
+    def refresh(self) -> str:
+        """Notice a stop from outside this kernel (the sidebar's Stop): end the run and stop here too;
+        return the state."""
+        if self.engines.stopped_outside():
+            print(f"dtwork: {self.cluster_id} was stopped outside this kernel (sidebar)", file=sys.stderr)
+            self.stop()
+        return self.state
 
     def __enter__(self) -> Cluster:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _set_state(self, state: str) -> None:
-        self.state = state
-        for fn in list(self._listeners):
-            fn(self)
-
     def on_change(self, fn: Callable[[Cluster], None]) -> None:
-        self._listeners.append(fn)
+        """Call ``fn(cluster)`` on every change of state."""
+        self.engines.on_change(lambda state: fn(self))
 
-    def configure(self, config: Any) -> Any:
+    def configure(self, config: ConfigSource) -> ExperimentConfig:
         """Load an experiment config (YAML path, text, dict) on every rank as ``ctx.config``.
 
         It is validated here first (nothing reaches the ranks if it is bad); the next cell
         starts a new run with it.
         """
-        from dtwork.config import load_config
-
         cfg = load_config(config)
         for note in cfg.notes:
             print(f"dtwork: {note}")
-        gbs = cfg.global_batch_size or self.global_batch_size
-        if gbs is not None and gbs < self.world_size:
-            raise DtworkError(
-                f"global_batch_size {gbs} is smaller than the {self.world_size} slots: use at least {self.world_size}"
-            )
-        out = self._call(entry.set_config, (cfg.to_dict(), gbs), {}, None)
-        notes = engines.take_rank0_warnings(out)
-        self.config, self.global_batch_size = cfg, out[0]["global_batch_size"]
-        if self._session is not None:
-            self._session.new_run()
-        engines.show_warnings(notes)
+        self.refresh()
+        self.engines.configure_ranks(cfg)
+        self.session.new_run()
         return cfg
 
     # -- running code ------------------------------------------------------------------------
 
-    def refresh(self) -> str:
-        """Notice a stop from outside this kernel (the sidebar's Stop removes the registry entry)."""
-        if self.state == "running" and not registry.entry_path(self.cluster_id).exists():
-            print(f"dtwork: {self.cluster_id} was stopped outside this kernel (sidebar)", file=sys.stderr)
-            self.stop()
-        return self.state
-
-    def _require_running(self) -> ipp.Client:
-        if self.refresh() != "running" or self.client is None:
-            raise DtworkError(
-                f"the cluster is {self.state}: start one with %dtrain start (or dtwork.start())"
-            )
-        return self.client
-
-    @property
-    def world_size(self) -> int:
-        return len(self.ranks)
-
-    def engine_ids(self, ranks: list[int] | None = None) -> list[int]:
-        """Return engine ids in rank order (all ranks, or those named)."""
-        self._require_running()
-        if ranks is None:
-            return [p.engine_id for p in self.ranks]
-        bad = [r for r in ranks if not 0 <= r < self.world_size]
-        if bad:
-            raise DtworkError(f"no rank {bad[0]}: this cluster has ranks 0-{self.world_size - 1}")
-        return [self.ranks[r].engine_id for r in ranks]
-
-    def view(self, ranks: list[int] | None = None) -> ipp.DirectView:
-        """A DirectView on these ranks' engines (made once per client and set of ranks)."""
-        client = self._require_running()
-        ids = tuple(self.engine_ids(ranks))
-        view = self._views.get(ids)
-        if view is None or view.client is not client:
-            view = self._views[ids] = client[list(ids)]
-        return view
-
     def run(
         self,
         source_or_fn: str | Callable[..., Any],
-        *args: Any,
+        *args: Any,  # a function's own arguments, passed through as they are
         ranks: list[int] | None = None,
         rank0: bool = False,
         bg: bool = False,
         quiet: bool = False,
-        **kwargs: Any,
-    ) -> Any:
+        **kwargs: Any,  # likewise
+    ) -> Any:  # a list by rank for a function, a CellResult for source
         """Run a cell's source (or call a function) on every rank (or those named).
 
         A function's return values come back as a list by rank. Source runs in each engine's
         persistent namespace, where ``ctx`` is defined; its output is shown grouped by rank,
         its metrics go to the run store and the live dashboard.
         """
-        self._require_running()
+        self.refresh()
         if callable(source_or_fn):
-            return self._call(source_or_fn, args, kwargs, ranks)
+            return self.engines.call(source_or_fn, args, kwargs, ranks)
+        self.engines.view()  # a one-line error when the cluster is not running
         return self.session.run_cell(source_or_fn, ranks=ranks, rank0=rank0, bg=bg, quiet=quiet)
 
     def run_script(
@@ -428,53 +206,112 @@ class Cluster:
         *,
         bg: bool = False,
         quiet: bool = False,
-    ) -> Any:
+    ) -> CellResult:
         """Run a torchrun-style script unchanged on every rank, as a cell (``bg``, ``quiet``: see ``run``).
 
-        Each rank executes it as ``__main__`` with ``sys.argv`` and torchrun's environment, in its
-        working directory; ``init_process_group`` joins the warm group, ``destroy_process_group``
-        keeps it. The script's top-level names stay in the ranks' namespace, as with ``%run``.
+        The cell is ``%run SCRIPT ARGS``, as a user would type it in ``%%dtrain``: each rank executes
+        the script as ``__main__`` with ``sys.argv`` and torchrun's environment, in its working
+        directory; ``init_process_group`` joins the warm group, ``destroy_process_group`` keeps it.
+        The script's top-level names stay in the ranks' namespace.
         """
-        call = f"run_script({os.fspath(path)!r}, {[str(a) for a in args or []]!r}, namespace=globals())"
-        return self.run(f"__import__('dtwork.runtime.script', fromlist=['_']).{call}", bg=bg, quiet=quiet)
-
-    def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any, ranks: list[int] | None) -> list[Any]:
-        return engines.call_on_ranks(self.view(ranks), fn, args, kwargs)
+        line = shlex.join([os.fspath(path), *(str(a) for a in args or [])])
+        result: CellResult = self.run(f"%run {line}", bg=bg, quiet=quiet)
+        return result
 
     def push(self, namespace: dict[str, Any], ranks: list[int] | None = None) -> None:
         """Send variables into every rank's namespace."""
-        if not isinstance(namespace, dict):
-            raise DtworkError(f"push takes a dict of names to values, got {type(namespace).__name__}")
-        self.view(ranks).push(namespace, block=True)
+        self.refresh()
+        self.engines.push(namespace, ranks)
 
     def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
         """Fetch a variable from every rank: a list by rank."""
-        return engines.pull_by_rank(self.view(ranks), name)
+        self.refresh()
+        return self.engines.pull(name, ranks)
 
     def signal(self, signum: int, ranks: list[int] | None = None) -> None:
         """Send a signal to the ranks' engine processes (through ipyparallel)."""
-        self._require_running().send_signal(signum, targets=self.engine_ids(ranks), block=True)
+        self.refresh()
+        self.engines.signal(signum, ranks)
+
+    # -- facts (the engine group's, read through) ---------------------------------------------
 
     @property
-    def session(self) -> Session:
-        """The trial session: runs, store, live dashboard (made on first use)."""
-        if self._session is None:
-            self._session = Session(self)
-        return self._session
+    def state(self) -> str:
+        return self.engines.state
 
-    # -- display -----------------------------------------------------------------------------
+    @property
+    def cluster_id(self) -> str:
+        return self.engines.cluster_id
+
+    @property
+    def n(self) -> int:
+        return self.engines.n
+
+    @property
+    def world_size(self) -> int:
+        return self.engines.world_size
+
+    @property
+    def backend(self) -> str:
+        return self.engines.backend
+
+    @property
+    def config(self) -> ExperimentConfig:
+        return self.engines.config
+
+    @property
+    def global_batch_size(self) -> int | None:
+        return self.engines.global_batch_size
+
+    @property
+    def rank_info(self) -> list[dict[str, Any]]:
+        return self.engines.rank_info
+
+    @property
+    def ranks(self) -> list[rendezvous.RankPlan]:
+        return self.engines.ranks
+
+    @property
+    def probes(self) -> Mapping[int, dict[str, Any]]:
+        return self.engines.probes
+
+    @property
+    def master_addr(self) -> str | None:
+        return self.engines.master_addr
+
+    @property
+    def master_port(self) -> int | None:
+        return self.engines.master_port
+
+    @property
+    def timeout(self) -> float:
+        return self.engines.timeout
+
+    @property
+    def interface(self) -> str | None:
+        return self.engines.interface
+
+    @property
+    def start_seconds(self) -> float | None:
+        return self.engines.start_seconds
+
+    @property
+    def client(self) -> ipp.Client | None:
+        return self.engines.client
+
+    @property
+    def log_file(self) -> Path | None:
+        return self.engines.log_file
+
+    @property
+    def store_file(self) -> Path:
+        """The run store's file, resolved when the cluster was made."""
+        return self.session.store_file
 
     def status(self) -> dict[str, Any]:
-        return {
-            "cluster_id": self.cluster_id,
-            "state": self.state,
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "master": f"{self.master_addr}:{self.master_port}" if self.master_port else None,
-            "start_seconds": self.start_seconds,
-            "ranks": self.rank_info,
-            "global_batch_size": self.global_batch_size,
-        }
+        return self.engines.status()
+
+    # -- display -----------------------------------------------------------------------------
 
     def __repr__(self) -> str:
         return f"<dtwork.Cluster {self.cluster_id} {self.state} ranks={self.world_size or self.n} backend={self.backend}>"
@@ -485,7 +322,7 @@ class Cluster:
         return cluster_html(self)
 
 
-def start(n: int | None = None, **kwargs: Any) -> Cluster:
+def start(n: int | None = None, **kwargs: Any) -> Cluster:  # Cluster's keywords, and the launcher's
     """Start a cluster of ``n`` ranks (GPUs present: one per GPU with NCCL; else 2 CPU ranks, gloo).
 
     ``launcher="slurm"|"mpi"|"ssh"`` starts engines elsewhere; its options (``partition``, ``time``,

@@ -13,8 +13,6 @@ from dtwork.errors import DtworkError
 if TYPE_CHECKING:
     from dtwork.cluster import Cluster
 
-_clusters: list[Cluster] = []
-
 HELP = """Drive a data-parallel training cluster from the notebook.
 
 Line magic ``%dtrain SUBCOMMAND [options]``:
@@ -145,17 +143,20 @@ def plan_start(argv: list[str]) -> Cluster:
 
 
 def current() -> Cluster:
-    """The notebook's current cluster, or a one-line error saying how to start one."""
-    live = [c for c in _clusters if c.refresh() == "running"]  # a stop from the sidebar is seen here
-    if not live:
-        raise DtworkError("no cluster is running: start one with %dtrain start")
-    return live[-1]
+    """The newest running cluster of this kernel (``dtwork.start()`` ones too), or a one-line error."""
+    from dtwork import cluster
+
+    return cluster.current()
 
 
-def stop_all() -> None:
-    for c in list(_clusters):
-        c.stop()
-    _clusters.clear()
+def _clusters() -> list[Cluster]:
+    from dtwork import cluster
+
+    return cluster.clusters()
+
+
+def _running() -> list[Cluster]:
+    return [c for c in _clusters() if c.refresh() == "running"]
 
 
 @magics_class
@@ -180,25 +181,29 @@ class DtrainMagics(Magics):
     def _sub_start(self, argv: list[str]) -> Any:
         from dtwork.widgets.cluster_view import cluster_widget
 
-        if any(c.refresh() == "running" for c in _clusters):
-            raise DtworkError("a cluster is already running in this kernel: %dtrain stop (or restart) first")
-        cluster = plan_start(argv)
+        cluster = plan_start(argv)  # options are checked first, whatever runs
+        running = _running()
+        if running:
+            raise DtworkError(
+                f"a cluster is already running in this kernel ({running[-1].cluster_id}, "
+                f"{running[-1].world_size} ranks): %dtrain stop (or restart) first"
+            )
         cluster.start()
-        _clusters.append(cluster)
         self._display(cluster_widget(cluster))
         return None
 
     def _sub_status(self, argv: list[str]) -> Any:
         _parser("status").parse_args(argv)
-        if not _clusters:
+        started = _clusters()
+        if not started:
             raise DtworkError("no cluster was started in this kernel: %dtrain start")
-        _clusters[-1].refresh()
-        self._display(_clusters[-1])
+        started[-1].refresh()
+        self._display(started[-1])
         return None
 
     def _sub_stop(self, argv: list[str]) -> Any:
         _parser("stop").parse_args(argv)
-        live = [c for c in _clusters if c.refresh() == "running"]
+        live = _running()
         if not live:
             print("dtwork: no cluster is running")
             return None
@@ -209,9 +214,10 @@ class DtrainMagics(Magics):
 
     def _sub_restart(self, argv: list[str]) -> Any:
         _parser("restart").parse_args(argv)
-        if not _clusters:
+        started = _clusters()
+        if not started:
             raise DtworkError("no cluster to restart: %dtrain start")
-        cluster = _clusters[-1]
+        cluster = started[-1]
         cluster.restart()
         print(f"dtwork: restarted: {cluster.world_size} rank(s), fresh engines and process group")
         return None
@@ -234,7 +240,8 @@ class DtrainMagics(Magics):
         if argv and argv[0] in ("list", "show", "compare", "export"):  # the shell's `dtwork runs ...`
             from dtwork.cli import main as cli_main
 
-            store = current().store_path if any(c.state == "running" for c in _clusters) else None
+            live = _running()
+            store = live[-1].store_file if live else None
             cli_main(["runs", *(["--store", str(store)] if store else []), *argv])
             return None
         p = _parser("runs")
@@ -243,7 +250,8 @@ class DtrainMagics(Magics):
         from dtwork.cli import format_runs_table
         from dtwork.store import RunStore, default_store_path
 
-        path = ns.store or (current().store_path if any(c.state == "running" for c in _clusters) else None)
+        live = _running()
+        path = ns.store or (live[-1].store_file if live else None)
         path = path or default_store_path()
         from pathlib import Path
 
@@ -292,8 +300,8 @@ class DtrainMagics(Magics):
                 )
         from dtwork.report import export, secret_environ
 
-        live = [c for c in _clusters if c.refresh() == "running"] if ns.store is None else []
-        store = ns.store or (live[-1].store_path if live else None)
+        live = _running() if ns.store is None else []
+        store = ns.store or (live[-1].store_file if live else None)
         run = ns.run or (live[-1].session.run_id if live else None)  # the current run, else the latest
         env = secret_environ()  # the kernel's: its secrets are scrubbed wherever they appear
         report = export(run, ns.path, store=store, html=ns.html, verify=ns.verify, environ=env)
@@ -379,7 +387,7 @@ class DtrainMagics(Magics):
             print("dtwork: training in the background; %dtrain wait (or attach) brings it back")
         return None
 
-    def _display(self, obj: Any) -> None:
+    def _display(self, obj: Any) -> None:  # anything IPython can display
         from IPython.display import display
 
         display(obj)

@@ -6,6 +6,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,16 +33,32 @@ def cluster(state_dir: Path) -> Iterator[object]:
     c.stop()
 
 
-@pytest.fixture(autouse=True)
-def _healthy_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After a test that broke the shared cluster (a killed rank...), restart it for the next one."""
-    yield
-    if "cluster" not in request.fixturenames:
-        return
-    c = request.getfixturevalue("cluster")
+def _mend(c: Any) -> None:
     engines = set(c.client.ids) if c.client is not None else set()
     if c.state != "running" or not {r["engine_id"] for r in c.rank_info} <= engines:
         c.restart(force=True)
+
+
+@pytest.fixture(autouse=True)
+def _healthy_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Hand a test that uses the shared cluster a running one (a test before it may have stopped it
+    to start its own), and mend it after a test that broke it (a killed rank...)."""
+    uses = "cluster" in request.fixturenames
+    if uses:
+        _mend(request.getfixturevalue("cluster"))
+    yield
+    if uses:
+        _mend(request.getfixturevalue("cluster"))
+
+
+@pytest.fixture()
+def no_cluster() -> Iterator[None]:
+    """No running cluster in this process: for a test that starts its own with %dtrain start, which
+    refuses to start a second (the shared one restarts before the next test that uses it)."""
+    from dtwork import cluster as clusters
+
+    clusters.stop_all()
+    yield
 
 
 @pytest.fixture()

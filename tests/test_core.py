@@ -121,7 +121,7 @@ def test_global_batch_remainder_is_dropped_with_a_warning(cluster) -> None:
     cluster.configure(None)
 
 
-def test_magics_on_a_real_shell(capsys) -> None:
+def test_magics_on_a_real_shell(capsys, no_cluster: None) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()
@@ -299,9 +299,9 @@ def test_engines_that_do_not_answer_the_first_request_in_time_are_asked_again(mo
     starting at once on 2 cores) no longer hangs the start: here the first wait is too short for any
     answer, so the start goes on only through the second request."""
     import dtwork
-    from dtwork import engines
+    from dtwork.kernel import calls
 
-    monkeypatch.setattr(engines, "PROBE_TIMEOUTS", (1e-4, 60.0))
+    monkeypatch.setattr(calls, "PROBE_TIMEOUTS", (1e-4, 60.0))
     with caplog.at_level("WARNING", logger="dtwork"), dtwork.start(n=2, backend="gloo") as c:
         c.run("import torch, torch.distributed as dist; t = torch.ones(1); dist.all_reduce(t)", quiet=True)
         assert [t.item() for t in c.pull("t")] == [2.0, 2.0]
@@ -335,3 +335,34 @@ def test_stale_cluster_of_a_dead_kernel_is_cleaned_at_next_start(tmp_path) -> No
     assert "dtwork-stale-test" in registry.clean_stale()
     assert sleeper.wait(timeout=10) is not None
     assert not registry.entry_path("dtwork-stale-test").exists()
+
+
+def test_a_cluster_started_from_python_is_the_one_cells_run_on(cluster, capsys) -> None:
+    """dtwork.start() and %dtrain share one list of clusters: %%dtrain runs on the Python-started one,
+    and %dtrain start refuses a second beside it, after checking its options."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from dtwork import cluster as clusters
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "dtwork")
+    assert clusters.current() is cluster
+    cluster.push({"marker": 7})
+    ip.run_cell_magic("dtrain", "--quiet", "seen = marker + ctx.rank")
+    assert cluster.pull("seen") == [7, 8]
+    with pytest.raises(DtworkError, match=r"already running in this kernel \(" + cluster.cluster_id):
+        ip.run_line_magic("dtrain", "start -n 2 --backend gloo")
+    with pytest.raises(DtworkError, match="unrecognized arguments: --frobnicate"):
+        ip.run_line_magic("dtrain", "start --frobnicate")
+    assert [c for c in clusters.clusters() if c.state == "running"] == [cluster]
+
+
+def test_a_run_records_the_notebook_it_was_trained_from(cluster, tmp_path) -> None:
+    from dtwork.kernel.session import Session
+    from dtwork.store import RunStore
+
+    session = Session(cluster.engines, tmp_path / "runs.sqlite", notebook="analysis/resnet.ipynb")
+    run = session.ensure_run()
+    session.close()
+    with RunStore(tmp_path / "runs.sqlite", readonly=True) as store:
+        assert store.get_run(run)["notebook"] == "analysis/resnet.ipynb"

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 import pytest
 
 from dtwork import plots
-from dtwork.collector import CellResult
+from dtwork.kernel.watcher import CellResult
 from dtwork.records import to_rows
 from dtwork.widgets.dashboard import BAR_COLOURS, Dashboard, format_duration
 
@@ -30,12 +30,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def fake_session(name: str = "mnist", global_batch: int | None = 64) -> Any:
-    return SimpleNamespace(
-        cluster=SimpleNamespace(config=SimpleNamespace(name=name), global_batch_size=global_batch)
-    )
 
 
 def log(step: int, **values: float) -> dict[str, Any]:
@@ -59,7 +53,7 @@ def no_data(fig: go.Figure) -> bool:
 
 @pytest.fixture
 def dash() -> Iterator[Dashboard]:
-    d = Dashboard.for_cell(fake_session(), 7, [0, 1], display=False)
+    d = Dashboard.for_cell(7, [0, 1], title="mnist", global_batch=64, display=False)
     yield d
     d.close()
 
@@ -362,10 +356,10 @@ def test_finish_draws_what_is_pending() -> None:
     dash.close()
 
 
-def test_for_cell_displays_and_takes_only_a_title_from_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_for_cell_displays_with_its_title(monkeypatch: pytest.MonkeyPatch) -> None:
     shown: list[Any] = []
     monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
-    dash = Dashboard.for_cell(fake_session("cifar"), 12, [0, 1, 2, 3])
+    dash = Dashboard.for_cell(12, [0, 1, 2, 3], title="cifar", global_batch=64)
     assert shown == [dash]
     assert isinstance(dash, widgets.VBox)
     assert (
@@ -373,7 +367,7 @@ def test_for_cell_displays_and_takes_only_a_title_from_the_session(monkeypatch: 
     )
     assert sorted(dash._rank_bars.bars) == [0, 1, 2, 3]
     dash.close()
-    bare = Dashboard.for_cell(object(), 1, [0], display=False)
+    bare = Dashboard.for_cell(1, [0], display=False)
     assert bare.title == "dtwork" and bare.global_batch is None
     bare.close()
 
@@ -518,7 +512,7 @@ c = Cluster(n=2, backend="gloo")
 c.session.live = True  # as in a notebook (a script shows no live view)
 try:
     c.start()
-    out = {"spare": c._spare_core(), "started": widgets._warming is not None,
+    out = {"spare": c.engines.spare_core(), "started": widgets._warming is not None,
            "loaded_at_start": widgets.dashboard_ready(0), "plotly_at_start": "plotly.basewidget" in sys.modules}
     c.session.run_cell("x = 1", ranks=None, rank0=False, bg=False, quiet=False)
     out["loaded_after_cell"] = widgets.dashboard_ready(0)
@@ -618,7 +612,7 @@ def test_a_redraw_leaves_the_figure_as_plotlys_own_restyle_would(dash: Dashboard
     figure ends exactly as one redrawn through ``plotly_restyle`` (same traces, values and figure
     JSON), and a trace that comes later is still added after the ones on screen."""
     panel = dash.panels["metrics"]
-    other = Dashboard.for_cell(fake_session(), 7, [0, 1], display=False)
+    other = Dashboard.for_cell(7, [0, 1], title="mnist", global_batch=64, display=False)
     slow = other._rows.figure
     slow.restyle_xy = lambda xs, ys, index: slow.plotly_restyle({"x": list(xs), "y": list(ys)}, list(index))
     try:

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-import dtwork.magics as magics
+import dtwork.cluster as clusters
 from dtwork.errors import DtworkError
 from dtwork.magics import _cell_parser, _int_list, _split, plan_start
 
@@ -195,7 +195,7 @@ def shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     store = tmp_path_factory.mktemp("fuzz-store") / "runs.sqlite"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DTWORK_STORE", str(store))
-        mp.setattr(magics, "_clusters", [])  # clusters other tests started through the magic
+        clusters.stop_all()  # the shared cluster too: it restarts for the next test that uses it
         ip = InteractiveShell.instance()
         ip.run_line_magic("load_ext", "dtwork")
         yield ip
@@ -305,7 +305,7 @@ def report_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, 
     cwd = tmp_path_factory.mktemp("fuzz-report-cwd")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DTWORK_STORE", str(store))
-        mp.setattr(magics, "_clusters", [])
+        clusters.stop_all()
         mp.chdir(cwd)
         ip = InteractiveShell.instance()
         ip.run_line_magic("load_ext", "dtwork")

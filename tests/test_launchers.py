@@ -63,7 +63,7 @@ _env = {k: os.environ.get(k) for k in
 
 
 @pytest.fixture()
-def shell() -> Iterator[object]:
+def shell(no_cluster: None) -> Iterator[object]:
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()

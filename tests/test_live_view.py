@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from dtwork import plots
+from dtwork.kernel.watcher import CellResult
 from dtwork.records import to_rows
-from dtwork.session import CellResult
 from dtwork.widgets.dashboard import Dashboard
 
 
@@ -156,9 +156,8 @@ def test_a_finished_cell_leaves_plotly_json_in_its_output_and_closes_its_widgets
     from IPython.utils.capture import capture_output
 
     InteractiveShell.instance()
-    session = type("S", (), {"cluster": None})()
     with capture_output() as captured:
-        dash = Dashboard.for_cell(session, 3, [0, 1])
+        dash = Dashboard.for_cell(3, [0, 1])
         dash.feed([log(s, loss=1.0 / (s + 1)) for s in range(10)])
         dash.feed(spiky_gns())
         dash.finish(CellResult(seq=1, ranks=[0, 1], status="ok", seconds=2.0))

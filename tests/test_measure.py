@@ -106,7 +106,6 @@ def test_magic_parses_and_calls_the_library(bench, monkeypatch):
     from dtwork import magics
 
     calls = {}
-    monkeypatch.setattr(magics, "_clusters", [bench])
     monkeypatch.setattr(measure, "scaling", lambda c, expr, **kw: calls.setdefault("scaling", (expr, kw)))
     monkeypatch.setattr(measure, "gns_advice", lambda c, **kw: calls.setdefault("gns", kw))
     m = magics.DtrainMagics(shell=None)

@@ -25,11 +25,8 @@ def ip(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """An IPython shell whose %dtrain drives the shared cluster."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from dtwork import magics
-
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "dtwork")
-    monkeypatch.setattr(magics, "_clusters", [cluster])
     yield shell
 
 

@@ -315,13 +315,6 @@ def set_cell_ranks(ranks: list[int]) -> None:
     control.set_next_cell_ranks(ranks)
 
 
-def run_script(path: str, args: list[str]) -> None:
-    """Run a torchrun-style script as ``__main__`` in this rank's cell namespace (``%dtrain run``)."""
-    from dtwork.runtime import script
-
-    script.run_script(path, args, namespace=_user_namespace())
-
-
 def _user_namespace() -> dict[str, Any]:
     """The engine's interactive namespace, where cells run."""
     from IPython import get_ipython

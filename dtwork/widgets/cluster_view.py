@@ -3,12 +3,42 @@
 from __future__ import annotations
 
 import html
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import ipywidgets as w
+
+
+class ClusterFacts(Protocol):
+    """What the view shows of a cluster (``dtwork.cluster.Cluster`` provides it)."""
+
+    @property
+    def cluster_id(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def start_seconds(self) -> float | None: ...
+    @property
+    def global_batch_size(self) -> int | None: ...
+    @property
+    def rank_info(self) -> list[dict[str, Any]]: ...
+
+
+class Watched(ClusterFacts, Protocol):
+    def on_change(self, fn: Callable[[Any], None]) -> None: ...
+
 
 _STATE_COLOURS = {"running": "#2e7d32", "starting": "#f9a825", "stopped": "#757575", "failed": "#c62828"}
 
 
-def cluster_html(cluster: Any) -> str:
+def cluster_html(cluster: ClusterFacts) -> str:
     """Render a cluster as a small HTML table (also the body of the live widget)."""
     colour = _STATE_COLOURS.get(cluster.state, "#757575")
     head = (
@@ -45,13 +75,13 @@ def cluster_html(cluster: Any) -> str:
     return f"<div class='dtwork-cluster'>{head}{table}</div>"
 
 
-def cluster_widget(cluster: Any) -> Any:
+def cluster_widget(cluster: Watched) -> w.HTML:
     """An ipywidgets HTML view that follows the cluster's state."""
     import ipywidgets as w
 
     view = w.HTML(cluster_html(cluster))
 
-    def refresh(c: Any) -> None:
+    def refresh(c: ClusterFacts) -> None:
         view.value = cluster_html(c)
 
     cluster.on_change(refresh)

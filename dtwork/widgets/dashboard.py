@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -73,17 +73,15 @@ def idle_priority() -> bool:
     return True
 
 
-def _session_info(session: Any) -> tuple[str, int | None]:
-    """Return (title, global batch) from a collector session; the only things taken from it."""
-    cluster = getattr(session, "cluster", None)
-    name = getattr(getattr(cluster, "config", None), "name", None)
-    batch = getattr(cluster, "global_batch_size", None)
-    return (str(name) if name else "dtwork"), (batch if isinstance(batch, int) else None)
-
-
 def _as_lists(trace: plots.Trace) -> plots.Trace:
     """The trace with plain lists: plotly JSON that any reader of a notebook takes as it is."""
     return trace._replace(x=list(trace.x.tolist()), y=list(trace.y.tolist()))
+
+
+class Finished(Protocol):
+    """How a cell ended, as the dashboard reads it (``kernel.watcher.CellResult`` is one)."""
+
+    status: str
 
 
 class Dashboard(widgets.VBox):
@@ -152,11 +150,18 @@ class Dashboard(widgets.VBox):
     # -- construction ------------------------------------------------------------------------
 
     @classmethod
-    def for_cell(cls, session: Any, run_id: int, ranks: list[int], display: bool = True) -> Dashboard:
-        """Create the dashboard of a new cell (title and global batch from the session), display it
-        and start its drawer."""
-        title, global_batch = _session_info(session)
-        dash = cls(run_id, ranks, title=title, global_batch=global_batch)
+    def for_cell(
+        cls,
+        run_id: int,
+        ranks: list[int],
+        *,
+        title: str | None = None,
+        global_batch: int | None = None,
+        display: bool = True,
+    ) -> Dashboard:
+        """Create the dashboard of a new cell (titled by the experiment's name), display it and
+        start its drawer."""
+        dash = cls(run_id, ranks, title=title or "dtwork", global_batch=global_batch)
         if display:
             from IPython.display import display as show
 
@@ -203,10 +208,10 @@ class Dashboard(widgets.VBox):
             self._add_queued()
             self._draw()
 
-    def finish(self, result: Any) -> None:
+    def finish(self, result: Finished) -> None:
         """Stop the drawer, draw everything once more and say in the header how the cell ended
         (``result.status``)."""
-        status = str(getattr(result, "status", "ok"))
+        status = str(result.status)
         self._stop()
         with self._lock:
             self.status = STATUS_WORDS.get(status, status)

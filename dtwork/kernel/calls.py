@@ -1,33 +1,26 @@
-"""The cluster's calls to its engines: functions shipped to the ranks, results by rank, rank health.
+"""The engine group's calls to its engines: joining the process group, results by rank, logs.
 
-``Cluster`` uses this module; nothing here starts or stops engines. Functions that run on the
-engines are module-level so that ipyparallel pickles them by reference (the engines import
-``dtwork.runtime`` for the work itself).
+Nothing here starts or stops engines (``engines.EngineGroup`` does). What runs on the engines
+is ``dtwork.runtime.entry``, shipped by reference.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import platform
-import signal
-import socket
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
-import psutil
 
 from dtwork import registry
 from dtwork.errors import DtworkError, DtworkWarning, RankFailure
 from dtwork.runtime import entry
 
 if TYPE_CHECKING:
-    from dtwork.cluster import Cluster
     from dtwork.rendezvous import RankPlan
 
 # seconds for the engines to answer the first request, then for a second one (see probe_engines)
@@ -211,7 +204,9 @@ def first_error(exc: Exception) -> tuple[str, str]:
     return str(getattr(exc, "ename", type(exc).__name__)), str(getattr(exc, "evalue", exc))
 
 
-def call_on_ranks(view: ipp.DirectView, fn: Callable[..., Any], args: Any, kwargs: Any) -> list[Any]:
+def call_on_ranks(
+    view: ipp.DirectView, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[Any]:
     """Call ``fn(*args, **kwargs)`` on every engine of ``view``; the results by rank (raise on failure)."""
     ar = view.apply_async(entry.call, fn, *args, **kwargs)
     try:
@@ -235,98 +230,3 @@ def pull_by_rank(view: ipp.DirectView, name: str) -> list[Any]:
                 f"no variable {name!r} on every rank: define it in a %%dtrain cell first"
             ) from None
         raise DtworkError(f"could not fetch {name!r} from the ranks: {ename}: {evalue}") from None
-
-
-# -- rank health -----------------------------------------------------------------------------------
-
-
-class RankHealth:
-    """Which ranks' engines are gone, and why: by PID on this host, by lost heartbeat elsewhere."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self._procs: dict[int, psutil.Process] = {}  # engine PID -> its process, identity checked once
-
-    def reset(self) -> None:
-        """Forget the engines' processes (after a restart: fresh engines)."""
-        self._procs.clear()
-
-    def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
-        """The ranks among ``ranks`` whose engine is gone, with why."""
-        host = socket.gethostname()
-        out = {}
-        client = self.cluster.client
-        try:
-            registered = set(client.ids) if client is not None else None
-        except Exception:
-            registered = None
-        for rank in ranks:
-            info = self.cluster.rank_info[rank]
-            if info.get("hostname") != host:
-                if registered is not None and info["engine_id"] not in registered:
-                    out[rank] = (
-                        f"engine {info['engine_id']} on {info.get('hostname')} lost "
-                        "(no heartbeat: host or network down)"
-                    )
-                continue
-            if not self._alive(info):
-                out[rank] = (
-                    f"engine process {info['pid']} on {info.get('hostname')} died{self._exit_reason(info)}"
-                )
-        return out
-
-    def _alive(self, info: dict[str, Any]) -> bool:
-        pid = info["pid"]
-        try:
-            known = self._procs.get(pid)
-            if known is None:  # once per engine: is this PID still the engine that was probed?
-                probe = self.cluster.probes.get(info["engine_id"], {})
-                proc = psutil.Process(pid)
-                if probe and abs(proc.create_time() - probe["create_time"]) > 0.01:
-                    raise psutil.NoSuchProcess(pid)
-                known = self._procs[pid] = proc
-            # Later checks only read its state: a dead engine is a zombie until its launcher reaps
-            # it, and a reaped PID is not handed out again before the system's PIDs wrap around.
-            if known.status() == psutil.STATUS_ZOMBIE:
-                raise psutil.NoSuchProcess(pid)
-        except psutil.NoSuchProcess:
-            self._procs.pop(pid, None)
-            return False
-        return True
-
-    def _exit_reason(self, info: dict[str, Any]) -> str:
-        code = self.cluster.engine_exit_code(info["pid"])
-        if code is None:
-            return ""
-        if code < 0:
-            try:
-                return f" (signal {signal.Signals(-code).name})"
-            except ValueError:
-                return f" (signal {-code})"
-        return f" (exit code {code})"
-
-
-def environment(cluster: Cluster) -> dict[str, Any]:
-    """Versions, hosts, devices and seeds of a cluster's run (no secrets)."""
-    from dtwork.telemetry import gpu_inventory
-
-    def version(pkg: str) -> str | None:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "dtwork": version("dtwork"),
-        "torch": version("torch"),
-        "ipyparallel": version("ipyparallel"),
-        "numpy": version("numpy"),
-        "backend": cluster.backend,
-        "world_size": cluster.world_size,
-        "hosts": sorted({r.get("hostname") for r in cluster.rank_info}),
-        "ranks": cluster.rank_info,
-        "gpus": [g.to_dict() for g in gpu_inventory()],
-        "seed": cluster.config.seed,
-    }

@@ -1,43 +1,49 @@
 """The trial session of a cluster: its run in the store, the cells it runs, background cells, replay.
 
-One direction: a cell's records reach the session through its ``CellWatcher``; the session
-writes them to the store first, then hands them to the live dashboard. After a rank dies the
-session restarts the engines and, with restarts left, replays the run from its last checkpoint.
+It calls the engine group below it and serves the cell watcher through ``CellHost``. One
+direction: a cell's records reach the session through its ``CellWatcher``; the session writes
+them to the store first, then hands them to the live dashboard. After a rank dies the session
+restarts the engines and, with restarts left, replays the run from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from dtwork import engines
+from dtwork import batch
 from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
-from dtwork.collector import POLL_SECONDS, CellResult, CellWatcher, error_line, in_notebook
+from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
+from dtwork.kernel.engines import EngineGroup
+from dtwork.kernel.watcher import POLL_SECONDS, CellResult, CellWatcher, error_line, in_notebook
 from dtwork.perf_rate import PerfThinner
 from dtwork.runtime import entry
+from dtwork.store import RunStore
 from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
 
-REPAIR_SECONDS = 60.0  # for every rank to join a new process group after a failed cell
-
 if TYPE_CHECKING:
-    from dtwork.cluster import Cluster
-    from dtwork.store import RunStore
+    from dtwork.widgets.dashboard import Dashboard
 
+REPAIR_SECONDS = 60.0  # for every rank to join a new process group after a failed cell
 STALL_SECONDS = 60.0  # default hang watchdog
 
 
 class Session:
     """The trial session of a cluster: the current run, its store, its dashboard."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    def __init__(self, engines: EngineGroup, store_file: Path, notebook: str | None = None) -> None:
+        self.engines = engines
+        self.store_file = store_file
+        self.notebook = notebook  # recorded with each run
         self.run_id: int | None = None
         self.stall_seconds: float = STALL_SECONDS
         # Feed the live dashboard of cells that show output (on in a notebook; a script or a
@@ -46,43 +52,44 @@ class Session:
         self.live: bool = in_notebook()
         self._store: RunStore | None = None
         # Every write during a cell goes through the writer: what the store refuses waits.
-        self.writer = StoreWriter(lambda: self.store, cluster.store_file)
+        self.writer = StoreWriter(lambda: self.store, store_file)
         self.background: CellWatcher | None = None
         self._bg_thread: threading.Thread | None = None
-        self.dashboard: Any = None  # the current cell's live view (dtwork.widgets), if any
+        self.dashboard: Dashboard | None = None  # the current cell's live view, if any
         self.last: CellResult | None = None
         self.restarts_used = 0
         self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
-        self.health = engines.RankHealth(cluster)  # which ranks' engines are gone, and why
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
-        self.perf_rate = PerfThinner(cluster.world_size)  # the current cell's perf records to store
+        self.perf_rate = PerfThinner(max(1, engines.world_size))  # the current cell's perf records to store
+
+    @property
+    def config(self) -> ExperimentConfig:
+        """The experiment config the ranks hold (the engine group keeps it with their batch)."""
+        return self.engines.config
 
     # -- store -----------------------------------------------------------------------------
 
     @property
     def store(self) -> RunStore:
         if self._store is None:
-            from dtwork.store import RunStore
-
-            self._store = RunStore(self.cluster.store_file)
+            self._store = RunStore(self.store_file)
         return self._store
 
     def ensure_run(self) -> int:
         if self.run_id is None:
-            c = self.cluster
-            per_slot = (c.global_batch_size // c.world_size) if c.global_batch_size else None
+            e = self.engines
             self.run_id = self.store.create_run(
-                name=c.config.name,
-                world_size=c.world_size,
-                backend=c.backend,
-                cluster_id=c.cluster_id,
-                notebook=None,
-                config_yaml=c.config.to_yaml(),
-                global_batch_size=per_slot * c.world_size if per_slot else None,
-                per_slot_batch_size=per_slot,
+                name=e.config.name,
+                world_size=e.world_size,
+                backend=e.backend,
+                cluster_id=e.cluster_id,
+                notebook=self.notebook,
+                config_yaml=e.config.to_yaml(),
+                global_batch_size=batch.effective(e.global_batch_size, e.world_size),
+                per_slot_batch_size=batch.per_slot(e.global_batch_size, e.world_size),
             )
-            self.store.set_environment(self.run_id, engines.environment(c))
-            self.store.add_event(self.run_id, "start", f"run started on {c.world_size} rank(s), {c.backend}")
+            self.store.set_environment(self.run_id, e.environment())
+            self.store.add_event(self.run_id, "start", f"run started on {e.world_size} rank(s), {e.backend}")
         return self.run_id
 
     def new_run(self) -> None:
@@ -104,10 +111,10 @@ class Session:
             self.writer.records(self.run_id, seq, self.perf_rate(records))
             self._estimate(records, seq, time.monotonic())
         self.writer.flush()
-        if self.run_id is not None and self.cluster.config.tensorboard:  # live scalars, after the store
+        if self.run_id is not None and self.config.tensorboard:  # live scalars, after the store
             from dtwork.export.tensorboard import live_tensorboard
 
-            live_tensorboard(self.cluster.config.tensorboard, self.run_id, self.cluster.config.name, records)
+            live_tensorboard(self.config.tensorboard, self.run_id, self.config.name, records)
 
     def _estimate(self, records: list[dict[str, Any]], seq: int | None, now: float) -> None:
         """Write the cell's scaling-efficiency estimate when due: an aggregated row of its own, for
@@ -127,25 +134,42 @@ class Session:
             self.writer.event(self.run_id, kind, message, data)
             self.writer.flush()
 
-    # -- health ----------------------------------------------------------------------------
+    # -- what the cell watcher asks of its host (watcher.CellHost) --------------------------
+
+    @property
+    def engine_log(self) -> Path | None:
+        return self.engines.log_file
+
+    def in_background(self, watcher: CellWatcher) -> bool:
+        return self.background is watcher
 
     def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
         """Ranks whose engine is gone, with why (by PID on this host, by heartbeat elsewhere)."""
-        return self.health.dead_ranks(ranks)
+        return self.engines.dead_ranks(ranks)
+
+    def interrupt_ranks(self, ranks: list[int]) -> None:
+        self.engines.signal(signal.SIGUSR1, ranks)
+
+    def show_progress(self, progress: dict[int, dict[str, Any]]) -> None:
+        if self.dashboard is not None:
+            self.dashboard.progress(progress)
 
     def restart_after_failure(self, why: str) -> None:
-        self.event("restart", f"engines restarted: {why}")
-        self.cluster.restart(force=True)
+        self.restart(why, force=True)
 
-    def on_restart(self) -> None:
-        """Called by the cluster after a restart (fresh engines)."""
+    # -- the engines -----------------------------------------------------------------------
+
+    def restart(self, why: str | None = None, force: bool = False) -> None:
+        """Fresh engines and process group; the run goes on (its event says why, when given)."""
+        if why:
+            self.event("restart", f"engines restarted: {why}")
         self._ranks_run = None
-        self.health.reset()
+        self.engines.restart(force=force)
 
     def _tell_ranks(self, run_id: int) -> None:
         """Set ``ctx.run_id`` on the ranks (it names the run's checkpoint folder) when it changed."""
         if self._ranks_run != run_id:
-            self.cluster.run(entry.set_run_id, run_id, str(self.cluster.store_file))
+            self.engines.call(entry.set_run_id, (run_id, str(self.store_file)), {})
             self._ranks_run = run_id
 
     # -- running cells ---------------------------------------------------------------------
@@ -164,16 +188,16 @@ class Session:
         except STORE_ERRORS as exc:
             raise DtworkError(f"the cell did not start: {store_problem(exc, self.writer.path)}") from None
         self._tell_ranks(run_id)
-        rank_list = list(range(self.cluster.world_size)) if ranks is None else list(ranks)
+        rank_list = list(range(self.engines.world_size)) if ranks is None else list(ranks)
         if not quiet:
             from dtwork.widgets import dashboard_ready
 
             # The live view's modules, if they are still loading (Cluster.start began it), load
             # before the ranks start: ~1.5 s of kernel CPU would otherwise compete with the cell.
             dashboard_ready()
-        if len(rank_list) < self.cluster.world_size:  # so that ctx refuses collectives at once
-            self.cluster.view(rank_list).apply_async(entry.set_cell_ranks, rank_list)
-        ar = self.cluster.view(rank_list).execute(source, silent=False, block=False)
+        if len(rank_list) < self.engines.world_size:  # so that ctx refuses collectives at once
+            self.engines.view(rank_list).apply_async(entry.set_cell_ranks, rank_list)
+        ar = self.engines.view(rank_list).execute(source, silent=False, block=False)
         on_records = self._dashboard_feed(run_id, rank_list, quiet)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))
@@ -236,7 +260,7 @@ class Session:
         """The failing rank aborted the process group (so no rank waits for it): every rank joins
         a new one, keeping engines and namespaces; a restart only if that fails."""
         try:  # bounded: a rank that cannot rejoin must not hold the notebook
-            self.cluster.view().apply_async(entry.repair_group).get(timeout=REPAIR_SECONDS)
+            self.engines.view().apply_async(entry.repair_group).get(timeout=REPAIR_SECONDS)
         except Exception as exc:
             print(
                 f"dtwork: the process group could not be rebuilt ({exc}): restarting the engines",
@@ -247,11 +271,11 @@ class Session:
     def _settle(self, ranks: list[int], tries: int = 40) -> None:
         """Wait until ranks that raised stop aborting requests (ipykernel aborts what arrives
         right after an error), so the next cell is not refused with TaskAborted."""
-        if not ranks or self.cluster.state != "running":
+        if not ranks or self.engines.state != "running":
             return
         for _ in range(tries):
             try:
-                self.cluster.view(ranks).execute("", silent=True, block=False).get(timeout=5)
+                self.engines.view(ranks).execute("", silent=True, block=False).get(timeout=5)
                 return
             except ipp.error.TaskAborted:
                 time.sleep(0.05)
@@ -270,7 +294,7 @@ class Session:
         )
         self.restart_after_failure(f"{dead} died")
         watcher.restarted = True
-        limit = self.cluster.config.max_restarts
+        limit = self.config.max_restarts
         if self.restarts_used >= limit or self.run_id is None:
             return None
         self.restarts_used += 1
@@ -282,14 +306,14 @@ class Session:
             f"dtwork: restart {self.restarts_used} of {limit}: replaying the run from its last checkpoint",
             file=sys.stderr,
         )
-        self.cluster.run(entry.set_auto_resume, True)
+        self.engines.call(entry.set_auto_resume, (True,), {})
         self._tell_ranks(self.run_id)
         try:
             result = None
             for cell in self.store.cells(self.run_id):
-                ar = self.cluster.view().execute(cell["source"], silent=False, block=False)
+                ar = self.engines.view().execute(cell["source"], silent=False, block=False)
                 replay = CellWatcher(
-                    self, ar, list(range(self.cluster.world_size)), seq=cell["seq"], rank0=False, quiet=True
+                    self, ar, list(range(self.engines.world_size)), seq=cell["seq"], rank0=False, quiet=True
                 )
                 result = replay.wait()
                 if result.errors:
@@ -297,15 +321,14 @@ class Session:
                 self.writer.finish_cell(self.run_id, cell["seq"], "ok")
             return result
         finally:
-            if self.cluster.state == "running":
-                self.cluster.run(entry.set_auto_resume, False)
+            if self.engines.state == "running":
+                self.engines.call(entry.set_auto_resume, (False,), {})
 
     def _live_efficiency(self, run_id: int, n: int) -> LiveEfficiency | None:
         """The cell's efficiency estimate, measured against a sweep's 1-rank throughput where known."""
         if n < 2:
             return None
-        c = self.cluster
-        per_slot = c.global_batch_size // c.world_size if c.global_batch_size else None
+        per_slot = batch.per_slot(self.engines.global_batch_size, self.engines.world_size)
         try:
             sweeps = [r["data"] for r in self.store.results(run_id, "scaling")]
         except STORE_ERRORS:
@@ -326,7 +349,9 @@ class Session:
         def feed(records: list[dict[str, Any]]) -> None:
             # Made at the first records: a cell that logs nothing shows no empty dashboard.
             if self.dashboard is None:
-                self.dashboard = Dashboard.for_cell(self, run_id, ranks)
+                self.dashboard = Dashboard.for_cell(
+                    run_id, ranks, title=self.config.name, global_batch=self.engines.global_batch_size
+                )
                 if self.efficiency is not None and self.efficiency.last is not None:
                     self.dashboard.feed([self.efficiency.last])
             self.dashboard.feed(records)

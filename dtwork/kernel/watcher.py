@@ -1,9 +1,9 @@
 """The cell watcher: follows one cell on the ranks until it ends.
 
-It streams output by rank, takes the records the ranks publish (datapub) and hands them to the
-session (which writes them to the store first, then to the dashboard), relays interrupts (first:
-a consistent stop at the same step on every rank; second: abort and restart) and notices dead
-or stalled ranks.
+It streams output by rank, takes the records the ranks publish (datapub) and hands them to its
+host (the session, which writes them to the store first, then to the dashboard), relays
+interrupts (first: a consistent stop at the same step on every rank; second: abort and restart)
+and notices dead or stalled ranks. It talks to the host only through ``CellHost``.
 """
 
 from __future__ import annotations
@@ -14,17 +14,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import ipyparallel as ipp
 
 from dtwork.errors import RankFailure
 from dtwork.records import Kind
-
-if TYPE_CHECKING:
-    from dtwork.session import Session
 
 POLL_SECONDS = 0.1
 PROGRESS_SECONDS = 5.0  # how often a cell outside a notebook prints a line of progress
@@ -40,7 +38,7 @@ class CellResult:
     ranks: list[int]
     status: str = "running"
     results: list[Any] = field(default_factory=list)
-    errors: dict[int, Any] = field(default_factory=dict)
+    errors: dict[int, BaseException] = field(default_factory=dict)
     seconds: float = 0.0
     message: str = ""
     records: int = 0
@@ -48,6 +46,45 @@ class CellResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+class CellHost(Protocol):
+    """What a watcher needs of whoever runs the cell (``session.Session`` implements it)."""
+
+    @property
+    def live(self) -> bool:
+        """Whether the live view is fed now (read at every poll: it can be paused mid-cell)."""
+        ...
+
+    @property
+    def stall_seconds(self) -> float:
+        """Seconds without progress before a stall is named (0: never)."""
+        ...
+
+    @property
+    def engine_log(self) -> Path | None:
+        """The engines' log file, named when a rank dies."""
+        ...
+
+    def in_background(self, watcher: CellWatcher) -> bool: ...
+
+    def persist(self, records: list[dict[str, Any]], seq: int | None) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None: ...
+
+    def dead_ranks(self, ranks: list[int]) -> dict[int, str]: ...
+
+    def interrupt_ranks(self, ranks: list[int]) -> None:
+        """Ask the ranks for a consistent stop (SIGUSR1 to their engines)."""
+        ...
+
+    def restart_after_failure(self, why: str) -> None: ...
+
+    def show_progress(self, progress: dict[int, dict[str, Any]]) -> None:
+        """Hand the ranks' progress to the live view, if one is showing."""
+        ...
 
 
 def stopped_first(progress: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -61,19 +98,19 @@ def stopped_first(progress: dict[int, dict[str, Any]]) -> dict[int, dict[str, An
     return {r: going[r] for r, s in steps.items() if s == low}
 
 
-def error_line(err: Any) -> str:
+def error_line(err: BaseException) -> str:
     if isinstance(err, ipp.error.RemoteError):
         return f"{err.ename}: {err.evalue}"
     return f"{type(err).__name__}: {err}"
 
 
-def _left_after_peer(err: Any) -> bool:
+def _left_after_peer(err: BaseException) -> bool:
     """Whether a rank raised only because another rank failed (its group was aborted)."""
     line = error_line(err)
     return line.startswith("PeerFailure") or "closed by peer" in line or "reset by peer" in line
 
 
-def _traceback(err: Any) -> str:
+def _traceback(err: BaseException) -> str:
     """The rank's traceback, without ipyparallel's ``[n:execute]`` line; colour only in a notebook."""
     if not isinstance(err, ipp.error.RemoteError):
         return error_line(err)
@@ -91,7 +128,7 @@ def in_notebook() -> bool:
 
 
 @contextlib.contextmanager
-def _interrupts_as_flags() -> Any:
+def _interrupts_as_flags() -> Iterator[list[int]]:
     """Within the block, SIGINT appends to the yielded list instead of raising (main thread only)."""
     pending: list[int] = []
     if threading.current_thread() is not threading.main_thread():
@@ -109,7 +146,7 @@ class CellWatcher:
 
     def __init__(
         self,
-        session: Session,
+        host: CellHost,
         ar: ipp.AsyncResult,
         ranks: list[int],
         *,
@@ -118,8 +155,7 @@ class CellWatcher:
         quiet: bool,
         on_records: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
-        self.session = session
-        self.cluster = session.cluster
+        self.host = host
         self.ar = ar
         self.ranks = ranks
         self.seq = seq
@@ -144,7 +180,7 @@ class CellWatcher:
         self._last_health = time.monotonic()
         self.done = threading.Event()
         # Outside a notebook (a script, a terminal) progress is a plain line now and then.
-        self._text = not quiet and not session.live and not in_notebook()
+        self._text = not quiet and not host.live and not in_notebook()
         self._said_at = time.monotonic()
         self._last_values: dict[str, Any] = {}
 
@@ -178,7 +214,7 @@ class CellWatcher:
         if self.ar.ready():
             return True
         if self._failed_at is not None and time.monotonic() - self._failed_at > FAILURE_GRACE:
-            if self.dead and self.session.background is not self:
+            if self.dead and not self.host.in_background(self):
                 # Survivors blocked on a dead peer (NCCL never releases them): the cell fails now,
                 # the session then restarts the engines (Session._recover).
                 self.result.message = "ranks still running after another rank died"
@@ -200,14 +236,14 @@ class CellWatcher:
                 "dtwork: interrupt: asking every rank to stop at the same step (interrupt again to abort)",
                 err=True,
             )
-            self.session.event("interrupt", "consistent stop requested")
+            self.host.event("interrupt", "consistent stop requested")
             with contextlib.suppress(Exception):
-                self.cluster.signal(signal.SIGUSR1, self.ranks)
+                self.host.interrupt_ranks(self.ranks)
         else:
             self._print(
                 "dtwork: second interrupt: aborting the process group and restarting the engines", err=True
             )
-            self.session.event("abort", "second interrupt: engines restarted")
+            self.host.event("abort", "second interrupt: engines restarted")
             self._abandon("interrupted")
             self.result.status = "interrupted"
 
@@ -215,7 +251,7 @@ class CellWatcher:
         """Give up on ranks that cannot finish: restart the engines so nothing is left waiting."""
         self.result.message = why
         self.restarted = True
-        self.session.restart_after_failure(why)
+        self.host.restart_after_failure(why)
 
     # -- output ----------------------------------------------------------------------------
 
@@ -274,21 +310,20 @@ class CellWatcher:
                 self._progress_changed = True
         if batch:
             self.result.records += len(batch)
-            self.session.persist(batch, self.seq)
+            self.host.persist(batch, self.seq)
             if self._text:
                 self._keep_values(batch)
-            if self.on_records is not None and self.session.live:
+            if self.on_records is not None and self.host.live:
                 self.on_records(batch)
         else:
-            self.session.flush()  # what the store refused earlier is tried again
+            self.host.flush()  # what the store refused earlier is tried again
         if self._text and self._progress_changed:
             self._say_progress()
-        dash = self.session.dashboard
-        if dash is None or self.on_records is None or not self.session.live:
+        if self.on_records is None or not self.host.live:
             return
         if self._progress_changed:
             self._progress_changed = False
-            dash.progress(dict(self.progress))
+            self.host.show_progress(dict(self.progress))
 
     def _keep_values(self, batch: list[dict[str, Any]]) -> None:
         for rec in batch:
@@ -318,12 +353,12 @@ class CellWatcher:
         if not force and now - self._last_health < 0.5:
             return
         self._last_health = now
-        for rank, why in self.session.dead_ranks(self.ranks).items():
+        for rank, why in self.host.dead_ranks(self.ranks).items():
             if rank not in self.dead:
                 self.dead[rank] = why
-                log = f" (engine log: {self.cluster.log_file})" if self.cluster.log_file else ""
+                log = f" (engine log: {self.host.engine_log})" if self.host.engine_log else ""
                 self._print(f"dtwork: rank {rank} failed: {why}{log}", err=True)
-                self.session.event("rank_failure", f"rank {rank}: {why}", {"rank": rank})
+                self.host.event("rank_failure", f"rank {rank}: {why}", {"rank": rank})
                 if self._failed_at is None:
                     self._failed_at = now
         if self._failed_at is None and self._metadata_errors():
@@ -334,7 +369,7 @@ class CellWatcher:
         return any(md.get("status") == "error" for md in self._metadata())
 
     def _watchdog(self) -> None:
-        limit = self.session.stall_seconds
+        limit = self.host.stall_seconds
         if not limit or not self.progress:
             return
         now = time.time()
@@ -357,7 +392,7 @@ class CellWatcher:
         after = f", stopped first; waiting for it: {', '.join(f'rank {r}' for r in waiting)}"
         msg = f"dtwork: no progress for {limit:.0f} s from {names}" + (after if waiting else "")
         self._print(msg, err=True)
-        self.session.event("stall", msg, {"ranks": sorted(first), "waiting": waiting})
+        self.host.event("stall", msg, {"ranks": sorted(first), "waiting": waiting})
 
     # -- the end -------------------------------------------------------------------------------
 
@@ -401,7 +436,7 @@ class CellWatcher:
         except ImportError:
             return
 
-        def display(data: dict[str, Any], raw: bool = True, metadata: Any = None) -> None:
+        def display(data: dict[str, Any], raw: bool = True, metadata: dict[str, Any] | None = None) -> None:
             if InteractiveShell.initialized():
                 show(data, raw=raw, metadata=metadata)
             elif isinstance(data, dict) and data.get("text/plain"):  # a script: the text, not a repr

@@ -1,0 +1,430 @@
+"""The engine group: ipyparallel engines, one per rank, joined in a torch.distributed process group.
+
+Stands on ipyparallel: its ``Cluster`` starts a controller and engines (locally, or on other
+hosts through a launcher: SSH, MPI, Slurm), its ``DirectView`` runs code on them. The group
+decides ranks, joins them in a process group, keeps the registry entry and its reaper, and
+calls, pushes, pulls and signals by rank. It knows nothing of sessions, runs or stores (the
+store's file is only written into the registry entry, for the sidebar). It never imports
+torch: the kernel must not initialise CUDA (engines own the GPUs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import ipyparallel as ipp
+
+from dtwork import devices, launchers, registry, rendezvous, telemetry
+from dtwork.config import ExperimentConfig
+from dtwork.config.determined import check_slots
+from dtwork.errors import DtworkError
+from dtwork.kernel import calls
+from dtwork.kernel.health import RankHealth
+from dtwork.runtime import entry
+
+DEFAULT_TIMEOUT = 300.0  # process-group timeout (s): bounded, unlike NCCL's 30 minutes
+ENGINE_TIMEOUT = 60  # seconds to wait for engines to register
+
+
+class EngineGroup:
+    """A set of engines, one per rank, joined in a process group (validated at construction)."""
+
+    def __init__(
+        self,
+        n: int | None,
+        *,
+        config: ExperimentConfig,
+        store_file: Path,
+        notebook: str | None = None,
+        backend: str = "auto",
+        timeout: float = DEFAULT_TIMEOUT,
+        interface: str | None = None,
+        profile: str | None = None,
+        global_batch_size: int | None = None,
+        engine_timeout: int = ENGINE_TIMEOUT,
+        launcher: str | None = None,
+        launch_options: launchers.LaunchOptions | None = None,
+    ) -> None:
+        self.config = config
+        if global_batch_size is None:
+            global_batch_size = config.global_batch_size
+        self.profile = profile
+        if profile and launcher not in (None, "local"):
+            raise DtworkError("use --launcher or --profile, not both (a profile names its own launcher)")
+        self.launcher = launchers.get(launcher, launch_options)
+        remote = profile or self.launcher.remote  # engines may be elsewhere: this host's GPUs say nothing
+        gpus = None if remote else len(devices.visible([g.to_dict() for g in telemetry.cuda_devices()]))
+        if n is None:
+            n = config.resources.slots_per_trial
+            if gpus is not None:
+                check_slots(n, global_batch_size, gpus, backend, os.cpu_count() or 1)
+        self.n, self.backend = rendezvous.validate_request(
+            n, backend, gpus, timeout=timeout, global_batch_size=global_batch_size
+        )
+        self.launcher.check(self.n)
+        self.requested_backend = backend
+        self.timeout = float(timeout)
+        if interface and not profile:  # an unknown name fails before anything starts
+            rendezvous.interface_address(interface)
+        self.interface = interface
+        self.global_batch_size = global_batch_size
+        self.engine_timeout = engine_timeout
+        self.store_file = store_file
+        self.notebook = notebook
+        self.state = "new"
+        self.cluster_id = _new_id()
+        self.ranks: list[rendezvous.RankPlan] = []
+        self.rank_info: list[dict[str, Any]] = []
+        self._probes: dict[int, dict[str, Any]] = {}  # what each engine reported, by engine id
+        self.master_addr: str | None = None
+        self.master_port: int | None = None
+        self.started_at: float | None = None
+        self.start_seconds: float | None = None
+        self._ipp: ipp.Cluster | None = None
+        self.client: ipp.Client | None = None
+        self._views: dict[tuple[int, ...], ipp.DirectView] = {}  # of this client, by engine ids
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._log: logging.Logger | None = None  # ipyparallel's messages: to log_file, not the notebook
+        self.log_file: Path | None = None
+        self._listeners: list[Callable[[str], None]] = []
+        self.health = RankHealth(self)  # which ranks' engines are gone, and why
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engines and join them in a process group; clean up on any failure."""
+        if self.state == "running":
+            return
+        registry.clean_stale()
+        t0 = time.perf_counter()
+        self._set_state("starting")
+        try:
+            self._start_engines()
+            self._register()
+            self._join_process_group()
+        except BaseException:
+            self._teardown(force=True)
+            self._set_state("failed")
+            raise
+        self.start_seconds = time.perf_counter() - t0
+        self.started_at = time.time()
+        self._set_state("running")
+        self._register()
+
+    def spare_core(self) -> bool:
+        """Whether this host has a core beyond one per local engine and one for the kernel."""
+        local = 0 if self.profile else self.n  # a profile's engines may start elsewhere
+        return (os.cpu_count() or 1) > local + 1
+
+    def _start_engines(self) -> None:
+        kwargs: dict[str, Any] = {
+            "n": self.n,
+            "cluster_id": self.cluster_id,
+            "engine_timeout": self.engine_timeout,
+            "delay": 0.05,
+            "log_level": logging.WARNING,
+            # Engines finish registering on the controller's next heartbeat: 3 s by default.
+            # A 0.5 s beat halves the start time and lets a dead engine be noticed sooner.
+            "controller_args": ["--HeartMonitor.period=500"],
+        }
+        if self.profile:
+            kwargs["profile"] = self.profile
+        else:
+            kwargs["controller_ip"] = rendezvous.LOOPBACK
+        if self.interface and not self.profile:  # that interface's address only, not every one
+            kwargs["controller_ip"] = rendezvous.interface_address(self.interface)
+        if not self.profile:
+            kwargs.update(self.launcher.cluster_kwargs(self.interface))
+        self._log, self.log_file = calls.engine_log(self.cluster_id)
+        self._ipp = ipp.Cluster(**kwargs, log=self._log)
+        try:
+            self.client = self.launcher.connect(self._ipp, self.n, self.engine_timeout, self._register)
+        except TimeoutError as exc:
+            raise DtworkError(
+                f"not all {self.n} engines registered within {self.engine_timeout} s: "
+                f"check the launcher (profile {self.profile or 'default'}; engine log: {self.log_file}) "
+                "or ask for fewer ranks"
+            ) from exc
+        if len(self.client.ids) < self.n:
+            raise DtworkError(
+                f"only {len(self.client.ids)} of {self.n} engines started (engine log: {self.log_file}): "
+                "ask for fewer ranks"
+            )
+        # Functions defined in a notebook or a test module travel by value, closures included.
+        self.client[:].use_cloudpickle()
+
+    def _join_process_group(self) -> None:
+        assert self.client is not None
+        ids = sorted(self.client.ids)[: self.n]
+        host = socket.gethostname()
+        probes = dict(
+            zip(ids, calls.probe_engines(self.client, ids, calls.kernel_record(), host), strict=True)
+        )
+        self.backend, note = devices.choose_backend(self.requested_backend, probes)  # from what torch can use
+        if note:
+            calls.show_warnings([note])
+        self.ranks = rendezvous.assign_ranks(probes, use_gpus=self.backend == "nccl", first_host=host)
+        if self.launcher.remote:
+            self.ranks = launchers.order_ranks(self.client, self.ranks, probes, self.backend == "nccl")
+        self._probes = probes
+        self._register()
+        iface = rendezvous.choose_interface(probes, self.interface)
+        rank0 = self.ranks[0]
+        self.master_addr = rendezvous.master_address(probes[rank0.engine_id], iface)
+        if len({p["hostname"] for p in probes.values()}) > 1 or iface:
+            calls.check_routes(self.client, self.ranks, self.master_addr, iface)
+        self.master_port = self.client[rank0.engine_id].apply_sync(entry.free_port, self.master_addr)
+        shared = {
+            "backend": self.backend,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "timeout": self.timeout,
+            "run_id": self.cluster_id,
+            "global_batch_size": self.global_batch_size,
+            "config": self.config.to_dict(),
+        }
+        specs = calls.rank_specs(self.ranks, probes, iface, shared)
+        infos = calls.init_ranks(self.client, specs, min(self.timeout, 120.0) + 30.0)
+        notes = calls.take_rank0_warnings([infos[p.engine_id] for p in self.ranks])
+        self.rank_info = [{**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in self.ranks]
+        self.global_batch_size = self.rank_info[0].get("global_batch_size")  # the batch used
+        calls.show_warnings(notes)
+
+    def _register(self) -> None:
+        """Write (or refresh) this group's registry entry and make sure a reaper watches it."""
+        procs = self._process_records()
+        files = [self._ipp.cluster_file] if self._ipp is not None and self._ipp.cluster_file else []
+        path = registry.write(
+            self.cluster_id,
+            {
+                "kernel": calls.kernel_record(),
+                "kernel_host": socket.gethostname(),
+                "state": self.state,
+                "n": self.n,
+                "backend": self.backend,
+                "profile": self.profile,
+                "master": f"{self.master_addr}:{self.master_port}" if self.master_port else None,
+                "ranks": self.rank_info or [p.to_dict() for p in self.ranks],
+                "processes": procs,
+                "jobs": self.launcher.jobs(self._ipp) if self._ipp is not None else [],
+                "files": files,
+                "started_at": self.started_at,
+                "cwd": os.getcwd(),
+                "store": str(self.store_file),
+                "notebook": self.notebook,
+            },
+        )
+        if self._reaper is None:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-m", "dtwork._reaper", str(path)],
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
+    def _process_records(self) -> list[dict[str, Any]]:
+        """Every process this group owns that can be seen from here: controller, launchers, engines."""
+        procs = [registry.proc_record(pid) for pid in calls.launched_pids(self._ipp)]
+        procs += [{"pid": p["pid"], "create_time": p["create_time"]} for p in self._probes.values()]
+        return [p for p in procs if p]
+
+    def stop(self) -> None:
+        """Stop every engine and the controller; the group leaves the registry."""
+        if self.state in ("stopped", "new"):
+            return
+        self._teardown()
+        self._set_state("stopped")
+
+    def _teardown(self, force: bool = False) -> None:
+        entry_ = registry.read(registry.entry_path(self.cluster_id)) or {}
+        procs = entry_.get("processes", []) + self._process_records()
+        if force:
+            # Engines stuck in a collective ignore a polite stop: signal them all ourselves first.
+            registry.kill_processes(procs, grace=2.0)
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close()
+        if self._ipp is not None:
+            jobs = self.launcher.jobs(self._ipp)
+            with contextlib.suppress(Exception):
+                self._ipp.stop_cluster_sync()
+            launchers.cancel(jobs)  # stop_cluster's own scancel may have failed silently
+        registry.kill_processes(procs, grace=2.0)  # whatever is left
+        registry.remove(self.cluster_id)
+        if self._reaper is not None:
+            try:
+                self._reaper.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+            self._reaper = None
+        self.client = None
+        self._views.clear()
+        self._ipp = None
+        if self._log is not None:
+            calls.close_log(self._log)
+
+    def restart(self, force: bool = False) -> None:
+        """Stop and start again with the same ranks and settings (fresh engines and process group)."""
+        if self.state not in ("stopped", "new"):
+            self._teardown(force=force)
+            self._set_state("stopped")
+        self.cluster_id = _new_id()
+        self.ranks, self.rank_info, self._probes = [], [], {}
+        self.health.reset()
+        self.start()
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        for fn in list(self._listeners):
+            fn(state)
+
+    def on_change(self, fn: Callable[[str], None]) -> None:
+        """Call ``fn(state)`` on every change of state (starting, running, stopped, failed)."""
+        self._listeners.append(fn)
+
+    def stopped_outside(self) -> bool:
+        """Whether the group runs here but its registry entry is gone (the sidebar's Stop removes it)."""
+        return self.state == "running" and not registry.entry_path(self.cluster_id).exists()
+
+    def configure_ranks(self, config: ExperimentConfig) -> None:
+        """Load ``config`` on every rank as ``ctx.config``; the global batch follows it."""
+        gbs = config.global_batch_size or self.global_batch_size
+        if gbs is not None and gbs < self.world_size:
+            raise DtworkError(
+                f"global_batch_size {gbs} is smaller than the {self.world_size} slots: use at least {self.world_size}"
+            )
+        out = self.call(entry.set_config, (config.to_dict(), gbs), {})
+        notes = calls.take_rank0_warnings(out)
+        self.config, self.global_batch_size = config, out[0]["global_batch_size"]
+        calls.show_warnings(notes)
+
+    # -- facts -------------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def probes(self) -> Mapping[int, dict[str, Any]]:
+        """What each engine reported when it was first asked (pid, host, GPUs), by engine id."""
+        return self._probes
+
+    def engine_exit_code(self, pid: int) -> int | None:
+        """The exit code of an engine process its launcher has seen end (negative: a signal)."""
+        return calls.exit_code(self._ipp, pid)
+
+    def registered_ids(self) -> set[int] | None:
+        """The engine ids the controller knows now (None when it cannot be asked)."""
+        try:
+            return set(self.client.ids) if self.client is not None else None
+        except Exception:
+            return None
+
+    def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
+        """Ranks whose engine is gone, with why (by PID on this host, by heartbeat elsewhere)."""
+        return self.health.dead_ranks(ranks)
+
+    def environment(self) -> dict[str, Any]:
+        """Versions, hosts, devices and seeds of what the ranks run (no secrets)."""
+
+        def version(pkg: str) -> str | None:
+            try:
+                return metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                return None
+
+        return {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "dtwork": version("dtwork"),
+            "torch": version("torch"),
+            "ipyparallel": version("ipyparallel"),
+            "numpy": version("numpy"),
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "hosts": sorted({r.get("hostname") for r in self.rank_info}),
+            "ranks": self.rank_info,
+            "gpus": [g.to_dict() for g in telemetry.gpu_inventory()],
+            "seed": self.config.seed,
+        }
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.cluster_id,
+            "state": self.state,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "master": f"{self.master_addr}:{self.master_port}" if self.master_port else None,
+            "start_seconds": self.start_seconds,
+            "ranks": self.rank_info,
+            "global_batch_size": self.global_batch_size,
+        }
+
+    # -- calling the ranks -------------------------------------------------------------------
+
+    def _require_running(self) -> ipp.Client:
+        if self.state != "running" or self.client is None:
+            raise DtworkError(
+                f"the cluster is {self.state}: start one with %dtrain start (or dtwork.start())"
+            )
+        return self.client
+
+    def engine_ids(self, ranks: list[int] | None = None) -> list[int]:
+        """Return engine ids in rank order (all ranks, or those named)."""
+        self._require_running()
+        if ranks is None:
+            return [p.engine_id for p in self.ranks]
+        bad = [r for r in ranks if not 0 <= r < self.world_size]
+        if bad:
+            raise DtworkError(f"no rank {bad[0]}: this cluster has ranks 0-{self.world_size - 1}")
+        return [self.ranks[r].engine_id for r in ranks]
+
+    def view(self, ranks: list[int] | None = None) -> ipp.DirectView:
+        """A DirectView on these ranks' engines (made once per client and set of ranks)."""
+        client = self._require_running()
+        ids = tuple(self.engine_ids(ranks))
+        view = self._views.get(ids)
+        if view is None or view.client is not client:
+            view = self._views[ids] = client[list(ids)]
+        return view
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],  # the caller's arguments for fn, passed through as they are
+        kwargs: dict[str, Any],
+        ranks: list[int] | None = None,
+    ) -> list[Any]:
+        """Call ``fn(*args, **kwargs)`` on the ranks (handing it ``ctx`` when it takes one); by rank."""
+        return calls.call_on_ranks(self.view(ranks), fn, args, kwargs)
+
+    def push(self, namespace: dict[str, Any], ranks: list[int] | None = None) -> None:
+        """Send variables into every rank's namespace."""
+        if not isinstance(namespace, dict):
+            raise DtworkError(f"push takes a dict of names to values, got {type(namespace).__name__}")
+        self.view(ranks).push(namespace, block=True)
+
+    def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
+        """Fetch a variable from every rank: a list by rank."""
+        return calls.pull_by_rank(self.view(ranks), name)
+
+    def signal(self, signum: int, ranks: list[int] | None = None) -> None:
+        """Send a signal to the ranks' engine processes (through ipyparallel)."""
+        self._require_running().send_signal(signum, targets=self.engine_ids(ranks), block=True)
+
+
+def _new_id() -> str:
+    return f"dtwork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
