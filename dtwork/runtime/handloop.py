@@ -26,14 +26,12 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
+from dtwork.records import make_perf_record
 from dtwork.runtime.hooks import MeasureState
+from dtwork.runtime.timing import PERF_SECONDS, steps_per_sync
 
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
-
-PERF_SECONDS = 0.1
-SYNC_SECONDS = 0.1  # the ranks sum the kept norms about this often
-MAX_EVERY = 64
 
 
 class HandLoop:
@@ -120,7 +118,7 @@ class HandLoop:
         values = vec.tolist()  # [seconds per step, (examples, measured) per step, (small, big) per step]
         ws = ctx.world_size
         if values[0] > 0:
-            self.every = max(1, min(MAX_EVERY, int(SYNC_SECONDS * ws / values[0])))
+            self.every = steps_per_sync(values[0] / ws)
         for i in range(n):
             samples, measured = values[1 + 2 * i], values[2 + 2 * i]
             small, big = values[1 + 2 * n + 2 * i], values[2 + 2 * n + 2 * i]
@@ -145,13 +143,16 @@ class HandLoop:
         elapsed = now - p["t"]
         if elapsed < PERF_SECONDS:
             return
-        steps = p["steps"]
-        values = {
-            "samples_per_s": p["samples"] / elapsed,
-            "step_time": elapsed / steps,
-            "comm_time": p["comm"] / steps,
-        }
-        self.ctx.publisher.record("perf", self.step - 1, values)
+        self.ctx.publisher.add(
+            make_perf_record(
+                self.step - 1,
+                self.ctx.rank,
+                samples=p["samples"],
+                seconds=elapsed,
+                steps=int(p["steps"]),
+                comm=p["comm"],
+            )
+        )
         self._perf = {"t": now, "steps": 0, "samples": 0, "comm": 0.0}
 
 

@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dtwork.errors import DtworkError
+from dtwork.records import make_perf_record
 from dtwork.runtime import checkpoint, control, guards
 from dtwork.runtime.data import batch_len, to_device
 from dtwork.runtime.ddp import measure_state
 from dtwork.runtime.sync import StepHead, StepSync, SyncedStep
+from dtwork.runtime.timing import GPU_SECONDS, PERF_SECONDS
 
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
 
-PERF_SECONDS = 0.1
 Norm = float | torch.Tensor  # a squared norm: read, or a 0-d tensor on the device until the sync
-GPU_SECONDS = 1.0
 
 
 class StepLoop:
@@ -357,16 +357,17 @@ class StepLoop:
         elapsed = now - p["t"]
         if elapsed < PERF_SECONDS and not self._done():
             return
-        steps = max(1, int(p["steps"]))
-        step_time = elapsed / steps
-        values = {
-            "samples_per_s": p["samples"] / elapsed if elapsed > 0 else 0.0,
-            "step_time": step_time,
-            "data_time": p["data"] / steps,
-            "comm_time": p["comm"] / steps,
-            "compute_time": max(0.0, step_time - (p["data"] + p["comm"]) / steps),
-        }
-        self.ctx.publisher.record("perf", self.step, values)
+        self.ctx.publisher.add(
+            make_perf_record(
+                self.step,
+                self.ctx.rank,
+                samples=p["samples"],
+                seconds=elapsed,
+                steps=int(p["steps"]),
+                comm=p["comm"],
+                data=p["data"],
+            )
+        )
         self._perf = {"t": now, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
         self._gpu_tick()
 

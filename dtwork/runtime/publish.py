@@ -43,7 +43,11 @@ class Publisher:
         self._progress: dict[str, Any] | None = None
 
     def record(self, kind: Kind | str, step: int | None, values: dict[str, float], **extra: Any) -> None:
-        self._buf.append(make_record(kind, step, self.rank, values, **extra))
+        self.add(make_record(kind, step, self.rank, values, **extra))
+
+    def add(self, record: Record) -> None:
+        """Queue a record built elsewhere (``records.make_perf_record``)."""
+        self._buf.append(record)
         self.maybe_flush()
 
     def progress(self, **fields: Any) -> None:
