@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dtwork.runtime.bench import _first_in_features, _sync
+from dtwork.runtime.data import input_shape
+from dtwork.runtime.timing import synchronize
 
 SIZES_MB = (1.0, 4.0, 16.0, 25.0, 64.0)
 WARMUP = 2
@@ -30,7 +31,7 @@ def tune_before_wrap(ctx: Any, model: torch.nn.Module) -> float | None:
     cfg = ctx.config
     if not cfg.optimizations.auto_tune_tensor_fusion or getattr(ctx, "_fusion_tuned_for", None) is cfg:
         return None
-    shape = _first_in_features(model)
+    shape = input_shape(model)
     if shape is None:
         if ctx.rank == 0:
             print(
@@ -65,7 +66,7 @@ def _time(ctx: Any, model: torch.nn.Module, shape: tuple[int, ...], mb: float) -
     for i in range(WARMUP + STEPS):
         t0 = time.perf_counter()
         ddp(x).float().mean().backward()
-        _sync(device)
+        synchronize(device)
         if i >= WARMUP:
             total += time.perf_counter() - t0
     slowest = torch.tensor([total / STEPS], dtype=torch.float64, device=device)

@@ -80,6 +80,14 @@ def make_loader(
     return DataLoader(dataset, batch_size=bs, sampler=sampler, **kwargs)
 
 
+def input_shape(model: torch.nn.Module) -> tuple[int, ...] | None:
+    """The shape of one example ``model`` takes, read from its first Linear layer; None without one."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            return (m.in_features,)
+    return None
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move every tensor in a (nested) batch to ``device``."""
     if isinstance(batch, torch.Tensor):

@@ -10,7 +10,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtwork.runtime import handloop
-from dtwork.runtime.hooks import MeasureState, count_forward, inner_hook, measure_hook
+from dtwork.runtime.hooks import (
+    MeasureState,
+    attach_measure,
+    count_forward,
+    inner_hook,
+    measure_hook,
+    measure_state,
+)
 
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
@@ -38,7 +45,7 @@ def wrap_model(ctx: Context, model: torch.nn.Module, *, gns: bool | None = None,
     wrapped.register_comm_hook(state, measure_hook)
     wrapped.register_forward_pre_hook(_counter(state))
     wrapped.register_forward_pre_hook(_follow_group)
-    wrapped._dtwork_measure = state  # type: ignore[assignment]
+    attach_measure(wrapped, state)
     ctx.gns, ctx.gns_state = None, None  # a new wrap starts a new estimate
     handloop.attach(ctx)
     wrapped._dtwork_kwargs = ddp_kwargs  # type: ignore[assignment]
@@ -68,7 +75,3 @@ def _follow_group(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
 
 def _counter(state: MeasureState) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
     return lambda _module, args: count_forward(state, args)
-
-
-def measure_state(model: torch.nn.Module) -> MeasureState | None:
-    return getattr(model, "_dtwork_measure", None)

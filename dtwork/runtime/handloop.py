@@ -27,7 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from dtwork.records import make_perf_record
-from dtwork.runtime.hooks import MeasureState
+from dtwork.runtime.hooks import measure_state
 from dtwork.runtime.timing import PERF_SECONDS, steps_per_sync
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class HandLoop:
         ctx = self.ctx
         if ctx.loop is not None:  # ctx.steps keeps its own books
             return
-        states = [s for m in ctx.models if (s := _state(m)) is not None and s.buckets]
+        states = [s for m in ctx.models if (s := measure_state(m)) is not None and s.buckets]
         if not states:  # no wrapped model exchanged since the last step: not a training step
             return
         samples = max(s.samples for s in states)
@@ -154,10 +154,6 @@ class HandLoop:
             )
         )
         self._perf = {"t": now, "steps": 0, "samples": 0, "comm": 0.0}
-
-
-def _state(model: torch.nn.Module) -> MeasureState | None:
-    return getattr(model, "_dtwork_measure", None)
 
 
 _current: HandLoop | None = None

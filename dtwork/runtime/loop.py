@@ -21,7 +21,7 @@ from dtwork.errors import DtworkError
 from dtwork.records import make_perf_record
 from dtwork.runtime import checkpoint, control, guards
 from dtwork.runtime.data import batch_len, to_device
-from dtwork.runtime.ddp import measure_state
+from dtwork.runtime.hooks import measure_state
 from dtwork.runtime.sync import StepHead, StepSync, SyncedStep
 from dtwork.runtime.timing import GPU_SECONDS, PERF_SECONDS
 
