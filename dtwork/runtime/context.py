@@ -2,7 +2,8 @@
 
 Identity (rank, world size, device, ...) and batch sizes come from the kernel at start;
 the helpers (``wrap``, ``loader``, ``steps``, ``log`` ...) hand the distributed details to
-the modules beside this one, so that plain PyTorch stays in the researcher's hands.
+the modules beside this one, so that plain PyTorch stays in the researcher's hands. What a rank
+keeps lives in ``ctx.state`` (``state.RankState``), which those modules take.
 """
 
 from __future__ import annotations
