@@ -74,9 +74,8 @@ class HandLoop:
             s.reset()
             s.measuring = True  # a steps loop that sampled every Nth step may have left it off
         self.step += 1
-        state.publisher.progress(
-            step=self.step, phase="train"
-        )  # the watchdog names the rank that stops first
+        # the watchdog names the rank that stops first
+        state.publisher.progress(step=self.step, phase="train")
         self._perf_tick(samples, comm)
         if not gns or not self._estimating():
             return
