@@ -1,6 +1,6 @@
 """How often the kernel keeps a rank's perf record: a bounded rate, however many ranks publish.
 
-Every rank publishes a perf record about every ``BASE_SECONDS`` (``runtime.loop.PERF_SECONDS``).
+Every rank publishes a perf record about every ``BASE_SECONDS`` (``runtime.timing.PERF_SECONDS``).
 Past ``RATE_RANKS`` ranks the kernel keeps one per rank every ``perf_interval(n)`` seconds
 (``BASE_SECONDS * n / RATE_RANKS``): the mean of the values of the records it folds, at the step and
 time of the last of them. So the store and the dashboard take at most ``RATE_RANKS / BASE_SECONDS``
@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dtwork.runtime.timing import PERF_SECONDS as BASE_SECONDS
+
 __all__ = ["BASE_SECONDS", "RATE_RANKS", "PerfThinner", "perf_interval"]
 
-BASE_SECONDS = 0.1  # a rank's perf interval as published
 RATE_RANKS = 32  # up to this many ranks every perf record is kept
 
 

@@ -18,7 +18,16 @@ from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any, TypedDict
 
-__all__ = ["AGGREGATED_KINDS", "TRAINING_KINDS", "Kind", "Record", "Row", "make_record", "to_rows"]
+__all__ = [
+    "AGGREGATED_KINDS",
+    "TRAINING_KINDS",
+    "Kind",
+    "Record",
+    "Row",
+    "make_perf_record",
+    "make_record",
+    "to_rows",
+]
 
 
 class Kind(str, Enum):
@@ -70,6 +79,36 @@ def make_record(
     rec: Record = {"kind": str(kind), "step": step, "rank": rank, "time": time.time(), "values": values}
     rec.update(extra)  # type: ignore[typeddict-item]
     return rec
+
+
+def make_perf_record(
+    step: int,
+    rank: int,
+    *,
+    samples: float,
+    seconds: float,
+    steps: int,
+    comm: float,
+    data: float | None = None,
+) -> Record:
+    """A rank's throughput over a window of ``steps`` optimizer steps that took ``seconds``.
+
+    Values: ``samples_per_s`` = samples / seconds, ``step_time`` = seconds / steps, ``comm_time`` =
+    comm / steps (communication not hidden behind compute); where the loop sees its data loading
+    (``ctx.steps``; a hand-written loop does not), ``data_time`` = data / steps and ``compute_time``
+    = step_time - data_time - comm_time (at least 0).
+    """
+    steps = max(1, steps)
+    step_time = seconds / steps
+    values = {
+        "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+        "step_time": step_time,
+        "comm_time": comm / steps,
+    }
+    if data is not None:
+        values["data_time"] = data / steps
+        values["compute_time"] = max(0.0, step_time - (data + comm) / steps)
+    return make_record(Kind.PERF, step, rank, values)
 
 
 def _number(value: Any) -> float | None:

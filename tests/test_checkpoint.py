@@ -21,6 +21,7 @@ from dtwork.config import load_config
 from dtwork.errors import DtworkError, RankFailure
 from dtwork.runtime import checkpoint
 from dtwork.runtime.context import Context
+from dtwork.runtime.state import RankState
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +35,12 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 def make_ctx(
     directory: Path, run_id: int | None = None, keep: int = 3, device: str = "cpu"
-) -> tuple[Context, torch.nn.Module, torch.optim.Optimizer]:
+) -> tuple[RankState, torch.nn.Module, torch.optim.Optimizer]:
+    """The rank state a ``ctx`` keeps (what the checkpoint functions take), with a trained model."""
     cfg = load_config({"checkpoint": {"directory": str(directory), "keep": keep}})
-    ctx = Context(rank=0, world_size=1, local_rank=0, device=torch.device(device), backend="gloo", config=cfg)
+    ctx = Context(
+        rank=0, world_size=1, local_rank=0, device=torch.device(device), backend="gloo", config=cfg
+    ).state
     ctx.run_id = run_id
     torch.manual_seed(run_id or 0)
     model = torch.nn.Linear(4, 2).to(device)
@@ -52,7 +56,7 @@ def steps_in(folder: Path) -> list[int]:
     return [int(p.stem.split("-")[1]) for p in checkpoint.checkpoints(folder)]
 
 
-def save_at(ctx: Context, *steps: int) -> None:
+def save_at(ctx: RankState, *steps: int) -> None:
     for step in steps:
         checkpoint.save(ctx, {"step": step, "epoch": 0, "micro": 0})
 

@@ -22,7 +22,7 @@ for step, (x, y) in ctx.steps(ctx.loader(torch.utils.data.TensorDataset(X, Y)), 
     loss = F.mse_loss(out.float(), y)
     ctx.backward(loss); ctx.step(opt); losses.append(loss.item())
 dtype = str(out.dtype)
-scaler = type(ctx._scaler).__name__ if ctx._scaler is not None else None
+scaler = type(ctx.state.scaler).__name__ if ctx.state.scaler is not None else None
 estimate = ctx.gns
 """
 
@@ -60,7 +60,7 @@ def test_gns_at_world_size_one_uses_the_micro_batches(capfd) -> None:
 
 SKIP = """
 import torch, torch.nn as nn, torch.nn.functional as F
-ctx._scaler = None  # each run starts from a fresh loss scale
+ctx.state.scaler = None  # each run starts from a fresh loss scale
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
 X = torch.randn(512, 8, generator=g); Y = 0.01 * X @ torch.randn(8, 1, generator=g)  # no fp16 overflow
@@ -79,7 +79,7 @@ for step, (x, y) in ctx.steps(ctx.loader(torch.utils.data.TensorDataset(X, Y)), 
     stepped.append((step, ctx.step(opt)))
 params = [p.detach().clone() for p in model.module.parameters()]
 lr, gns_steps, estimate = sched.get_last_lr()[0], ctx.gns_state.steps, ctx.gns
-scale = ctx._scaler.get_scale()
+scale = ctx.state.scaler.get_scale()
 """
 
 

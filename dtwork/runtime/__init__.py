@@ -1,6 +1,10 @@
 """Engine-side code: everything here runs inside the ipyparallel engines (one per rank).
 
 Nothing in this package imports kernel-side modules (cluster, collector, magics, widgets).
+Imports run one way: the kernel's entry points (``entry``, ``script``, ``bench``) and this package
+(the current ``ctx``) -> ``context`` (the user's face) -> the helpers (loop, train, checkpoint, ...)
+-> ``state`` (the rank's state, which the helpers take). No module below ``context`` imports it
+or this package.
 """
 
 from __future__ import annotations

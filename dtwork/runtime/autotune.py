@@ -11,64 +11,68 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dtwork.runtime.bench import _first_in_features, _sync
+from dtwork.runtime.data import input_shape
+from dtwork.runtime.timing import synchronize
+
+if TYPE_CHECKING:
+    from dtwork.runtime.state import RankState
 
 SIZES_MB = (1.0, 4.0, 16.0, 25.0, 64.0)
 WARMUP = 2
 STEPS = 5
 
 
-def tune_before_wrap(ctx: Any, model: torch.nn.Module) -> float | None:
+def tune_before_wrap(state: RankState, model: torch.nn.Module) -> float | None:
     """Tune the bucket size for ``model`` when the config asks and this config was not tuned yet;
     return the chosen size in MB (None when nothing ran)."""
-    cfg = ctx.config
-    if not cfg.optimizations.auto_tune_tensor_fusion or getattr(ctx, "_fusion_tuned_for", None) is cfg:
+    cfg = state.config
+    if not cfg.optimizations.auto_tune_tensor_fusion or state.fusion_tuned_for is cfg:
         return None
-    shape = _first_in_features(model)
+    shape = input_shape(model)
     if shape is None:
-        if ctx.rank == 0:
+        if state.rank == 0:
             print(
                 "dtwork: auto_tune_tensor_fusion: the model's input shape is unknown (no Linear layer): "
                 "run %dtrain tune MODEL_EXPR --shape ... instead"
             )
-        ctx._fusion_tuned_for = cfg
+        state.fusion_tuned_for = cfg
         return None
-    times = {mb: _time(ctx, model, shape, mb) for mb in SIZES_MB}
+    times = {mb: _time(state, model, shape, mb) for mb in SIZES_MB}
     best = min(times, key=lambda mb: times[mb])
-    ctx.config = cfg.with_path("optimizations.tensor_fusion_threshold", best)
-    ctx._fusion_tuned_for = ctx.config
+    state.config = cfg.with_path("optimizations.tensor_fusion_threshold", best)
+    state.fusion_tuned_for = state.config
     text = ", ".join(f"{mb:g} MB {t * 1e3:.1f} ms" for mb, t in times.items())
-    if ctx.rank == 0:  # one event for the run, not one per rank
-        ctx.publisher.record(
+    if state.rank == 0:  # one event for the run, not one per rank
+        state.publisher.record(
             "event", 0, {}, event="tensor_fusion", message=f"auto-tuned bucket size {best:g} MB ({text})"
         )
     return best
 
 
-def _time(ctx: Any, model: torch.nn.Module, shape: tuple[int, ...], mb: float) -> float:
+def _time(state: RankState, model: torch.nn.Module, shape: tuple[int, ...], mb: float) -> float:
     """The slowest rank's mean seconds per forward+backward at bucket size ``mb``."""
-    device = ctx.device
+    device = state.device
     replica = copy.deepcopy(model).to(device)
     kwargs: dict[str, Any] = {"bucket_cap_mb": mb}
     if device.type == "cuda":
         kwargs["device_ids"] = [device.index or 0]
     ddp = DDP(replica, **kwargs)
-    gen = torch.Generator().manual_seed(ctx.rank)
-    x = torch.randn((ctx.batch_size(), *shape), generator=gen).to(device)
+    gen = torch.Generator().manual_seed(state.rank)
+    x = torch.randn((state.batch_size(), *shape), generator=gen).to(device)
     total = 0.0
     for i in range(WARMUP + STEPS):
         t0 = time.perf_counter()
         ddp(x).float().mean().backward()
-        _sync(device)
+        synchronize(device)
         if i >= WARMUP:
             total += time.perf_counter() - t0
     slowest = torch.tensor([total / STEPS], dtype=torch.float64, device=device)
-    if ctx.world_size > 1:
+    if state.world_size > 1:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return float(slowest.item())

@@ -18,7 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from dtwork.runtime.data import input_shape
 from dtwork.runtime.hooks import MeasureState, inner_hook, measure_hook
+from dtwork.runtime.timing import synchronize
 
 _GROUPS: dict[int, Any] = {}
 
@@ -50,18 +52,6 @@ def _inputs(batch: Any) -> Any:
     if isinstance(batch, dict):
         return next(iter(batch.values()))
     return batch
-
-
-def _first_in_features(model: torch.nn.Module) -> tuple[int, ...] | None:
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            return (m.in_features,)
-    return None
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _agree(ok: bool, group: Any, device: torch.device) -> bool:
@@ -124,7 +114,7 @@ def measure(
             batches = [first]
     if it is None:
         if shape is None:
-            shape = _first_in_features(model)
+            shape = input_shape(model)
             if shape is None:
                 return {"error": "no input shape: give one (--shape), e.g. --shape 3,32,32", "rank": rank}
         gen = torch.Generator().manual_seed(rank)
@@ -161,7 +151,7 @@ def measure(
         loss = ddp(inp).float().mean()
         loss.backward()
         opt.step()
-        _sync(device)
+        synchronize(device)
         return time.perf_counter() - t0, state.exposed_comm(), int(inp.shape[0])
 
     for _ in range(warmup):
@@ -174,7 +164,7 @@ def measure(
         step_times.append(st)
         comm_times.append(ct)
         samples += n
-    _sync(device)
+    synchronize(device)
     elapsed = time.perf_counter() - t0
     dist.barrier(group=group)
     stats = torch.tensor([elapsed, float(samples)], dtype=torch.float64, device=device)

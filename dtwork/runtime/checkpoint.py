@@ -29,7 +29,7 @@ import pickle
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,36 +37,39 @@ import torch.distributed as dist
 
 from dtwork.errors import DtworkError
 
+if TYPE_CHECKING:
+    from dtwork.runtime.state import RankState
+
 STEP_FILE = re.compile(r"step-(\d+)\.pt")
 RUN_REF = re.compile(r"(?:run-)?(\d+)")
 FORMAT = 2  # payload layout; 1 had the numpy RNG state as an ndarray and no "run"
 OWNER = "run.json"  # in a run folder: the run and the store it belongs to
 
 
-def directory(ctx: Any) -> Path:
+def directory(state: RankState) -> Path:
     """The checkpoint directory of the config (holding one folder per run)."""
-    return Path(ctx.config.checkpoint.directory)
+    return Path(state.config.checkpoint.directory)
 
 
-def run_name(ctx: Any) -> str:
+def run_name(state: RankState) -> str:
     """This run's folder name: ``run-<id>`` when the kernel named the run, else the config's name."""
-    run_id = getattr(ctx, "run_id", None)
+    run_id = state.run_id
     if run_id is not None:
         return f"run-{int(run_id)}"
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", ctx.config.name or "").strip(".-")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", state.config.name or "").strip(".-")
     return name or "default"
 
 
-def run_directory(ctx: Any) -> Path:
-    return directory(ctx) / run_name(ctx)
+def run_directory(state: RankState) -> Path:
+    return directory(state) / run_name(state)
 
 
-def check_owner(ctx: Any, folder: Path | None = None) -> None:
+def check_owner(state: RankState, folder: Path | None = None) -> None:
     """Refuse a run folder (this run's, by default) that a run of another store owns."""
-    store = getattr(ctx, "run_store", None)
+    store = state.run_store
     if store is None:  # no kernel store (a script of its own): every folder is its to use
         return
-    folder = run_directory(ctx) if folder is None else folder
+    folder = run_directory(state) if folder is None else folder
     try:
         owner = json.loads((folder / OWNER).read_text())
     except (OSError, ValueError):
@@ -79,13 +82,13 @@ def check_owner(ctx: Any, folder: Path | None = None) -> None:
         )
 
 
-def _claim(ctx: Any, folder: Path) -> None:
+def _claim(state: RankState, folder: Path) -> None:
     """Write the folder's owner (rank 0, at its first checkpoint) when the kernel named a store."""
-    store = getattr(ctx, "run_store", None)
+    store = state.run_store
     if store is None or (folder / OWNER).exists():
         return
     tmp = folder / f".{OWNER}.tmp"
-    tmp.write_text(json.dumps({"run": run_name(ctx), "store": store}))
+    tmp.write_text(json.dumps({"run": run_name(state), "store": store}))
     os.replace(tmp, folder / OWNER)
 
 
@@ -135,33 +138,33 @@ def _module(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-def save(ctx: Any, loop_state: dict[str, Any]) -> Path | None:
+def save(state: RankState, loop_state: dict[str, Any]) -> Path | None:
     """Write a checkpoint of everything the trial registered on ``ctx``; return its path (rank 0)."""
-    rngs: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(rngs, _rng_state(ctx.device))
-    path = run_directory(ctx) / f"step-{loop_state['step']:08d}.pt"
-    if ctx.rank == 0:
+    rngs: list[Any] = [None] * state.world_size
+    dist.all_gather_object(rngs, _rng_state(state.device))
+    path = run_directory(state) / f"step-{loop_state['step']:08d}.pt"
+    if state.rank == 0:
         payload = {
             "format": FORMAT,
-            "run": run_name(ctx),
+            "run": run_name(state),
             "loop": loop_state,
             "rng": rngs,
-            "models": [_module(m).state_dict() for m in ctx.models],
-            "optimizers": [o.state_dict() for o in ctx.optimizers],
-            "schedulers": [s.state_dict() for s in ctx.schedulers],
-            "scaler": ctx._scaler.state_dict() if ctx._scaler is not None else None,
-            "gns": ctx.gns_state.state_dict() if ctx.gns_state is not None else None,
-            "world_size": ctx.world_size,
+            "models": [_module(m).state_dict() for m in state.models],
+            "optimizers": [o.state_dict() for o in state.optimizers],
+            "schedulers": [s.state_dict() for s in state.schedulers],
+            "scaler": state.scaler.state_dict() if state.scaler is not None else None,
+            "gns": state.gns_state.state_dict() if state.gns_state is not None else None,
+            "world_size": state.world_size,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        _claim(ctx, path.parent)
+        _claim(state, path.parent)
         tmp = path.with_name(f".{path.name}.tmp")
         torch.save(payload, tmp)
         os.replace(tmp, path)
         _after_the_others(path)
-        prune(path.parent, ctx.config.checkpoint.keep)
+        prune(path.parent, state.config.checkpoint.keep)
     dist.barrier()
-    return path if ctx.rank == 0 else None
+    return path if state.rank == 0 else None
 
 
 def _after_the_others(path: Path) -> None:
@@ -193,28 +196,28 @@ def prune(folder: Path, keep: int) -> None:
 # -- find and load ---------------------------------------------------------------------------
 
 
-def latest(ctx: Any) -> Path | None:
+def latest(state: RankState) -> Path | None:
     """The newest checkpoint of this run, None when it has none."""
-    found = checkpoints(run_directory(ctx))
+    found = checkpoints(run_directory(state))
     return found[-1] if found else None
 
 
-def find(ctx: Any, resume: Any) -> Path | None:
+def find(state: RankState, resume: Any) -> Path | None:
     """The checkpoint a ``resume=`` argument names; None for ``True`` when this run has none yet.
 
     ``True``: this run's newest. An int or ``"run-N"``: run N's newest. A path: that file, or the
     newest in that folder. Another string: the folder of that name under the checkpoint directory.
     """
     if resume is True:
-        check_owner(ctx)
-        return latest(ctx)
-    root = directory(ctx)
+        check_owner(state)
+        return latest(state)
+    root = directory(state)
     if isinstance(resume, int) and not isinstance(resume, bool):
         folder = root / f"run-{resume}"
-        check_owner(ctx, folder)  # run N of this store, not another's
+        check_owner(state, folder)  # run N of this store, not another's
     elif isinstance(resume, str) and RUN_REF.fullmatch(resume):
         folder = root / f"run-{RUN_REF.fullmatch(resume).group(1)}"  # type: ignore[union-attr]
-        check_owner(ctx, folder)
+        check_owner(state, folder)
     elif isinstance(resume, (str, os.PathLike)):
         given = Path(resume).expanduser()
         if given.is_file():
@@ -251,26 +254,26 @@ def read(path: Path) -> dict[str, Any]:
     return payload
 
 
-def load(ctx: Any, path: Path) -> dict[str, Any]:
+def load(state: RankState, path: Path) -> dict[str, Any]:
     """Restore models, optimizers, schedulers, scaler and GNS state; return the loop state.
 
     The RNG state is returned (not applied) so the loop applies it once the data iterator is
     positioned exactly where the checkpoint was taken.
     """
     payload = read(path)
-    if payload["world_size"] != ctx.world_size:
+    if payload["world_size"] != state.world_size:
         raise DtworkError(
-            f"checkpoint {path} was written by {payload['world_size']} ranks, this cluster has {ctx.world_size}: "
+            f"checkpoint {path} was written by {payload['world_size']} ranks, this cluster has {state.world_size}: "
             f"resume on the same world size"
         )
-    for m, sd in zip(ctx.models, payload["models"], strict=False):
+    for m, sd in zip(state.models, payload["models"], strict=False):
         _module(m).load_state_dict(sd)
-    for o, sd in zip(ctx.optimizers, payload["optimizers"], strict=False):
+    for o, sd in zip(state.optimizers, payload["optimizers"], strict=False):
         o.load_state_dict(sd)  # moves the state to each parameter's device
-    for s, sd in zip(ctx.schedulers, payload["schedulers"], strict=False):
+    for s, sd in zip(state.schedulers, payload["schedulers"], strict=False):
         s.load_state_dict(sd)
-    if ctx._scaler is not None and payload["scaler"] is not None:
-        ctx._scaler.load_state_dict(payload["scaler"])
-    if ctx.gns_state is not None and payload.get("gns"):
-        ctx.gns_state.load_state_dict(payload["gns"])
-    return {**payload["loop"], "rng": payload["rng"][ctx.rank]}
+    if state.scaler is not None and payload["scaler"] is not None:
+        state.scaler.load_state_dict(payload["scaler"])
+    if state.gns_state is not None and payload.get("gns"):
+        state.gns_state.load_state_dict(payload["gns"])
+    return {**payload["loop"], "rng": payload["rng"][state.rank]}

@@ -2,24 +2,23 @@
 
 Identity (rank, world size, device, ...) and batch sizes come from the kernel at start;
 the helpers (``wrap``, ``loader``, ``steps``, ``log`` ...) hand the distributed details to
-the modules beside this one, so that plain PyTorch stays in the researcher's hands.
+the modules beside this one, so that plain PyTorch stays in the researcher's hands. What a rank
+keeps lives in ``ctx.state`` (``state.RankState``), which those modules take.
 """
 
 from __future__ import annotations
 
 import gc
 import random
-import socket
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from dtwork import batch as _batch
 from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError, DtworkWarning
 from dtwork.runtime import args as _args
@@ -27,6 +26,7 @@ from dtwork.runtime import control
 from dtwork.runtime import loop as _loop  # the steps loop (ctx.loop is the running one)
 from dtwork.runtime import train as _train
 from dtwork.runtime.publish import Publisher
+from dtwork.runtime.state import RankState, RunningLoop
 
 if TYPE_CHECKING:
     from dtwork.analysis.gns import GNSEstimator
@@ -34,9 +34,45 @@ if TYPE_CHECKING:
 
 RANKS_ARRIVE_SECONDS = 60.0  # how long ctx.wrap, ctx.steps and ctx.evaluate wait for every rank
 
+T = TypeVar("T")
+
+
+class _Shared(Generic[T]):
+    """An attribute of ``ctx`` that is the rank state's field of the same name (read and written)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, ctx: Context, owner: type | None = None) -> T:
+        return getattr(ctx.state, self.name)  # type: ignore[no-any-return]
+
+    def __set__(self, ctx: Context, value: T) -> None:
+        setattr(ctx.state, self.name, value)
+
 
 class Context:
-    """Per-rank context; one instance per engine, named ``ctx`` in the cell namespace."""
+    """Per-rank context; one instance per engine, named ``ctx`` in the cell namespace.
+
+    Its attributes are the fields of ``state`` (a ``RankState``), which the runtime helpers take.
+    """
+
+    rank: _Shared[int] = _Shared()
+    world_size: _Shared[int] = _Shared()
+    local_rank: _Shared[int] = _Shared()
+    device: _Shared[torch.device] = _Shared()
+    backend: _Shared[str] = _Shared()
+    hostname: _Shared[str] = _Shared()
+    config: _Shared[ExperimentConfig] = _Shared()
+    global_batch_size: _Shared[int | None] = _Shared()
+    per_slot_batch_size: _Shared[int | None] = _Shared()
+    publisher: _Shared[Publisher] = _Shared()
+    loop: _Shared[RunningLoop | None] = _Shared()  # the running ctx.steps, if any
+    gns: _Shared[float | None] = _Shared()
+    gns_state: _Shared[GNSEstimator | None] = _Shared()
+    gpu_index: _Shared[int | None] = _Shared()
+    auto_resume: _Shared[bool] = _Shared()  # set when the cluster restarts a failed trial
+    run_id: _Shared[int | None] = _Shared()  # the kernel's run (names its checkpoint folder), set per run
+    run_store: _Shared[str | None] = _Shared()  # the kernel's store of that run (owns the folder)
 
     def __init__(
         self,
@@ -49,30 +85,14 @@ class Context:
         config: ExperimentConfig | None = None,
         global_batch_size: int | None = None,
     ) -> None:
-        self.rank = rank
-        self.world_size = world_size
-        self.local_rank = local_rank
-        self.device = device
-        self.backend = backend
-        self.hostname = socket.gethostname()
-        self.config: ExperimentConfig = config or load_config(None)
-        self.global_batch_size: int | None = None
-        self.per_slot_batch_size: int | None = None
-        self.publisher = Publisher(rank)
-        self._registered: dict[str, list[weakref.ref[Any]]] = {
-            "models": [],
-            "optimizers": [],
-            "schedulers": [],
-        }
-        self.loop: _loop.StepLoop | None = None  # the running ctx.steps, if any
-        self.gns: float | None = None
-        self.gns_state: GNSEstimator | None = None
-        self._scaler: torch.amp.GradScaler | None = None
-        self._log_step = -1  # the step of ctx.log outside ctx.steps
-        self.gpu_index: int | None = None
-        self.auto_resume = False  # set when the cluster restarts a failed trial
-        self.run_id: int | None = None  # the kernel's run (names its checkpoint folder), set per run
-        self.run_store: str | None = None  # the kernel's store of that run (owns the folder)
+        self.state = RankState(
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            device=device,
+            backend=backend,
+            config=config or load_config(None),
+        )
         self._set_batch(global_batch_size)
         self._seed()
         control.install()
@@ -94,27 +114,13 @@ class Context:
     @property
     def cell_ranks(self) -> list[int]:
         """The ranks the running cell runs on (``%%dtrain --ranks``): all unless the kernel said."""
-        return control.cell_ranks() or list(range(self.world_size))
+        return self.state.cell_ranks
 
     def require_all_ranks(self, what: str, *, arrive: bool = False) -> None:
         """Refuse a collective that would wait for ranks that never come: in a cell that runs on some
         ranks only, at once; with ``arrive``, also when another rank does not reach it (a call under
         ``if ctx.rank == 0:``) within ``RANKS_ARRIVE_SECONDS`` instead of the group's whole timeout."""
-        ranks = self.cell_ranks
-        if len(ranks) < self.world_size:
-            raise DtworkError(
-                f"{what} needs every rank (a collective), but this cell runs on rank(s) "
-                f"{', '.join(map(str, ranks))} of {self.world_size}: run it on every rank (%%dtrain without --ranks)"
-            )
-        if not arrive or self.world_size < 2 or self.backend != "gloo":  # a monitored barrier is gloo's
-            return
-        try:
-            dist.monitored_barrier(timeout=timedelta(seconds=RANKS_ARRIVE_SECONDS), wait_all_ranks=True)
-        except RuntimeError as exc:
-            raise DtworkError(
-                f"{what} needs every rank, but not all reached it in {RANKS_ARRIVE_SECONDS:.0f} s "
-                f"({str(exc).strip()}): call it on every rank, not under `if ctx.rank == ...`"
-            ) from None
+        self.state.require_all_ranks(what, arrive_seconds=RANKS_ARRIVE_SECONDS if arrive else None)
 
     def __repr__(self) -> str:
         return (
@@ -125,30 +131,20 @@ class Context:
 
     # -- what the trial registered (weakly: a model the cell dropped is forgotten) ------------
 
-    def _live(self, kind: str) -> list[Any]:
-        refs = self._registered[kind]
-        live = [r() for r in refs]
-        self._registered[kind] = [r for r, obj in zip(refs, live, strict=True) if obj is not None]
-        return [obj for obj in live if obj is not None]
-
     def register(self, kind: str, obj: Any) -> None:
-        refs = self._registered[kind]
-        if refs and refs[-1]() is obj:  # the common case: ctx.step(opt) on every step
-            return
-        if obj not in self._live(kind):
-            self._registered[kind].append(weakref.ref(obj))
+        self.state.register(kind, obj)
 
     @property
     def models(self) -> list[torch.nn.Module]:
-        return self._live("models")
+        return self.state.models
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        return self._live("optimizers")
+        return self.state.optimizers
 
     @property
     def schedulers(self) -> list[Any]:
-        return self._live("schedulers")
+        return self.state.schedulers
 
     def forget_dropped(self) -> None:
         """Collect models/optimizers that earlier cells replaced, so checkpoints hold the live ones."""
@@ -183,27 +179,22 @@ class Context:
         if global_batch_size is None:
             self.global_batch_size = self.per_slot_batch_size = None
             return
-        if global_batch_size < self.world_size:
-            raise DtworkError(
-                f"global batch size {global_batch_size} is smaller than the {self.world_size} slots: "
-                f"use a global batch of at least {self.world_size}"
-            )
-        per_slot = global_batch_size // self.world_size
-        dropped = global_batch_size - per_slot * self.world_size
+        per_slot, dropped = _batch.split(global_batch_size, self.world_size)  # refuses fewer than slots
+        effective = _batch.effective(global_batch_size, self.world_size)
         if dropped and self.rank == 0:
             warnings.warn(
                 f"global batch {global_batch_size} does not divide over {self.world_size} slots: "
                 f"{per_slot} per slot, {dropped} example(s) per step dropped "
-                f"(effective global batch {per_slot * self.world_size})",
+                f"(effective global batch {effective})",
                 DtworkWarning,
                 stacklevel=3,
             )
         self.per_slot_batch_size = per_slot
-        self.global_batch_size = per_slot * self.world_size
+        self.global_batch_size = effective
 
     def batch_size(self, default: int = 32) -> int:
         """Return the per-slot batch size, or ``default`` when no global batch was set."""
-        return self.per_slot_batch_size or default
+        return self.state.batch_size(default)
 
     # -- helpers (implemented beside this module) --------------------------------------------
 
@@ -222,8 +213,8 @@ class Context:
         if not isinstance(model, torch.nn.Module):
             raise DtworkError(f"ctx.wrap takes a torch.nn.Module, got {type(model).__name__}")
         self.require_all_ranks("ctx.wrap", arrive=True)
-        tune_before_wrap(self, model)  # optimizations.auto_tune_tensor_fusion, once per config
-        wrapped = wrap_model(self, model, gns=gns, **ddp_kwargs)
+        tune_before_wrap(self.state, model)  # optimizations.auto_tune_tensor_fusion, once per config
+        wrapped = wrap_model(self.state, model, gns=gns, **ddp_kwargs)
         self.register("models", wrapped)
         return wrapped
 
@@ -233,7 +224,7 @@ class Context:
         """DataLoader over this rank's shard (DistributedSampler) with the per-slot batch size."""
         from dtwork.runtime.data import make_loader
 
-        return make_loader(self, dataset, batch_size=batch_size, **kwargs)
+        return make_loader(self.state, dataset, batch_size=batch_size, **kwargs)
 
     def synthetic(self, *shapes: Any, size: int = 1024, **kwargs: Any) -> torch.utils.data.Dataset:
         """A synthetic dataset of given shapes (see ``runtime.data.SyntheticDataset``)."""
@@ -250,7 +241,7 @@ class Context:
                 f"ctx.optimizer takes parameters, got a model ({type(params).__name__}): "
                 "use ctx.optimizer(model.parameters())"
             )
-        opt = make_optimizer(self, params, **overrides)
+        opt = make_optimizer(self.state, params, **overrides)
         self.register("optimizers", opt)
         return opt
 
@@ -258,7 +249,7 @@ class Context:
         """The configured warmup + decay schedule as a LambdaLR (stepped by ``ctx.step``)."""
         from dtwork.runtime.optim import make_scheduler
 
-        sched = make_scheduler(self, optimizer, **overrides)
+        sched = make_scheduler(self.state, optimizer, **overrides)
         self.register("schedulers", sched)
         return sched
 
@@ -320,21 +311,21 @@ class Context:
             loader = self.loader(loader)
         if self.world_size > 1:
             self.require_all_ranks("ctx.steps", arrive=True)
-        return iter(_loop.StepLoop(self, loader, max_steps=max_steps, **kwargs))
+        return iter(_loop.StepLoop(self.state, loader, max_steps=max_steps, **kwargs))
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward pass with loss scaling (fp16) and accumulation averaging."""
-        _train.backward(self, loss)  # imported at the top: an import per step costs a training loop
+        _train.backward(self.state, loss)  # imported at the top: an import per step costs a training loop
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Optimizer step at the last micro-batch of a step; return whether it stepped."""
-        return _train.optimizer_step(self, optimizer)
+        return _train.optimizer_step(self.state, optimizer)
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float, **kwargs: Any) -> torch.Tensor | None:
         """Clip ``model``'s gradients to ``max_norm`` (unscaled first with fp16); return their norm."""
         from dtwork.runtime.optim import clip_grad_norm
 
-        return clip_grad_norm(self, model, max_norm, **kwargs)
+        return clip_grad_norm(self.state, model, max_norm, **kwargs)
 
     def log(self, **scalars: Any) -> None:
         """Log scalars: averaged over ranks (average_training_metrics; every rank logs the same
@@ -343,7 +334,7 @@ class Context:
         if loop is not None and "step" not in scalars:  # inside ctx.steps, every step: the short way
             loop.add_log(scalars)
         else:
-            _train.log_scalars(self, scalars)
+            _train.log_scalars(self.state, scalars)
 
     def evaluate(
         self,
@@ -361,7 +352,7 @@ class Context:
             )
         _args.check_keywords("ctx.evaluate", kw, _args.keyword_names(evaluate)[4:])
         self.require_all_ranks("ctx.evaluate", arrive=True)
-        return evaluate(self, model, loader_or_dataset, metric_fn, **kw)
+        return evaluate(self.state, model, loader_or_dataset, metric_fn, **kw)
 
     # -- collectives users often want --------------------------------------------------------
 

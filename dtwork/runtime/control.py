@@ -83,15 +83,10 @@ def _cell_ran(result: Any) -> None:
     error = getattr(result, "error_in_exec", None)
     if error is None:
         return
-    from dtwork import runtime
     from dtwork.runtime import group
 
-    try:
-        rank = runtime.current().rank
-    except RuntimeError:  # not joined yet
-        return
     try:  # an error here would be shown as the cell's own
-        group.on_cell_error(error, rank, _left_step[0] if _left_step else None)
+        group.on_cell_error(error, _left_step[0] if _left_step else None)
     except Exception as exc:
         print(f"dtwork: could not abort the process group after the error: {exc}", file=sys.stderr)
 

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from dtwork.errors import DtworkError
 
 if TYPE_CHECKING:
-    from dtwork.runtime.context import Context
+    from dtwork.runtime.state import RankState
 
 
 class SyntheticDataset(Dataset):  # type: ignore[type-arg]
@@ -52,7 +52,7 @@ def _shape(s: Any) -> tuple[int, ...]:
 
 
 def make_loader(
-    ctx: Context,
+    state: RankState,
     dataset: Any,
     *,
     batch_size: int | None = None,
@@ -62,7 +62,7 @@ def make_loader(
     **kwargs: Any,
 ) -> DataLoader:  # type: ignore[type-arg]
     """A DataLoader over this rank's shard (DistributedSampler), with the per-slot batch size."""
-    bs = batch_size or ctx.per_slot_batch_size
+    bs = batch_size or state.per_slot_batch_size
     if bs is None:
         raise DtworkError(
             "ctx.loader needs a batch size: set a global batch (%dtrain start --global-batch-size G, "
@@ -70,14 +70,22 @@ def make_loader(
         )
     sampler: DistributedSampler[Any] = DistributedSampler(
         dataset,
-        num_replicas=ctx.world_size,
-        rank=ctx.rank,
+        num_replicas=state.world_size,
+        rank=state.rank,
         shuffle=shuffle,
-        seed=ctx.config.seed if seed is None else seed,
+        seed=state.config.seed if seed is None else seed,
         drop_last=drop_last,
     )
-    kwargs.setdefault("pin_memory", ctx.device.type == "cuda")
+    kwargs.setdefault("pin_memory", state.device.type == "cuda")
     return DataLoader(dataset, batch_size=bs, sampler=sampler, **kwargs)
+
+
+def input_shape(model: torch.nn.Module) -> tuple[int, ...] | None:
+    """The shape of one example ``model`` takes, read from its first Linear layer; None without one."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            return (m.in_features,)
+    return None
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

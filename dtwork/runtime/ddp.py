@@ -10,37 +10,46 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtwork.runtime import handloop
-from dtwork.runtime.hooks import MeasureState, count_forward, inner_hook, measure_hook
+from dtwork.runtime.hooks import (
+    MeasureState,
+    attach_measure,
+    count_forward,
+    inner_hook,
+    measure_hook,
+    measure_state,
+)
 
 if TYPE_CHECKING:
-    from dtwork.runtime.context import Context
+    from dtwork.runtime.state import RankState
 
 
-def wrap_model(ctx: Context, model: torch.nn.Module, *, gns: bool | None = None, **ddp_kwargs: Any) -> DDP:
+def wrap_model(
+    state: RankState, model: torch.nn.Module, *, gns: bool | None = None, **ddp_kwargs: Any
+) -> DDP:
     """Move ``model`` to ``ctx.device`` and wrap it in DDP.
 
     The bucket size is ``optimizations.tensor_fusion_threshold`` (MB); the communication hook
     is the configured compression wrapped by the measuring hook (step timing, and with
     ``gns`` — or ``gns: true`` in the config — the norms for the gradient noise scale).
     """
-    opt = ctx.config.optimizations
-    model = model.to(ctx.device)
+    opt = state.config.optimizations
+    model = model.to(state.device)
     ddp_kwargs.setdefault("bucket_cap_mb", opt.tensor_fusion_threshold)
-    if ctx.device.type == "cuda":
-        ddp_kwargs.setdefault("device_ids", [ctx.device.index or 0])
+    if state.device.type == "cuda":
+        ddp_kwargs.setdefault("device_ids", [state.device.index or 0])
     wrapped = DDP(model, **ddp_kwargs)
     comp = opt.gradient_compression
     hook, hook_state = inner_hook(comp.type, comp.rank, comp.start_iter)
-    use_gns = ctx.config.gns.enabled if gns is None else bool(gns)
-    state = MeasureState(
-        inner=hook, inner_state=hook_state, gns=use_gns, rank=ctx.rank, world_size=ctx.world_size
+    use_gns = state.config.gns.enabled if gns is None else bool(gns)
+    measuring = MeasureState(
+        inner=hook, inner_state=hook_state, gns=use_gns, rank=state.rank, world_size=state.world_size
     )
-    wrapped.register_comm_hook(state, measure_hook)
-    wrapped.register_forward_pre_hook(_counter(state))
+    wrapped.register_comm_hook(measuring, measure_hook)
+    wrapped.register_forward_pre_hook(_counter(measuring))
     wrapped.register_forward_pre_hook(_follow_group)
-    wrapped._dtwork_measure = state  # type: ignore[assignment]
-    ctx.gns, ctx.gns_state = None, None  # a new wrap starts a new estimate
-    handloop.attach(ctx)
+    attach_measure(wrapped, measuring)
+    state.gns, state.gns_state = None, None  # a new wrap starts a new estimate
+    handloop.attach(state)
     wrapped._dtwork_kwargs = ddp_kwargs  # type: ignore[assignment]
     return wrapped
 
@@ -48,13 +57,13 @@ def wrap_model(ctx: Context, model: torch.nn.Module, *, gns: bool | None = None,
 def rebind(model: torch.nn.Module) -> None:
     """Rebuild a wrapped model's DDP state on the current (new) default group, in place, so that
     the cell's variables keep working; rank 0's weights are broadcast as at the first wrap."""
-    state = measure_state(model)
-    if not isinstance(model, DDP) or state is None:
+    measuring = measure_state(model)
+    if not isinstance(model, DDP) or measuring is None:
         return
     fresh = DDP(model.module, **getattr(model, "_dtwork_kwargs", {}))
-    state.reset()
-    fresh.register_comm_hook(state, measure_hook)
-    fresh.register_forward_pre_hook(_counter(state))
+    measuring.reset()
+    fresh.register_comm_hook(measuring, measure_hook)
+    fresh.register_forward_pre_hook(_counter(measuring))
     fresh.register_forward_pre_hook(_follow_group)
     model.__dict__.update(fresh.__dict__)
 
@@ -68,7 +77,3 @@ def _follow_group(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
 
 def _counter(state: MeasureState) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
     return lambda _module, args: count_forward(state, args)
-
-
-def measure_state(model: torch.nn.Module) -> MeasureState | None:
-    return getattr(model, "_dtwork_measure", None)

@@ -17,20 +17,20 @@ from torch.utils.data import DataLoader, Subset
 from dtwork.runtime.data import batch_len, to_device
 
 if TYPE_CHECKING:
-    from dtwork.runtime.context import Context
+    from dtwork.runtime.state import RankState
 
 
-def _shard(ctx: Context, loader_or_dataset: Any, batch_size: int | None) -> DataLoader:  # type: ignore[type-arg]
+def _shard(state: RankState, loader_or_dataset: Any, batch_size: int | None) -> DataLoader:  # type: ignore[type-arg]
     if isinstance(loader_or_dataset, DataLoader):
         dataset = loader_or_dataset.dataset
         batch_size = batch_size or loader_or_dataset.batch_size
         collate = loader_or_dataset.collate_fn
     else:
         dataset, collate = loader_or_dataset, None
-    indices = list(range(ctx.rank, len(cast(Sized, dataset)), ctx.world_size))
+    indices = list(range(state.rank, len(cast(Sized, dataset)), state.world_size))
     kwargs: dict[str, Any] = {"collate_fn": collate} if collate is not None else {}
     return DataLoader(
-        Subset(dataset, indices), batch_size=batch_size or ctx.batch_size(), shuffle=False, **kwargs
+        Subset(dataset, indices), batch_size=batch_size or state.batch_size(), shuffle=False, **kwargs
     )
 
 
@@ -41,7 +41,7 @@ def _forward(model: torch.nn.Module, batch: Any) -> Any:
 
 
 def evaluate(
-    ctx: Context,
+    state: RankState,
     model: torch.nn.Module,
     loader_or_dataset: Any,
     metric_fn: Callable[[Any, Any], Any] | None = None,
@@ -56,7 +56,7 @@ def evaluate(
     the one-process value. Without it, return the outputs of every example in dataset order
     (batch inference), on every rank.
     """
-    loader = _shard(ctx, loader_or_dataset, batch_size)
+    loader = _shard(state, loader_or_dataset, batch_size)
     fwd = forward or _forward
     was_training = model.training
     model.eval()
@@ -65,7 +65,7 @@ def evaluate(
     count = 0
     with torch.no_grad():
         for batch in loader:
-            batch = to_device(batch, ctx.device)
+            batch = to_device(batch, state.device)
             out = fwd(model, batch)
             count += batch_len(batch)
             if metric_fn is None:
@@ -73,32 +73,32 @@ def evaluate(
                 continue
             values = metric_fn(out, batch)
             for name, v in values.items() if isinstance(values, dict) else [("value", values)]:
-                total = torch.as_tensor(v, dtype=torch.float64, device=ctx.device).sum()
-                sums[name] = sums.get(name, torch.zeros((), dtype=torch.float64, device=ctx.device)) + total
+                total = torch.as_tensor(v, dtype=torch.float64, device=state.device).sum()
+                sums[name] = sums.get(name, torch.zeros((), dtype=torch.float64, device=state.device)) + total
     model.train(was_training)
     if metric_fn is None:
-        return _gather_outputs(ctx, outputs)
-    return _reduce_means(ctx, sums, count, isinstance(values, dict) if count else False)
+        return _gather_outputs(state, outputs)
+    return _reduce_means(state, sums, count, isinstance(values, dict) if count else False)
 
 
-def _reduce_means(ctx: Context, sums: dict[str, torch.Tensor], count: int, as_dict: bool) -> Any:
+def _reduce_means(state: RankState, sums: dict[str, torch.Tensor], count: int, as_dict: bool) -> Any:
     names = sorted(sums) or ["value"]
-    vec = torch.stack([sums.get(n, torch.zeros((), dtype=torch.float64, device=ctx.device)) for n in names])
-    vec = torch.cat([vec, torch.tensor([float(count)], dtype=torch.float64, device=ctx.device)])
+    vec = torch.stack([sums.get(n, torch.zeros((), dtype=torch.float64, device=state.device)) for n in names])
+    vec = torch.cat([vec, torch.tensor([float(count)], dtype=torch.float64, device=state.device)])
     dist.all_reduce(vec)
     total = vec[-1].item()
     means = {n: (vec[i].item() / total if total else float("nan")) for i, n in enumerate(names)}
     return means if as_dict or len(names) > 1 else means[names[0]]
 
 
-def _gather_outputs(ctx: Context, outputs: list[torch.Tensor]) -> torch.Tensor:
+def _gather_outputs(state: RankState, outputs: list[torch.Tensor]) -> torch.Tensor:
     mine = torch.cat(outputs) if outputs else torch.empty(0)
-    shards: list[Any] = [None] * ctx.world_size
+    shards: list[Any] = [None] * state.world_size
     dist.all_gather_object(shards, mine)
     total = sum(len(s) for s in shards)
     if total == 0:
         return mine
     out = torch.empty((total, *shards[0].shape[1:]) if len(shards[0]) else (total,), dtype=shards[0].dtype)
     for rank, shard in enumerate(shards):
-        out[rank :: ctx.world_size] = shard
+        out[rank :: state.world_size] = shard
     return out

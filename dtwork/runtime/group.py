@@ -102,8 +102,11 @@ def abort(reason: str) -> None:
     _group.sockets = set()
 
 
-def on_cell_error(error: BaseException, rank: int, step: int | None) -> None:
+def on_cell_error(error: BaseException, step: int | None) -> None:
     """A cell failed on this rank: abort the group unless another rank already did."""
+    rank = _group.spec.get("rank")
+    if rank is None:  # not joined yet
+        return
     if failed() is not None:
         abort("")  # passes the teardown on to ranks that wait on this one
         return

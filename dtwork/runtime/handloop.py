@@ -26,21 +26,19 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
-from dtwork.runtime.hooks import MeasureState
+from dtwork.records import make_perf_record
+from dtwork.runtime.hooks import measure_state
+from dtwork.runtime.timing import PERF_SECONDS, steps_per_sync
 
 if TYPE_CHECKING:
-    from dtwork.runtime.context import Context
-
-PERF_SECONDS = 0.1
-SYNC_SECONDS = 0.1  # the ranks sum the kept norms about this often
-MAX_EVERY = 64
+    from dtwork.runtime.state import RankState
 
 
 class HandLoop:
     """The live view of the hand-written loops of one rank since the last ``ctx.wrap``."""
 
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
+    def __init__(self, state: RankState) -> None:
+        self.state = state
         self.reset()
 
     def reset(self) -> None:
@@ -60,10 +58,10 @@ class HandLoop:
 
     def on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """After an optimizer step: count it, publish throughput, keep (and sum) the norms."""
-        ctx = self.ctx
-        if ctx.loop is not None:  # ctx.steps keeps its own books
+        state = self.state
+        if state.loop is not None:  # ctx.steps keeps its own books
             return
-        states = [s for m in ctx.models if (s := _state(m)) is not None and s.buckets]
+        states = [s for m in state.models if (s := measure_state(m)) is not None and s.buckets]
         if not states:  # no wrapped model exchanged since the last step: not a training step
             return
         samples = max(s.samples for s in states)
@@ -71,12 +69,13 @@ class HandLoop:
         gns = [s for s in states if s.gns]
         norms = [s.norms() for s in gns]
         measured = [n for n in norms if n is not None]
-        scale = float(ctx._scaler.get_scale()) if ctx._scaler is not None else 1.0  # before its update
+        scale = float(state.scaler.get_scale()) if state.scaler is not None else 1.0  # before its update
         for s in states:
             s.reset()
             s.measuring = True  # a steps loop that sampled every Nth step may have left it off
         self.step += 1
-        ctx.publisher.progress(step=self.step, phase="train")  # the watchdog names the rank that stops first
+        # the watchdog names the rank that stops first
+        state.publisher.progress(step=self.step, phase="train")
         self._perf_tick(samples, comm)
         if not gns or not self._estimating():
             return
@@ -85,28 +84,28 @@ class HandLoop:
             self._norms += [small, big]
             self._meta += [float(samples), 1.0]
         else:
-            self._norms += [torch.zeros((), dtype=torch.float64, device=ctx.device)] * 2
+            self._norms += [torch.zeros((), dtype=torch.float64, device=state.device)] * 2
             self._meta += [float(samples), 0.0]
         if len(self._meta) >= 2 * self.every:
             self._sync()
 
     def _estimating(self) -> bool:
-        ctx = self.ctx
-        if ctx.gns_state is not None:
+        state = self.state
+        if state.gns_state is not None:
             return True
         from dtwork.analysis.gns import GNSEstimator
 
-        if ctx.world_size < 2:  # a hand loop's micro-batches are not seen: one batch size only
-            if ctx.rank == 0 and not self._said_why:
+        if state.world_size < 2:  # a hand loop's micro-batches are not seen: one batch size only
+            if state.rank == 0 and not self._said_why:
                 print("dtwork: no gradient noise scale estimate for a hand-written loop at world size 1")
             self._said_why = True
             return False
-        ctx.gns_state = GNSEstimator(ctx.config.gns.ema_decay)
+        state.gns_state = GNSEstimator(state.config.gns.ema_decay)
         return True
 
     def _sync(self) -> None:
         """Sum the kept steps over the ranks (one all-reduce) and feed the estimate."""
-        ctx, est = self.ctx, self.ctx.gns_state
+        state, est = self.state, self.state.gns_state
         assert est is not None  # _estimating made it
         meta, self._meta = self._meta, []
         norms, self._norms = self._norms, []
@@ -114,24 +113,24 @@ class HandLoop:
         now = time.perf_counter()
         per_step = (now - self._last_sync) / n if self._last_sync else 0.0
         self._last_sync = now
-        head = torch.tensor([per_step, *meta], dtype=torch.float64, device=ctx.device)
+        head = torch.tensor([per_step, *meta], dtype=torch.float64, device=state.device)
         vec = torch.cat([head, torch.stack(norms).to(head.device)])
         dist.all_reduce(vec)
         values = vec.tolist()  # [seconds per step, (examples, measured) per step, (small, big) per step]
-        ws = ctx.world_size
+        ws = state.world_size
         if values[0] > 0:
-            self.every = max(1, min(MAX_EVERY, int(SYNC_SECONDS * ws / values[0])))
+            self.every = steps_per_sync(values[0] / ws)
         for i in range(n):
             samples, measured = values[1 + 2 * i], values[2 + 2 * i]
             small, big = values[1 + 2 * n + 2 * i], values[2 + 2 * n + 2 * i]
             if measured == ws and samples > 0:
                 est.update(small / ws, big, samples / ws, samples)
-        ctx.gns = est.b_simple
+        state.gns = est.b_simple
         record = est.record_values()
-        if ctx.rank == 0 and record:
+        if state.rank == 0 and record:
             b_big = values[2 * n - 1]
             record.update(b_small=b_big / ws, b_big=b_big)
-            ctx.publisher.record("gns", self.step - 1, record)
+            state.publisher.record("gns", self.step - 1, record)
 
     def _perf_tick(self, samples: int, comm: float) -> None:
         p = self._perf
@@ -145,18 +144,17 @@ class HandLoop:
         elapsed = now - p["t"]
         if elapsed < PERF_SECONDS:
             return
-        steps = p["steps"]
-        values = {
-            "samples_per_s": p["samples"] / elapsed,
-            "step_time": elapsed / steps,
-            "comm_time": p["comm"] / steps,
-        }
-        self.ctx.publisher.record("perf", self.step - 1, values)
+        self.state.publisher.add(
+            make_perf_record(
+                self.step - 1,
+                self.state.rank,
+                samples=p["samples"],
+                seconds=elapsed,
+                steps=int(p["steps"]),
+                comm=p["comm"],
+            )
+        )
         self._perf = {"t": now, "steps": 0, "samples": 0, "comm": 0.0}
-
-
-def _state(model: torch.nn.Module) -> MeasureState | None:
-    return getattr(model, "_dtwork_measure", None)
 
 
 _current: HandLoop | None = None
@@ -170,15 +168,15 @@ def _on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
 
 def _flush_after_cell() -> None:
     if _current is not None:  # the last records of a hand loop leave with its cell
-        _current.ctx.publisher.flush()
+        _current.state.publisher.flush()
         _current.pause()
 
 
-def attach(ctx: Context) -> HandLoop:
+def attach(state: RankState) -> HandLoop:
     """Start the hand-loop view of ``ctx`` over (a new ``ctx.wrap``); install the hooks once."""
     global _current, _handle
-    if _current is None or _current.ctx is not ctx:
-        _current = HandLoop(ctx)
+    if _current is None or _current.state is not state:
+        _current = HandLoop(state)
     else:
         _current.reset()
     if _handle is None:

@@ -92,6 +92,16 @@ class MeasureState:
         return torch.stack(self.local_sq).double().sum(), torch.stack(self.reduced_sq).double().sum()
 
 
+def attach_measure(model: torch.nn.Module, state: MeasureState) -> None:
+    """Keep ``state`` on the wrapped model, where the steps loop and the hand loop find it."""
+    model._dtwork_measure = state  # type: ignore[assignment]
+
+
+def measure_state(model: torch.nn.Module) -> MeasureState | None:
+    """The measuring state ``ctx.wrap`` attached to ``model``, or None for a model it did not wrap."""
+    return getattr(model, "_dtwork_measure", None)
+
+
 def _sq_norm(t: torch.Tensor, part: int = 0, parts: int = 1) -> torch.Tensor:
     """|t|^2 (of its ``part``-th of ``parts`` contiguous slices) in float32 or wider, without a
     full-size temporary for float32 buffers."""

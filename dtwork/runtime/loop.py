@@ -11,6 +11,7 @@ every rank takes the same decision at the same step (a consistent stop).
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -18,17 +19,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dtwork.errors import DtworkError
+from dtwork.records import make_perf_record
 from dtwork.runtime import checkpoint, control, guards
 from dtwork.runtime.data import batch_len, to_device
-from dtwork.runtime.ddp import measure_state
+from dtwork.runtime.hooks import measure_state
 from dtwork.runtime.sync import StepHead, StepSync, SyncedStep
+from dtwork.runtime.timing import GPU_SECONDS, PERF_SECONDS
 
 if TYPE_CHECKING:
-    from dtwork.runtime.context import Context
+    from dtwork.runtime.state import RankState
 
-PERF_SECONDS = 0.1
 Norm = float | torch.Tensor  # a squared norm: read, or a 0-d tensor on the device until the sync
-GPU_SECONDS = 1.0
 
 
 class StepLoop:
@@ -36,7 +37,7 @@ class StepLoop:
 
     def __init__(
         self,
-        ctx: Context,
+        state: RankState,
         loader: Iterable[Any],
         *,
         max_steps: int | None = None,
@@ -47,23 +48,25 @@ class StepLoop:
         validate_every: int | None = None,
         check_replicas_every: int | None = None,
     ) -> None:
-        cfg = ctx.config
-        self.ctx = ctx
+        cfg = state.config
+        self.state = state
         self.loader = loader
         self.k = cfg.optimizations.aggregation_frequency
-        cfg_steps, cfg_epochs = cfg.stop(ctx.global_batch_size)  # max_steps, else searcher.max_length
+        cfg_steps, cfg_epochs = cfg.stop(state.global_batch_size)  # max_steps, else searcher.max_length
         self.max_steps = max_steps if max_steps is not None else cfg_steps
         self.max_epochs = max_epochs if max_epochs is not None else cfg_epochs
         if self.max_steps is None and self.max_epochs is None:
             self.max_epochs = 1
-        self.resume = resume or getattr(ctx, "auto_resume", False)
-        period = cfg.checkpoint.every or cfg.steps_in(cfg.min_checkpoint_period, ctx.global_batch_size)
+        self.resume = resume or state.auto_resume
+        period = cfg.checkpoint.every or cfg.steps_in(cfg.min_checkpoint_period, state.global_batch_size)
         self.every = checkpoint_every if checkpoint_every is not None else period
         if self.every:  # before training: a folder another store's run owns is refused now
-            checkpoint.check_owner(ctx)
+            checkpoint.check_owner(state)
         self.validate = validate
         self.check_every = check_replicas_every  # steps between replica checks; else at the end only
-        self.validate_every = validate_every or cfg.steps_in(cfg.min_validation_period, ctx.global_batch_size)
+        self.validate_every = validate_every or cfg.steps_in(
+            cfg.min_validation_period, state.global_batch_size
+        )
         if validate is not None and not self.validate_every:
             raise DtworkError(
                 "ctx.steps(validate=fn) needs a period: min_validation_period in the config, or validate_every=N"
@@ -75,7 +78,7 @@ class StepLoop:
         self.is_last_micro = True
         self.stepped = False
         self.stopped_early = False
-        self.sync = StepSync(ctx.device, ctx.world_size, cfg.optimizations.average_training_metrics)
+        self.sync = StepSync(state.device, state.world_size, cfg.optimizations.average_training_metrics)
         self.add_log = self.sync.add_log  # ctx.log's short way, every step
         self._samples = 0
         self._gns_micro: list[torch.Tensor] = []
@@ -97,27 +100,27 @@ class StepLoop:
     # -- the iteration ---------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        ctx = self.ctx
-        if ctx.loop is not None:
+        state = self.state
+        if state.loop is not None:
             raise DtworkError("ctx.steps is already running: nested training loops are not supported")
         self._setup_precision()
         self._setup_gns()
         resume_state = self._load_resume() if self.resume else None
-        self._models = ctx.models
-        ctx.loop = self
+        self._models = state.models
+        state.loop = self
         control.clear()
         control.enter_loop()
         self._progress("train")
         # Sent at once, not at the next flush interval: a rank that stalls at the loop's first
         # steps is then still named by the kernel's watchdog (it knows the loop started).
-        ctx.publisher.flush()
+        state.publisher.flush()
         clean = False
         guard = None
         try:
             if self.k > 1:  # a plain opt.step() before the last micro-batch fails at once
                 guard = guards.step_only_at_last_micro(lambda: (self.micro % self.k + 1, self.k))
             yield from self._epochs(resume_state)
-            guards.check_replicas(list(self._trained.values()), self.step, ctx.device)
+            guards.check_replicas(list(self._trained.values()), self.step, state.device)
             if self.every and self.step and self._saved_step != self.step:
                 self.save_checkpoint()  # the loop's end, also between two `every`
             clean = True
@@ -135,9 +138,9 @@ class StepLoop:
             self._publish_unsynced()
             self._publish_gns(force=True)
             control.exit_loop()
-            ctx.loop = None
+            state.loop = None
             self._progress("done")
-            ctx.publisher.flush()
+            state.publisher.flush()
 
     def _epochs(self, resume_state: dict[str, Any] | None) -> Iterator[tuple[int, Any]]:
         skip = 0
@@ -177,7 +180,7 @@ class StepLoop:
         self.is_last_micro = (self.micro + 1) % self.k == 0
         for m in self._models:
             m.require_backward_grad_sync = self.is_last_micro  # type: ignore[assignment]
-        batch = to_device(batch, self.ctx.device)
+        batch = to_device(batch, self.state.device)
         n = batch_len(batch)
         self._micro_len = n
         self._samples += n
@@ -195,18 +198,18 @@ class StepLoop:
     # -- precision ---------------------------------------------------------------------------
 
     def _setup_precision(self) -> None:
-        mp = self.ctx.config.mixed_precision
-        if mp == "fp16" and self.ctx._scaler is None:
-            self.ctx._scaler = torch.amp.GradScaler(self.ctx.device.type)
+        mp = self.state.config.mixed_precision
+        if mp == "fp16" and self.state.scaler is None:
+            self.state.scaler = torch.amp.GradScaler(self.state.device.type)
         elif mp != "fp16":
-            self.ctx._scaler = None  # bf16 and fp32 need no loss scaling
+            self.state.scaler = None  # bf16 and fp32 need no loss scaling
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        mp = self.ctx.config.mixed_precision
+        mp = self.state.config.mixed_precision
         if mp == "none":
             return contextlib.nullcontext()
         dtype = torch.float16 if mp == "fp16" else torch.bfloat16
-        return torch.autocast(self.ctx.device.type, dtype=dtype)
+        return torch.autocast(self.state.device.type, dtype=dtype)
 
     # -- gradient noise scale -------------------------------------------------------------------
 
@@ -215,7 +218,7 @@ class StepLoop:
         (a model of an earlier loop, still alive, is not trained by this one)."""
         return [
             m
-            for m in self.ctx.models
+            for m in self.state.models
             if (s := measure_state(m)) is not None and s.gns and (s.forwards or not active)
         ]
 
@@ -224,25 +227,25 @@ class StepLoop:
             return
         from dtwork.analysis.gns import GNSEstimator, no_estimate_reason
 
-        reason = no_estimate_reason(self.ctx.world_size, self.k)
+        reason = no_estimate_reason(self.state.world_size, self.k)
         if reason is not None:
-            if self.ctx.rank == 0:
+            if self.state.rank == 0:
                 print(f"dtwork: {reason}")
             return
-        gns = self.ctx.config.gns
+        gns = self.state.config.gns
         # one sample every `every` steps: decay^every per sample keeps the average's span in steps;
         # a loop over the same wrapped model goes on with its estimate (ctx.wrap starts a new one)
-        if self.ctx.gns_state is None:
-            self.ctx.gns_state = GNSEstimator(gns.ema_decay**gns.every)
+        if self.state.gns_state is None:
+            self.state.gns_state = GNSEstimator(gns.ema_decay**gns.every)
         self._arm_gns()
 
     def _gns_step(self) -> bool:
         """Whether the noise scale is measured at the step being taken (every Nth step)."""
-        return self.ctx.gns_state is not None and self.step % self.ctx.config.gns.every == 0
+        return self.state.gns_state is not None and self.step % self.state.config.gns.every == 0
 
     def _arm_gns(self) -> None:
         """Tell the models' hooks whether the coming step is measured (the others skip the norms)."""
-        if self.ctx.gns_state is None:
+        if self.state.gns_state is None:
             return
         measuring = self._gns_step()
         for m in self._gns_models(active=False):
@@ -257,25 +260,25 @@ class StepLoop:
             for p in m.parameters()
             if p.grad is not None
         ]
-        return torch.cat(grads) if grads else torch.zeros(1, device=self.ctx.device)
+        return torch.cat(grads) if grads else torch.zeros(1, device=self.state.device)
 
     def micro_gns(self) -> bool:
         """Accumulation, on a measured step: the micro-batches are the small batches."""
         return self.k > 1 and self._gns_step()
 
     def before_backward(self) -> None:
-        if self.micro_gns() and not (self.is_last_micro and self.ctx.world_size > 1):
+        if self.micro_gns() and not (self.is_last_micro and self.state.world_size > 1):
             self._grad_snapshot = self._grad_vector() if self.micro % self.k else None
 
     def after_backward(self, scale: float) -> None:
         self.grad_scale = scale
         if not self.micro_gns():
             return
-        if self.is_last_micro and self.ctx.world_size > 1:
+        if self.is_last_micro and self.state.world_size > 1:
             return  # the exchange replaced the local gradient: the hook measured the step's
         g = self._grad_vector()
         micro = g if self._grad_snapshot is None else g - self._grad_snapshot
-        factor = self.k if self.ctx.config.optimizations.average_aggregated_gradients else 1.0
+        factor = self.k if self.state.config.optimizations.average_aggregated_gradients else 1.0
         self._gns_micro.append(micro.pow(2).sum() * factor**2 / scale**2)  # read with the sync
         if self.is_last_micro:  # the accumulated gradient, before ctx.step zeroes it
             self._gns_big = g.pow(2).sum() * (factor / self.k) ** 2 / scale**2
@@ -286,12 +289,12 @@ class StepLoop:
         with accumulation the share is all of it). On an accelerator they stay 0-d tensors on
         the device, read with the sync (reading one here would wait for the device every step)."""
         norms = self._measured_norms(scale)
-        if norms is None or self.ctx.device.type != "cpu":
+        if norms is None or self.state.device.type != "cpu":
             return norms
         return float(norms[0]), float(norms[1])
 
     def _measured_norms(self, scale: float) -> tuple[Norm, Norm] | None:
-        if self.ctx.gns_state is None:
+        if self.state.gns_state is None:
             return None
         states = [measure_state(m) for m in self._gns_models()]
         norms = [s.norms() for s in states if s is not None]
@@ -304,8 +307,8 @@ class StepLoop:
         micro, self._gns_micro = self._gns_micro, []
         big: Norm | None = self._gns_big
         self._gns_big = None
-        if self.ctx.world_size > 1:  # k - 1 micro-batches per rank, the exchanged gradient's share
-            averaged = self.ctx.config.optimizations.average_aggregated_gradients
+        if self.state.world_size > 1:  # k - 1 micro-batches per rank, the exchanged gradient's share
+            averaged = self.state.config.optimizations.average_aggregated_gradients
             big = None if hooked is None else hooked[1] / (1.0 if averaged else self.k**2)
         elif len(micro) < 2:
             return None
@@ -316,16 +319,16 @@ class StepLoop:
     def _gns_sizes(self) -> tuple[int, int]:
         from dtwork.analysis.gns import batch_sizes_for
 
-        return batch_sizes_for(self._micro_len, self.ctx.world_size, self.k)
+        return batch_sizes_for(self._micro_len, self.state.world_size, self.k)
 
     # -- end of step ---------------------------------------------------------------------------
 
     def _end_step(self) -> None:
-        ctx = self.ctx
+        state = self.state
         if self.validate is not None and self.validate_every and (self.step + 1) % self.validate_every == 0:
             self.add_log(dict(self.validate() or {}))  # logged at this step, like ctx.log
-        scale = self.grad_scale if ctx._scaler is not None else 1.0  # the scale the gradients carry
-        norms = self._local_norms(scale) if self.stepped or ctx._scaler is None else None
+        scale = self.grad_scale if state.scaler is not None else 1.0  # the scale the gradients carry
+        norms = self._local_norms(scale) if self.stepped or state.scaler is None else None
         self.step += 1
         comm = 0.0
         for m in self._models:
@@ -342,7 +345,7 @@ class StepLoop:
             self.sync.launch()
         self._arm_gns()
         if self.check_every and self.step % self.check_every == 0:
-            guards.check_replicas(list(self._trained.values()), self.step, ctx.device)
+            guards.check_replicas(list(self._trained.values()), self.step, state.device)
         if self.every and (self.step % self.every == 0 or self.stopped_early):
             self.save_checkpoint()
         self._progress("train")
@@ -357,21 +360,22 @@ class StepLoop:
         elapsed = now - p["t"]
         if elapsed < PERF_SECONDS and not self._done():
             return
-        steps = max(1, int(p["steps"]))
-        step_time = elapsed / steps
-        values = {
-            "samples_per_s": p["samples"] / elapsed if elapsed > 0 else 0.0,
-            "step_time": step_time,
-            "data_time": p["data"] / steps,
-            "comm_time": p["comm"] / steps,
-            "compute_time": max(0.0, step_time - (p["data"] + p["comm"]) / steps),
-        }
-        self.ctx.publisher.record("perf", self.step, values)
+        self.state.publisher.add(
+            make_perf_record(
+                self.step,
+                self.state.rank,
+                samples=p["samples"],
+                seconds=elapsed,
+                steps=int(p["steps"]),
+                comm=p["comm"],
+                data=p["data"],
+            )
+        )
         self._perf = {"t": now, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
         self._gpu_tick()
 
     def _gpu_tick(self) -> None:
-        idx = getattr(self.ctx, "gpu_index", None)
+        idx = self.state.gpu_index
         if idx is None or time.monotonic() - self._last_gpu < GPU_SECONDS:
             return
         self._last_gpu = time.monotonic()
@@ -379,7 +383,7 @@ class StepLoop:
 
         for s in telemetry.sample([idx]):
             vals = {k: v for k, v in s.to_dict().items() if k != "index" and v is not None}
-            self.ctx.publisher.record("gpu", self.step, vals)
+            self.state.publisher.record("gpu", self.step, vals)
 
     def _record_step(self, norms: tuple[Norm, Norm] | None) -> None:
         """Keep what this step leaves for the next sync: stop flag, GNS norms, logged means."""
@@ -394,18 +398,18 @@ class StepLoop:
 
     def _step_synced(self, s: SyncedStep) -> None:
         """Act on one step's reduced values (the same on every rank)."""
-        ws = self.ctx.world_size
+        ws = self.state.world_size
         if s.head.stop > 0 and not self.stopped_early:
             # Every rank reads the same reduced flag at the same step: all leave together.
             self.stopped_early = True
-            self.ctx.publisher.record(
+            self.state.publisher.record(
                 "event", self.step, {}, event="stopped", message=f"stopped at step {self.step}"
             )
-        if s.local and self.ctx.rank == 0:
-            avg = self.ctx.config.optimizations.average_training_metrics
+        if s.local and self.state.rank == 0:
+            avg = self.state.config.optimizations.average_training_metrics
             logged = {n: s.logs[i] / ws if avg else float(s.local[n]) for i, n in enumerate(s.local)}
-            self.ctx.publisher.record("log", s.step, logged)
-        if s.head.gns_measured == ws and self.ctx.gns_state is not None:  # every rank measured it
+            self.state.publisher.record("log", s.step, logged)
+        if s.head.gns_measured == ws and self.state.gns_state is not None:  # every rank measured it
             self._gns_update(float(s.head.gns_small) / ws, float(s.head.gns_big_share), s.step)
 
     def _publish_unsynced(self) -> None:
@@ -413,19 +417,19 @@ class StepLoop:
         reduced any more (the other ranks may not call the all-reduce); rank 0 records its own
         logged values for them, so that no row is lost."""
         entries = self.sync.take_unsent()
-        if self.ctx.rank == 0:
+        if self.state.rank == 0:
             for step, local in entries:
                 if local:
-                    self.ctx.publisher.record("log", step, {n: float(v) for n, v in local.items()})
+                    self.state.publisher.record("log", step, {n: float(v) for n, v in local.items()})
 
     def _gns_update(self, small: float, big: float, step: int) -> None:
-        ctx, est = self.ctx, self.ctx.gns_state
+        state, est = self.state, self.state.gns_state
         assert est is not None  # the caller checked
         b_small, b_big = self._gns_sizes()
         est.update(small, big, b_small, b_big)
-        ctx.gns = est.b_simple
+        state.gns = est.b_simple
         values = est.record_values()
-        if ctx.rank == 0 and values:
+        if state.rank == 0 and values:
             self._gns_record = (step, {**values, "b_small": float(b_small), "b_big": float(b_big)})
             self._publish_gns()
 
@@ -437,37 +441,37 @@ class StepLoop:
         now = time.perf_counter()
         if force or now - self._gns_published >= PERF_SECONDS:
             step, values = self._gns_record
-            self.ctx.publisher.record("gns", step, values)
+            self.state.publisher.record("gns", step, values)
             self._gns_record = None
             self._gns_published = now
 
     # -- checkpoints, progress -------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
+    def position(self) -> dict[str, Any]:
         return {"step": self.step, "epoch": self.epoch, "micro": self.micro}
 
     def save_checkpoint(self) -> None:
-        self.ctx.forget_dropped()  # a checkpoint holds the live models only
-        path = checkpoint.save(self.ctx, self.state())
+        gc.collect()  # a checkpoint holds the live models only (not those earlier cells replaced)
+        path = checkpoint.save(self.state, self.position())
         self._saved_step = self.step
         if path is not None:
-            self.ctx.publisher.record(
+            self.state.publisher.record(
                 "event", self.step, {}, event="checkpoint", message=f"checkpoint {path}"
             )
 
     def _load_resume(self) -> dict[str, Any] | None:
-        self.ctx.forget_dropped()
-        path = checkpoint.find(self.ctx, self.resume)
+        gc.collect()  # resume into the live models only
+        path = checkpoint.find(self.state, self.resume)
         if path is None:
-            if self.ctx.rank == 0:
+            if self.state.rank == 0:
                 print("dtwork: resume=True but no checkpoint yet: starting from step 0")
             return None
-        state = checkpoint.load(self.ctx, path)
-        self._saved_step = state["step"]
-        if self.ctx.rank == 0:
-            print(f"dtwork: resumed from {path} (step {state['step']})")
-        return state
+        position = checkpoint.load(self.state, path)
+        self._saved_step = position["step"]
+        if self.state.rank == 0:
+            print(f"dtwork: resumed from {path} (step {position['step']})")
+        return position
 
     def _progress(self, phase: str) -> None:
         total = self.max_steps
-        self.ctx.publisher.progress(step=self.step, total=total, phase=phase, epoch=self.epoch)
+        self.state.publisher.progress(step=self.step, total=total, phase=phase, epoch=self.epoch)

@@ -9,7 +9,7 @@ import torch
 from dtwork.analysis.schedules import decay_factor, lars_trust_ratio, scaled_lr, warmup_factor
 
 if TYPE_CHECKING:
-    from dtwork.runtime.context import Context
+    from dtwork.runtime.state import RankState
 
 
 class LARS(torch.optim.Optimizer):
@@ -54,18 +54,20 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def configured_lr(ctx: Context) -> float:
+def configured_lr(state: RankState) -> float:
     """The base LR scaled for the global batch (linear or sqrt rule; Goyal et al. 2017)."""
-    lr = ctx.config.lr
-    if lr.scaling == "none" or ctx.global_batch_size is None:
+    lr = state.config.lr
+    if lr.scaling == "none" or state.global_batch_size is None:
         return float(lr.base)
-    return scaled_lr(lr.base, ctx.global_batch_size, lr.base_batch_size or ctx.global_batch_size, lr.scaling)
+    return scaled_lr(
+        lr.base, state.global_batch_size, lr.base_batch_size or state.global_batch_size, lr.scaling
+    )
 
 
-def make_optimizer(ctx: Context, params: Any, **overrides: Any) -> torch.optim.Optimizer:
+def make_optimizer(state: RankState, params: Any, **overrides: Any) -> torch.optim.Optimizer:
     """Build the optimizer named by ``config.optimizer`` with the scaled LR; kwargs override."""
-    o = ctx.config.optimizer
-    lr = overrides.pop("lr", configured_lr(ctx))
+    o = state.config.optimizer
+    lr = overrides.pop("lr", configured_lr(state))
     kind = overrides.pop("type", o.type)
     if kind == "sgd":
         opts: dict[str, Any] = {
@@ -91,7 +93,7 @@ def make_optimizer(ctx: Context, params: Any, **overrides: Any) -> torch.optim.O
 
 
 def clip_grad_norm(
-    ctx: Context,
+    state: RankState,
     model: torch.nn.Module,
     max_norm: float,
     norm_type: float = 2.0,
@@ -103,14 +105,14 @@ def clip_grad_norm(
     those ``ctx`` knows) are unscaled first, once per step, as ``GradScaler.unscale_`` requires.
     Inside ``ctx.steps`` with accumulation, only the last micro-batch clips (None before it).
     """
-    loop = ctx.loop
+    loop = state.loop
     if loop is not None and not loop.is_last_micro:
         return None
     params = [p for p in model.parameters() if p.grad is not None]
-    scaler = ctx._scaler
+    scaler = state.scaler
     if scaler is not None:
         mine = {id(p) for p in params}
-        optimizers = [optimizer] if optimizer is not None else ctx.optimizers
+        optimizers = [optimizer] if optimizer is not None else state.optimizers
         for opt in optimizers:
             if any(id(p) in mine for g in opt.param_groups for p in g["params"]):
                 _unscale_once(scaler, opt)
@@ -126,10 +128,10 @@ def _unscale_once(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer
 
 
 def make_scheduler(
-    ctx: Context, optimizer: torch.optim.Optimizer, **overrides: Any
+    state: RankState, optimizer: torch.optim.Optimizer, **overrides: Any
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR: linear warmup over ``lr.warmup`` steps, then the configured decay."""
-    cfg = ctx.config
+    cfg = state.config
     s = cfg.lr_schedule
     warmup = int(overrides.pop("warmup", cfg.lr.warmup))
     kind = overrides.pop("type", s.type)

@@ -6,7 +6,7 @@ ONE float64 vector ``[seconds per step, head of every step, logs of every step]`
 logs in ``MAX_LOGGED`` slots: the length never depends on what a rank logged), launched
 asynchronously every ``sync_every`` steps and read one step later, so the exchange overlaps
 compute. ``sync_every`` follows the ranks' mean step time (the same on every rank, since it
-comes from the reduced vector): every step when steps are slower than ``SYNC_SECONDS``, fewer
+comes from the reduced vector): every step when steps are slower than ``timing.SYNC_SECONDS``, fewer
 all-reduces for fast steps, whose latency would otherwise cost a large share of each step.
 """
 
@@ -22,10 +22,9 @@ import torch.distributed as dist
 
 from dtwork.errors import DtworkError
 from dtwork.runtime import group
+from dtwork.runtime.timing import steps_per_sync
 
 MAX_LOGGED = 32
-SYNC_SECONDS = 0.1  # the ranks agree about this often (stop, metrics, GNS), or every step when slower
-MAX_SYNC_EVERY = 64
 
 Logged = dict[str, Any]  # a step's logged means by name: floats, or 0-d tensors on the device
 
@@ -173,8 +172,7 @@ class StepSync:
                 raise peer from None
         values = vec.tolist()
         if values[0] > 0:  # the ranks' summed seconds per step: how many steps the next sync waits for
-            mean = values[0] / self.world_size
-            self.sync_every = max(1, min(MAX_SYNC_EVERY, int(SYNC_SECONDS / mean)))
+            self.sync_every = steps_per_sync(values[0] / self.world_size)
         size = StepHead.SIZE
         at = 1 + size * len(entries)  # where the logs start
         out = []

@@ -1,0 +1,94 @@
+"""What a rank publishes: one shape of perf record, and no record lost to a failed publish."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+from dtwork.errors import DtworkWarning
+from dtwork.records import make_perf_record
+from dtwork.runtime import publish
+from dtwork.runtime.publish import Publisher
+
+
+class Transport:
+    """Stands in for ipyparallel's datapub: refuses while ``down``, else keeps what it got."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.sent: list[dict[str, Any]] = []
+
+    def __call__(self, data: dict[str, Any]) -> None:
+        if self.down:
+            raise OSError("socket closed")
+        self.sent.append(data)
+
+    def steps(self) -> list[int]:
+        """The steps of every record received, in key order (as the kernel reads them)."""
+        batches = [recs for data in self.sent for key, recs in sorted(data.items()) if key.startswith("r")]
+        return [rec["step"] for recs in batches for rec in recs]
+
+
+@pytest.fixture
+def transport(monkeypatch: pytest.MonkeyPatch) -> Transport:
+    out = Transport()
+    monkeypatch.setattr(publish, "_publish", out)
+    return out
+
+
+def test_a_failed_publish_warns_once_and_keeps_the_records(transport: Transport, capsys: Any) -> None:
+    pub = Publisher(0, interval=3600.0)
+    transport.down = True
+    pub.record("log", 0, {"loss": 1.0})
+    with pytest.warns(
+        DtworkWarning, match=r"rank 0 could not send its records .*OSError: socket closed.*kept"
+    ):
+        pub.flush()
+    pub.record("log", 1, {"loss": 0.5})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once, not at every flush
+        pub.flush()
+    assert pub.unsent == 2 and transport.sent == []
+    transport.down = False
+    pub.record("log", 2, {"loss": 0.25})
+    pub.flush()
+    assert transport.steps() == [0, 1, 2] and pub.unsent == 0
+    assert "rank 0 publishes its records again" in capsys.readouterr().err
+    pub.record("log", 3, {"loss": 0.1})
+    pub.flush()  # what was sent is not sent again
+    assert transport.steps() == [0, 1, 2, 3]
+
+
+def test_kept_records_are_bounded_oldest_dropped_first(transport: Transport, capsys: Any) -> None:
+    pub = Publisher(0, interval=3600.0, max_kept=4)
+    transport.down = True
+    with pytest.warns(DtworkWarning, match="up to 4, oldest dropped first"):
+        for step in range(5):
+            pub.record("log", 2 * step, {"a": 1.0})
+            pub.record("log", 2 * step + 1, {"a": 1.0})
+            pub.flush()
+    assert pub.unsent == 4 and pub.dropped == 6
+    transport.down = False
+    pub.flush()
+    assert transport.steps() == [6, 7, 8, 9]
+    assert "(6 older ones were dropped)" in capsys.readouterr().err
+
+
+def test_outside_an_engine_nothing_is_sent_or_kept() -> None:
+    pub = Publisher(0, interval=3600.0)
+    pub.record("log", 0, {"loss": 1.0})
+    pub.flush()  # the real transport: no kernel shell in this process
+    assert pub.unsent == 0 and pub.failing is None
+
+
+def test_one_shape_of_perf_record() -> None:
+    loop = make_perf_record(5, 1, samples=640, seconds=2.0, steps=10, comm=0.5, data=0.3)
+    assert loop["kind"] == "perf" and loop["step"] == 5 and loop["rank"] == 1
+    assert loop["values"] == pytest.approx(
+        {"samples_per_s": 320.0, "step_time": 0.2, "comm_time": 0.05, "data_time": 0.03, "compute_time": 0.12}
+    )
+    hand = make_perf_record(5, 1, samples=640, seconds=2.0, steps=10, comm=0.5)  # data loading unseen
+    assert hand["values"] == pytest.approx({"samples_per_s": 320.0, "step_time": 0.2, "comm_time": 0.05})
+    assert make_perf_record(0, 0, samples=0, seconds=0.0, steps=0, comm=0.0)["values"]["samples_per_s"] == 0.0
