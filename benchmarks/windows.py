@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # Runs on dtwork's ranks, after the workload's SOURCE.
 ENGINE_SOURCE = '''
 import random
-from dtwork.runtime.ddp import measure_state
+from dtwork.runtime.hooks import measure_state
 
 
 def in_windows(kind, warmup, cycles, window, seed, tops, arms, cpus):

@@ -20,8 +20,8 @@ from typing import Any
 
 from dtwork.errors import DtworkWarning
 from dtwork.records import Kind, Record, make_record
+from dtwork.runtime.timing import FLUSH_SECONDS
 
-FLUSH_SECONDS = 0.2
 MAX_KEPT = 10_000  # records a rank keeps while its publishes fail (a few minutes of a busy loop)
 
 

@@ -11,12 +11,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GPU_SECONDS", "MAX_SYNC_EVERY", "PERF_SECONDS", "SYNC_SECONDS", "steps_per_sync", "synchronize"]
+__all__ = [
+    "FLUSH_SECONDS",
+    "GPU_SECONDS",
+    "MAX_SYNC_EVERY",
+    "PERF_SECONDS",
+    "SYNC_SECONDS",
+    "steps_per_sync",
+    "synchronize",
+]
 
 PERF_SECONDS = 0.1  # a rank publishes one perf record (and one GNS estimate) about this often
 GPU_SECONDS = 1.0  # a rank samples its GPU's telemetry about this often
 SYNC_SECONDS = 0.1  # the ranks agree about this often (stop, metrics, GNS), or every step when slower
 MAX_SYNC_EVERY = 64  # the most steps one agreement waits for
+FLUSH_SECONDS = 0.2  # a rank sends its batched records to the kernel at most this often
 
 
 def steps_per_sync(mean_step_seconds: float) -> int:
