@@ -7,6 +7,7 @@ never imports torch by importing dtwork.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from dtwork.errors import ConfigError, DtworkError, DtworkWarning, RankFailure
@@ -53,12 +54,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dtwork' has no attribute {name!r}")
 
 
-def runs(store: Any = None) -> list[dict[str, Any]]:
-    """List the runs in the run store (newest first)."""
-    from dtwork.store import RunStore, default_store_path
+def runs(store: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """The runs in the run store, newest first (``%dtrain runs`` as data); ``store`` as ``--store``
+    takes it: a file, or a folder or notebook with ``.dtwork/runs.sqlite`` beside it."""
+    from dtwork.store import RunStore, store_path
 
-    path = store or default_store_path()
-    if not __import__("pathlib").Path(path).exists():
+    path = store_path(store)
+    if not path.is_file():
         return []
     with RunStore(path, readonly=True) as s:
         return s.list_runs()
