@@ -185,7 +185,6 @@ def test_run_round_trip(store: RunStore) -> None:
     )
     assert run["config_yaml"] == "lr: 0.1\n"
     assert (run["global_batch_size"], run["per_slot_batch_size"]) == (256, 32)
-    assert run["summary"] == {}
     assert run["n_cells"] == 0 and run["last_step"] is None
     assert store.get_run(str(rid))["id"] == rid
 
