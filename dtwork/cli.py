@@ -180,7 +180,11 @@ def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
     a, b = _summary(store, ns.run_a), _summary(store, ns.run_b)
     names = sorted(set(a["metrics"]) | set(b["metrics"]))
     plot = Path(ns.plot or f"runs-{a['id']}-vs-{b['id']}.html").absolute()
-    _compare_plot(store, a, b, names, plot)
+    from dtwork.plots import compare_figure
+
+    fig = compare_figure([(a["id"], store.metrics(a["id"])), (b["id"], store.metrics(b["id"]))], names)
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    fig.write_html(str(plot), include_plotlyjs=True)
     if ns.json:
         keep = ("id", "name", "status", "world_size", "global_batch_size", "steps", "result", "metrics")
         return json.dumps(
@@ -201,38 +205,6 @@ def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
         rows.append([f"{name} (last)", _num(va), _num(vb), change])
     table = _table(("", f"run {a['id']}", f"run {b['id']}", "b vs a"), head + rows, right={1, 2, 3})
     return f"{table}\nplot: {plot}"
-
-
-def _compare_plot(
-    store: RunStore, a: dict[str, Any], b: dict[str, Any], names: list[str], path: Path
-) -> None:
-    """One panel per metric with both runs' curves, written as a standalone HTML file."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    shown = names[:12] or ["(no metrics)"]
-    fig = make_subplots(rows=len(shown), cols=1, subplot_titles=shown, shared_xaxes=True)
-    for row, name in enumerate(shown, start=1):
-        for run, color in ((a, "#1f77b4"), (b, "#d62728")):
-            points = [
-                (m["step"], m["value"]) for m in store.metrics(run["id"], name) if m["value"] is not None
-            ]
-            fig.add_trace(
-                go.Scatter(
-                    x=[p[0] for p in points],
-                    y=[p[1] for p in points],
-                    name=f"run {run['id']}",
-                    legendgroup=str(run["id"]),
-                    showlegend=row == 1,
-                    line={"color": color},
-                ),
-                row=row,
-                col=1,
-            )
-    fig.update_layout(height=220 * len(shown) + 80, title=f"run {a['id']} vs run {b['id']}")
-    fig.update_xaxes(title_text="step", row=len(shown), col=1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(str(path), include_plotlyjs=True)
 
 
 def _cmd_export(store: RunStore, ns: argparse.Namespace) -> str:
