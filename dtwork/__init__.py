@@ -7,6 +7,7 @@ never imports torch by importing dtwork.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from dtwork.errors import ConfigError, DtworkError, DtworkWarning, RankFailure
@@ -33,13 +34,40 @@ if TYPE_CHECKING:
     from dtwork import report
     from dtwork.cluster import Cluster, start
     from dtwork.config import load_config
+    from dtwork.runtime.context import Context
 
 _LAZY = {
     "Cluster": ("dtwork.cluster", "Cluster"),
     "start": ("dtwork.cluster", "start"),
     "load_config": ("dtwork.config", "load_config"),
-    "ctx": ("dtwork.runtime", "current"),  # on a rank: its ctx, in a function cluster.run calls
 }
+
+
+class _RankContext:
+    """``dtwork.ctx``: the ``ctx`` of the rank that reads it, for functions run on the ranks
+    (``cluster.run(lambda: dtwork.ctx.rank)``) and modules imported there; ``dtwork.ctx()`` is
+    that ctx itself."""
+
+    def __call__(self) -> Context:
+        from dtwork.runtime import current
+
+        try:
+            return current()
+        except RuntimeError:
+            raise DtworkError(
+                "dtwork.ctx exists on the ranks only: use it in a %%dtrain cell or in a function run "
+                "with cluster.run(fn); in the notebook, ask the Cluster (cluster.world_size, "
+                "cluster.pull(name))"
+            ) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self(), name)
+
+    def __repr__(self) -> str:
+        return "<dtwork.ctx: the ctx of the rank that reads it>"
+
+
+ctx = _RankContext()
 
 
 def __getattr__(name: str) -> Any:
@@ -53,12 +81,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dtwork' has no attribute {name!r}")
 
 
-def runs(store: Any = None) -> list[dict[str, Any]]:
-    """List the runs in the run store (newest first)."""
-    from dtwork.store import RunStore, default_store_path
+def runs(store: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """The runs in the run store, newest first (``%dtrain runs`` as data); ``store`` as ``--store``
+    takes it: a file, or a folder or notebook with ``.dtwork/runs.sqlite`` beside it."""
+    from dtwork.store import RunStore, store_path
 
-    path = store or default_store_path()
-    if not __import__("pathlib").Path(path).exists():
+    path = store_path(store)
+    if not path.is_file():
         return []
     with RunStore(path, readonly=True) as s:
         return s.list_runs()

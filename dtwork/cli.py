@@ -1,9 +1,13 @@
-"""``dtwork runs list|show|compare|export``: the run store from a shell.
+"""The command line, one parser for ``dtwork`` and ``python -m dtwork``.
 
-The store is ``--store`` (an .sqlite file, a folder or a notebook: then the ``.dtwork/runs.sqlite``
-beside it), else ``$DTWORK_STORE``, else ``./.dtwork/runs.sqlite``. Output is plain text laid out
-for a terminal; ``--json`` prints the same facts as JSON for scripts. Other commands (``run``,
-``script``, ``doctor``) go to ``python -m dtwork``.
+``runs list|show|compare|export``: the run store from a shell. The store is ``--store`` (an .sqlite
+file, a folder or a notebook: then the ``.dtwork/runs.sqlite`` beside it), else ``$DTWORK_STORE``,
+else ``./.dtwork/runs.sqlite``. Output is plain text laid out for a terminal; ``--json`` prints the
+same facts as JSON for scripts.
+
+``run NOTEBOOK``: execute a notebook headlessly, write the executed copy under reports/.
+``script NOTEBOOK -o train.py``: write its ``%%dtrain`` cells as a torchrun script.
+``doctor [--gpu]``: check this installation end to end and print a table.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -20,21 +25,9 @@ from typing import Any
 
 from dtwork.errors import DtworkError
 from dtwork.export import run_result
-from dtwork.store import RunStore, default_store_path
+from dtwork.store import RunStore, store_path
 
-__all__ = ["main", "store_path"]
-
-
-def store_path(where: str | None) -> Path:
-    """The store file named by ``--store``: a file as is; a folder or notebook: ``.dtwork/runs.sqlite`` there."""
-    if not where:
-        return default_store_path()
-    path = Path(where).expanduser().absolute()
-    if path.is_dir():
-        return path / ".dtwork" / "runs.sqlite"
-    if path.suffix == ".ipynb":
-        return path.parent / ".dtwork" / "runs.sqlite"
-    return path
+__all__ = ["main", "run_notebook", "runs_table"]
 
 
 # -- reading a run ----------------------------------------------------------------------------------
@@ -114,12 +107,14 @@ def _result_text(result: dict[str, Any] | None) -> str:
 # -- commands --------------------------------------------------------------------------------------
 
 
-def _cmd_list(store: RunStore, ns: argparse.Namespace) -> str:
+def _no_runs(path: Path) -> str:
+    return f"no runs yet in {path}: run a %%dtrain cell to start one"
+
+
+def _list_text(store: RunStore) -> str:
     runs = store.list_runs()
-    if ns.json:
-        return json.dumps([{**run, "result": run_result(store, run)} for run in runs], default=str, indent=1)
     if not runs:
-        return f"no runs yet in {store.path}: run a %%dtrain cell to start one"
+        return _no_runs(store.path)
     rows = [
         [
             str(run["id"]),
@@ -135,6 +130,22 @@ def _cmd_list(store: RunStore, ns: argparse.Namespace) -> str:
     ]
     header = ("id", "name", "status", "ranks", "batch", "steps", "result", "started")
     return f"{store.path}\n" + _table(header, rows, right={0, 3, 4, 5})
+
+
+def runs_table(path: Path) -> str:
+    """The runs table of the store at ``path`` (``dtwork runs list``, ``%dtrain runs``); a store not
+    written yet has no runs."""
+    if not path.is_file():
+        return _no_runs(path)
+    with RunStore(path, readonly=True) as store:
+        return _list_text(store)
+
+
+def _cmd_list(store: RunStore, ns: argparse.Namespace) -> str:
+    if ns.json:
+        runs = store.list_runs()
+        return json.dumps([{**run, "result": run_result(store, run)} for run in runs], default=str, indent=1)
+    return _list_text(store)
 
 
 def _cmd_show(store: RunStore, ns: argparse.Namespace) -> str:
@@ -169,7 +180,11 @@ def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
     a, b = _summary(store, ns.run_a), _summary(store, ns.run_b)
     names = sorted(set(a["metrics"]) | set(b["metrics"]))
     plot = Path(ns.plot or f"runs-{a['id']}-vs-{b['id']}.html").absolute()
-    _compare_plot(store, a, b, names, plot)
+    from dtwork.plots import compare_figure
+
+    fig = compare_figure([(a["id"], store.metrics(a["id"])), (b["id"], store.metrics(b["id"]))], names)
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    fig.write_html(str(plot), include_plotlyjs=True)
     if ns.json:
         keep = ("id", "name", "status", "world_size", "global_batch_size", "steps", "result", "metrics")
         return json.dumps(
@@ -190,38 +205,6 @@ def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
         rows.append([f"{name} (last)", _num(va), _num(vb), change])
     table = _table(("", f"run {a['id']}", f"run {b['id']}", "b vs a"), head + rows, right={1, 2, 3})
     return f"{table}\nplot: {plot}"
-
-
-def _compare_plot(
-    store: RunStore, a: dict[str, Any], b: dict[str, Any], names: list[str], path: Path
-) -> None:
-    """One panel per metric with both runs' curves, written as a standalone HTML file."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    shown = names[:12] or ["(no metrics)"]
-    fig = make_subplots(rows=len(shown), cols=1, subplot_titles=shown, shared_xaxes=True)
-    for row, name in enumerate(shown, start=1):
-        for run, color in ((a, "#1f77b4"), (b, "#d62728")):
-            points = [
-                (m["step"], m["value"]) for m in store.metrics(run["id"], name) if m["value"] is not None
-            ]
-            fig.add_trace(
-                go.Scatter(
-                    x=[p[0] for p in points],
-                    y=[p[1] for p in points],
-                    name=f"run {run['id']}",
-                    legendgroup=str(run["id"]),
-                    showlegend=row == 1,
-                    line={"color": color},
-                ),
-                row=row,
-                col=1,
-            )
-    fig.update_layout(height=220 * len(shown) + 80, title=f"run {a['id']} vs run {b['id']}")
-    fig.update_xaxes(title_text="step", row=len(shown), col=1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(str(path), include_plotlyjs=True)
 
 
 def _cmd_export(store: RunStore, ns: argparse.Namespace) -> str:
@@ -247,10 +230,32 @@ def _cmd_export(store: RunStore, ns: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dtwork", description="dtwork's run store from the shell")
-    top = parser.add_subparsers(dest="command", required=True)
-    runs = top.add_parser("runs", help="list, show, compare and export runs")
+def run_notebook(path: Path, out_dir: Path, timeout: int = 900) -> Path:
+    """Execute ``path`` with nbclient (cwd: the notebook's folder); write ``out_dir/<name>``."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / path.name
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path.cwd())}}
+    )
+    t0 = time.monotonic()
+    print(f"dtwork: executing {path} ({len(nb.cells)} cells) ...", flush=True)
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        nbformat.write(nb, out)
+        print(f"dtwork: {path} failed; the partial run is in {out}\n{exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    nbformat.write(nb, out)
+    print(f"dtwork: executed {path} in {time.monotonic() - t0:.0f} s -> {out}", flush=True)
+    return out
+
+
+def _runs_parser(runs: argparse.ArgumentParser) -> None:
     runs.add_argument(
         "--store", help="run store: an .sqlite file, or a folder/notebook with .dtwork/ beside it"
     )
@@ -274,20 +279,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true", help="with --mlflow: no report artifact")
     for action in sub.choices.values():
         action.add_argument("--store", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="dtwork from the shell: runs, notebooks, checks")
+    top = parser.add_subparsers(dest="command", required=True)
+    _runs_parser(top.add_parser("runs", help="list, show, compare and export runs"))
+    run = top.add_parser("run", help="execute a notebook headlessly")
+    run.add_argument("notebook", type=Path)
+    run.add_argument("--out", type=Path, default=Path("reports"))
+    run.add_argument("--timeout", type=int, default=900)
+    script = top.add_parser("script", help="write a notebook's %%%%dtrain cells as a torchrun script")
+    script.add_argument("notebook", type=Path)
+    script.add_argument("-o", "--output", type=Path, default=None, help="default: NOTEBOOK.py beside it")
+    doctor = top.add_parser("doctor", help="check this installation end to end (--gpu: the GPU path too)")
+    doctor.add_argument("--gpu", action="store_true", help="also check NCCL, AMP and throughput on the GPUs")
+    doctor.add_argument("-n", type=int, default=2, help="CPU ranks for the CPU checks (default 2)")
     return parser
 
 
 _COMMANDS = {"list": _cmd_list, "show": _cmd_show, "compare": _cmd_compare, "export": _cmd_export}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The ``dtwork`` console script; returns the exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] != "runs" and not args[0].startswith("-"):
-        from dtwork.__main__ import main as module_main
-
-        return int(module_main(args) or 0)
-    ns = _parser().parse_args(args)
+def _runs(ns: argparse.Namespace) -> int:
     try:
         if ns.action == "export" and ns.report and ns.run is None:
             raise DtworkError(
@@ -303,16 +317,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _cell(value: Any) -> str:
-    return "-" if value is None or value == "" else str(value)
+def _script(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
+    from dtwork.script_export import write_script
+
+    try:
+        out = write_script(ns.notebook, ns.output or ns.notebook.with_suffix(".py"))
+    except DtworkError as exc:
+        parser.exit(2, f"dtwork: {exc}\n")
+    print(f"dtwork: wrote {out}; run it with torchrun --nproc_per_node=N {out}")
+    return 0
 
 
-def format_runs_table(runs: list[dict[str, Any]], path: str | os.PathLike[str] | None = None) -> str:
-    """A plain-text table of runs (as from :meth:`RunStore.list_runs`) for ``%dtrain runs``."""
-    if not runs:
-        where = f" in {path}" if path is not None else ""
-        return f"no runs yet{where}: run a %%dtrain cell to start one"
-    header = ("id", "name", "status", "ranks", "backend", "steps", "started")
-    fields = ("id", "name", "status", "world_size", "backend", "last_step")
-    rows = [[*(_cell(run.get(f)) for f in fields), _when(run.get("created_at"))] for run in runs]
-    return _table(header, rows, right={0, 3, 5})
+def main(argv: Sequence[str] | None = None, prog: str = "dtwork") -> int:
+    """The ``dtwork`` console script and ``python -m dtwork``; returns the exit status."""
+    parser = _parser(prog)
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if ns.command == "runs":
+        return _runs(ns)
+    if ns.command == "doctor":
+        from dtwork.doctor import main as run_doctor
+
+        return run_doctor(gpu=ns.gpu, n=ns.n)
+    if not ns.notebook.exists():
+        parser.error(f"no notebook at {ns.notebook}")
+    if ns.command == "script":
+        return _script(parser, ns)
+    run_notebook(ns.notebook, ns.out, ns.timeout)
+    return 0

@@ -16,6 +16,7 @@ Kernel and engines both call this module; it imports neither torch nor ipyparall
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -159,3 +160,13 @@ def rank_environment(uuid: str | None) -> dict[str, str]:
     if uuid is not None:
         env["CUDA_VISIBLE_DEVICES"] = uuid
     return env
+
+
+def host_addresses() -> dict[str, list[str]]:
+    """This host's IPv4 addresses by network interface name (an interface without one: empty list)."""
+    import psutil
+
+    return {
+        name: [str(a.address) for a in addrs if a.family == socket.AF_INET]
+        for name, addrs in psutil.net_if_addrs().items()
+    }

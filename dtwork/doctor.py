@@ -184,13 +184,13 @@ class Doctor:
 
     def start(self, label: str, **kwargs: Any) -> Any:
         """Start a cluster for the checks (None when it fails: the failure is the check's line)."""
-        import dtwork
+        from dtwork.cluster import start
 
         box: dict[str, Any] = {}
 
         def go() -> tuple[bool, str]:
             t0 = time.monotonic()
-            c = box["c"] = dtwork.start(timeout=120, store=str(self.tmp / "runs.sqlite"), **kwargs)
+            c = box["c"] = start(timeout=120, store=str(self.tmp / "runs.sqlite"), **kwargs)
             c.session.live = False
             return True, f"{c.world_size} ranks, {c.backend}, in {time.monotonic() - t0:.1f} s"
 

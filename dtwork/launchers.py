@@ -27,7 +27,7 @@ from traitlets.config import Config
 
 from dtwork import devices
 from dtwork.errors import DtworkError
-from dtwork.rendezvous import RankPlan
+from dtwork.rendezvous import RankPlan, interface_address
 
 NAMES = ("local", "slurm", "mpi", "ssh")
 _SAFE = re.compile(r"[\w.:,+=@/-]+")  # values that go into a batch script line
@@ -442,16 +442,6 @@ def scheduler_plans(
         gpu, uuid = (dev["index"], dev.get("uuid")) if dev else (None, None)
         out.append(replace(p, rank=rank, local_rank=found[p.engine_id][1], gpu=gpu, gpu_uuid=uuid))
     return out
-
-
-def interface_address(interface: str) -> str:
-    """This host's IPv4 address on ``interface``."""
-    import psutil
-
-    for addr in psutil.net_if_addrs().get(interface, []):
-        if addr.family == socket.AF_INET:
-            return str(addr.address)
-    raise DtworkError(f"network interface {interface!r} has no IPv4 address on this host: name another")
 
 
 def _exited(proc: Any) -> bool:

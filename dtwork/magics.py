@@ -247,25 +247,18 @@ class DtrainMagics(Magics):
         p = _parser("runs")
         p.add_argument("--store", default=None)
         ns = p.parse_args(argv)
-        from dtwork.cli import format_runs_table
-        from dtwork.store import RunStore, default_store_path
+        from dtwork.cli import runs_table
+        from dtwork.store import store_path
 
         live = _running()
-        path = ns.store or (live[-1].store_file if live else None)
-        path = path or default_store_path()
-        from pathlib import Path
 
+        named = ns.store or (live[-1].store_file if live else None)
         try:
-            exists = Path(path).exists()
-        except OSError as exc:  # e.g. a file name too long: exists() raises instead of answering False
+            print(runs_table(store_path(named)))
+        except OSError as exc:  # e.g. a file name too long: is_file() raises instead of answering False
             raise DtworkError(
-                f"%dtrain runs: cannot use {str(path)[:80]!r} as the run store: {exc.strerror}"
+                f"%dtrain runs: cannot use {str(named)[:80]!r} as the run store: {exc.strerror}"
             ) from None
-        if not exists:
-            print(format_runs_table([], path))
-            return None
-        with RunStore(path, readonly=True) as s:
-            print(format_runs_table(s.list_runs(), path))
         return None
 
     def _sub_run(self, argv: list[str]) -> Any:

@@ -14,10 +14,19 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dtwork import batch
 from dtwork.errors import DtworkError
 
 if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+    from dtwork.analysis.gns import BatchAdvice
+    from dtwork.analysis.scaling import ScalingResult
+    from dtwork.cluster import Cluster
     from dtwork.config import ExperimentConfig
+    from dtwork.store import RunStore
+
+Shape = int | str | Sequence[int] | None  # --shape as typed (3,32,32), or a tuple from Python
 
 DEFAULT_PER_SLOT = 32
 DEFAULT_SIZES: tuple[float, ...] = (1, 4, 16, 64, 256)
@@ -26,7 +35,7 @@ DEFAULT_SIZES: tuple[float, ...] = (1, 4, 16, 64, 256)
 # -- shipped to the engines (pickled by reference: this module imports no torch) ------------------
 
 
-def _bench(*args: Any) -> Any:
+def _bench(*args: Any) -> Any:  # a pass-through to the rank: bench.measure's arguments and result
     from dtwork.runtime.bench import measure
 
     return measure(*args)
@@ -50,7 +59,7 @@ class _Display:
         self.display_id: str | None = None
         self.active = _in_ipython()
 
-    def show(self, fig: Any) -> None:
+    def show(self, fig: go.Figure) -> None:
         if not self.active:
             return
         import uuid
@@ -70,7 +79,7 @@ class _Display:
             update_display(bundle, raw=True, display_id=self.display_id)
 
 
-def _shape(shape: Any) -> tuple[int, ...] | None:
+def _shape(shape: Shape) -> tuple[int, ...] | None:
     if shape is None:
         return None
     if isinstance(shape, int):
@@ -83,7 +92,7 @@ def _shape(shape: Any) -> tuple[int, ...] | None:
     return tuple(int(v) for v in shape)
 
 
-def _check_slots(cluster: Any, slots: Iterable[int] | None) -> list[int]:
+def _check_slots(cluster: Cluster, slots: Iterable[int] | None) -> list[int]:
     world = cluster.world_size
     if slots is None:
         out, n = [], 1
@@ -102,7 +111,7 @@ def _check_slots(cluster: Any, slots: Iterable[int] | None) -> list[int]:
 
 
 def _run_bench(
-    cluster: Any,
+    cluster: Cluster,
     model_expr: str,
     world: int,
     per_slot: int,
@@ -141,7 +150,12 @@ def _run_bench(
     }
 
 
-def _store(cluster: Any, kind: str, data: Any) -> int | None:
+def _per_slot(cluster: Cluster) -> int:
+    """The cluster's per-slot batch, or DEFAULT_PER_SLOT without a global batch."""
+    return batch.per_slot(cluster.global_batch_size, cluster.world_size) or DEFAULT_PER_SLOT
+
+
+def _store(cluster: Cluster, kind: str, data: dict[str, Any]) -> int | None:
     try:
         session = cluster.session
         run_id = session.ensure_run()
@@ -157,7 +171,7 @@ def _store(cluster: Any, kind: str, data: Any) -> int | None:
 
 
 def scaling(
-    cluster: Any,
+    cluster: Cluster,
     model_expr: str,
     *,
     slots: Sequence[int] | None = None,
@@ -166,11 +180,11 @@ def scaling(
     warmup: int = 3,
     per_slot: int | None = None,
     global_batch: int | None = None,
-    shape: Any = None,
+    shape: Shape = None,
     bucket_mb: float | None = None,
     repeats: tuple[int, int] = (3, 8),
     quiet: bool = False,
-) -> Any:
+) -> ScalingResult:
     """Measure throughput at each world size in ``slots`` and return a ``ScalingResult``.
 
     Weak scaling keeps the per-slot batch b (global b n); strong scaling keeps the global batch
@@ -186,10 +200,7 @@ def scaling(
     if steps < 1:
         raise DtworkError(f"--steps must be at least 1, got {steps}")
     sizes = _check_slots(cluster, slots)
-    default_per_slot = (
-        cluster.global_batch_size // cluster.world_size if cluster.global_batch_size else DEFAULT_PER_SLOT
-    )
-    b = per_slot or default_per_slot
+    b = per_slot or _per_slot(cluster)
     big = global_batch or cluster.global_batch_size or b * sizes[-1]
     shp = _shape(shape)
     result = ScalingResult(mode=mode)  # type: ignore[arg-type]
@@ -237,7 +248,7 @@ def scaling(
 
 
 def throughput(
-    cluster: Any,
+    cluster: Cluster,
     model_expr: str,
     loader_expr: str,
     *,
@@ -286,12 +297,11 @@ def throughput(
     }
     _store(cluster, "throughput", out)
     if _in_ipython():
-        import plotly.graph_objects as go
         from IPython.display import display
 
-        fig = go.Figure(go.Bar(x=["real batches", "synthetic batches"], y=[out["real"], out["synthetic"]]))
-        fig.update_layout(title=sentence.split(":")[0], yaxis_title="samples/s", template="plotly_white")
-        display(fig)
+        from dtwork.plots import loading_figure
+
+        display(loading_figure(out["real"], out["synthetic"], sentence.split(":")[0]))
     if not quiet:
         print(f"dtwork: {sentence}")
     return out
@@ -301,14 +311,14 @@ def throughput(
 
 
 def tune_buckets(
-    cluster: Any,
+    cluster: Cluster,
     model_expr: str,
     *,
     sizes: Sequence[float] = DEFAULT_SIZES,
     steps: int = 10,
     warmup: int = 2,
     per_slot: int | None = None,
-    shape: Any = None,
+    shape: Shape = None,
     write: bool = True,
     quiet: bool = False,
 ) -> dict[float, float]:
@@ -324,7 +334,7 @@ def tune_buckets(
     if not sizes or min(sizes) <= 0:
         raise DtworkError(f"--sizes takes positive bucket sizes in MB such as 1,4,16 — got {sizes}")
     world = cluster.world_size
-    b = per_slot or (cluster.global_batch_size // world if cluster.global_batch_size else DEFAULT_PER_SLOT)
+    b = per_slot or _per_slot(cluster)
     shp = _shape(shape)
     results: dict[float, float] = {}
     shown = _Display()
@@ -348,12 +358,12 @@ def tune_buckets(
 # -- gradient noise scale -----------------------------------------------------------------------
 
 
-def _latest(store: Any, run_id: int, name: str) -> float | None:
+def _latest(store: RunStore, run_id: int, name: str) -> float | None:
     rows = [r for r in store.metrics(run_id, name) if r.get("value") is not None]
     return float(rows[-1]["value"]) if rows else None
 
 
-def _interval_text(store: Any, run_id: int) -> str:
+def _interval_text(store: RunStore, run_id: int) -> str:
     """The latest estimate's 95% interval, and "not yet settled" until it is narrow enough to act on."""
     rows = store.metrics(run_id, "b_simple")
     step = rows[-1]["step"] if rows else None
@@ -368,8 +378,8 @@ def _interval_text(store: Any, run_id: int) -> str:
 
 
 def gns_advice(
-    cluster: Any, *, dataset_size: int | None = None, run_id: int | None = None, quiet: bool = False
-) -> Any:
+    cluster: Cluster, *, dataset_size: int | None = None, run_id: int | None = None, quiet: bool = False
+) -> BatchAdvice | None:
     """Batch-size advice from the latest B_simple of the current run (``analysis.gns.advise``).
 
     Returns a ``BatchAdvice``, or None (saying why) when the run has no noise-scale estimate.
@@ -380,7 +390,7 @@ def gns_advice(
     store = session.store
     rid = run_id or session.run_id or store.latest_run_id()
     b_simple = _latest(store, rid, "b_simple") if rid is not None else None
-    if b_simple is None or not b_simple > 0:
+    if rid is None or b_simple is None or not b_simple > 0:
         reason = "no gradient noise scale estimate in this run yet"
         if b_simple is not None:
             reason = f"the B_simple estimate is {b_simple:.3g} (not positive): train more steps"

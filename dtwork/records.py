@@ -24,6 +24,7 @@ __all__ = [
     "Kind",
     "Record",
     "Row",
+    "finite",
     "make_perf_record",
     "make_record",
     "to_rows",
@@ -111,9 +112,13 @@ def make_perf_record(
     return make_record(Kind.PERF, step, rank, values)
 
 
-def _number(value: Any) -> float | None:
-    """Return ``value`` as a finite float, or None (NaN, infinite)."""
-    out = float(value)
+def finite(value: object) -> float | None:
+    """``value`` as a finite float, or None: missing, NaN, infinite or not a number (the one rule
+    for every reader of values: rows, figures, the server's JSON)."""
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
     return out if math.isfinite(out) else None
 
 
@@ -137,7 +142,7 @@ def to_rows(records: Iterable[Mapping[str, Any]]) -> list[Row]:
             continue
         for name, value in values.items():
             try:
-                number = _number(value)
+                number = finite(float(value))  # a NaN or an infinity stays, as a None value
             except (TypeError, ValueError):
                 continue
             rows.append(

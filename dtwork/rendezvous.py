@@ -9,7 +9,6 @@ one GPU per rank, and a network interface every host shares.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -157,12 +156,12 @@ def choose_interface(probes: dict[int, dict[str, Any]], interface: str | None) -
     """
     hosts = {p["hostname"]: p for p in probes.values()}
     if interface:
-        missing = sorted(h for h, p in hosts.items() if interface not in p.get("addresses", {}))
+        missing = sorted(h for h, p in hosts.items() if not p.get("addresses", {}).get(interface))
         if missing:
-            have = sorted(next(iter(hosts.values())).get("addresses", {}))
+            have = sorted(n for n, ips in next(iter(hosts.values())).get("addresses", {}).items() if ips)
             raise DtworkError(
-                f"network interface {interface!r} not found on host(s) {', '.join(missing)}; "
-                f"interfaces there include: {', '.join(have)}"
+                f"network interface {interface!r} not found on host(s) {', '.join(missing)}, or it has no "
+                f"IPv4 address there; interfaces with one include: {', '.join(have)}"
             )
         return interface
     if len(hosts) == 1:
@@ -195,21 +194,11 @@ def loopback_interface(probe: dict[str, Any]) -> str | None:
     return None
 
 
-def host_addresses() -> dict[str, list[str]]:
-    """This host's IPv4 addresses by interface name."""
-    import psutil
-
-    return {
-        name: [str(a.address) for a in addrs if a.family == socket.AF_INET]
-        for name, addrs in psutil.net_if_addrs().items()
-    }
-
-
 def interface_address(interface: str, addresses: dict[str, list[str]] | None = None) -> str:
     """The IPv4 address of ``interface`` (``addresses``: this host's by default), where the controller,
     the rendezvous store and the collectives listen when ``--interface`` names it; an unknown
     name, or one without an IPv4 address, fails at once with the names there are."""
-    have = host_addresses() if addresses is None else addresses
+    have = devices.host_addresses() if addresses is None else addresses
     ips = have.get(interface)
     if not ips:
         usable = ", ".join(f"{n} ({a[0]})" for n, a in sorted(have.items()) if a) or "none"

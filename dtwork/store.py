@@ -66,7 +66,7 @@ RankSelector = Literal["aggregated", "all"] | int
 
 _RUN_COLUMNS = (
     "id, name, status, created_at, ended_at, world_size, backend, cluster_id, notebook, "
-    "config_yaml, global_batch_size, per_slot_batch_size, summary_json"
+    "config_yaml, global_batch_size, per_slot_batch_size"
 )
 _METRIC_COLUMNS = ("run_id", "cell_seq", "kind", "step", "rank", "name", "value", "time")
 
@@ -232,8 +232,8 @@ class RunStore:
         with self._write() as cur:
             cur.execute(
                 "INSERT INTO runs (name, status, created_at, world_size, backend, cluster_id, notebook, "
-                "config_yaml, global_batch_size, per_slot_batch_size, summary_json) "
-                "VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, '{}')",
+                "config_yaml, global_batch_size, per_slot_batch_size) "
+                "VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     name,
                     time.time(),
@@ -366,11 +366,6 @@ class RunStore:
 
     # -- reads ------------------------------------------------------------------------------
 
-    @staticmethod
-    def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
-        row["summary"] = _loads(row.pop("summary_json"), {})
-        return row
-
     _RUN_SELECT = (
         f"SELECT {_RUN_COLUMNS}, "
         "(SELECT COUNT(*) FROM cells c WHERE c.run_id = runs.id) AS n_cells, "
@@ -378,20 +373,16 @@ class RunStore:
     )
 
     def list_runs(self) -> list[dict[str, Any]]:
-        """All runs, newest first; summary fields are merged in (core fields take precedence)."""
-        runs = []
-        for row in self._query(self._RUN_SELECT + " ORDER BY id DESC"):
-            summary = _loads(row.pop("summary_json"), {})
-            runs.append({**summary, **row})
-        return runs
+        """All runs, newest first, as :meth:`get_run` gives each."""
+        return self._query(self._RUN_SELECT + " ORDER BY id DESC")
 
     def get_run(self, run_id: int | str) -> dict[str, Any]:
-        """One run with its decoded ``summary`` dict, ``n_cells`` and ``last_step``."""
+        """One run: its columns, ``n_cells`` and ``last_step``."""
         rid = self._run_id(run_id)
         rows = self._query(self._RUN_SELECT + " WHERE id = ?", (rid,))
         if not rows:
             raise self._unknown_run(rid)
-        return self._decode_run(rows[0])
+        return rows[0]
 
     def latest_run_id(self) -> int | None:
         rows = self._query("SELECT MAX(id) AS id FROM runs")

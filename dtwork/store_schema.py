@@ -23,6 +23,8 @@ __all__ = [
 
 SCHEMA_VERSION = 2
 
+# runs.summary_json is read and written by nothing; it stays so that an older dtwork opens a store
+# of this version (dropping it would need version 3).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -141,3 +141,19 @@ def test_the_magic_runs_the_same_commands(notebook_dir: Path, capsys: pytest.Cap
     ip.run_line_magic("dtrain", f"runs export 2 --tensorboard {notebook_dir / 'tb'} --store {store}")
     assert capsys.readouterr().out.startswith(f"tensorboard: 1 run(s) in {notebook_dir / 'tb'}")
     assert [p.name for p in (notebook_dir / "tb").iterdir()] == ["run-2-lr-0.4"]
+
+
+def test_python_m_dtwork_takes_the_same_parser(notebook_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DTWORK_STORE"}
+    module = [sys.executable, "-m", "dtwork"]
+    proc = subprocess.run(
+        [*module, "runs", "list"], cwd=notebook_dir, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and proc.stdout == dtwork("runs", "list", cwd=notebook_dir).stdout
+    helps = [
+        subprocess.run([*cmd, "--help"], capture_output=True, text=True, check=True).stdout
+        for cmd in (module, [str(SCRIPT)])
+    ]
+    assert helps[0].startswith("usage: python -m dtwork ") and helps[1].startswith("usage: dtwork ")
+    assert helps[0].split("\n", 1)[1] == helps[1].split("\n", 1)[1]  # the same commands and options
+    assert "{runs,run,script,doctor}" in helps[1]

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dtwork import batch
 from dtwork.config import (
     CheckpointConfig,
     Compression,
@@ -342,23 +343,18 @@ def test_with_path() -> None:
         cfg.with_path("lr.base", -1)
 
 
-def test_per_slot_batch_size_and_dropped_examples() -> None:
-    cfg = load_config({"global_batch_size": 10})
-    assert cfg.per_slot_batch_size(3) == 3 and cfg.dropped_examples(3) == 1
-    assert cfg.per_slot_batch_size(5) == 2 and cfg.dropped_examples(5) == 0
-    assert cfg.per_slot_batch_size(10) == 1
+def test_the_batch_split_drops_the_remainder() -> None:
+    assert batch.split(10, 3) == (3, 1) and batch.split(10, 5) == (2, 0) and batch.split(10, 10) == (1, 0)
+    assert batch.per_slot(10, 3) == 3 and batch.effective(10, 3) == 9
+    assert batch.per_slot(None, 4) is None and batch.effective(None, 4) is None
     with pytest.raises(ConfigError) as info:
-        cfg.per_slot_batch_size(16)
+        batch.split(10, 16)
     assert str(info.value) == (
-        "config: global_batch_size: 10 is smaller than the 16 slots; each slot needs at least one "
-        "example: raise global_batch_size to >= 16"
+        "global_batch_size 10 is smaller than the 16 slots: each slot needs at least one example; "
+        "use a global batch of at least 16"
     )
-    with pytest.raises(ConfigError):
-        cfg.dropped_examples(16)
     with pytest.raises(ConfigError, match="slots: expected an integer >= 1, got 0"):
-        cfg.per_slot_batch_size(0)
-    unset = load_config(None)
-    assert unset.per_slot_batch_size(4) is None and unset.dropped_examples(4) == 0
+        batch.per_slot(10, 0)
 
 
 def test_effective_lr() -> None:

@@ -213,6 +213,11 @@ def test_multi_host_rank_assignment_and_interface_choice() -> None:
     assert [(p.rank, p.hostname, p.engine_id) for p in kernel_first][:2] == [(0, "a", 1), (1, "a", 3)]
     with pytest.raises(DtworkError, match="network interface 'ib0' not found on host"):
         choose_interface(probes, "ib0")
+    probes[2]["addresses"] = {**probes[2]["addresses"], "ib0": []}  # there, but without IPv4 on b
+    probes[3]["addresses"] = {**probes[3]["addresses"], "ib0": ["10.1.0.3"]}
+    probes[1]["addresses"] = {**probes[1]["addresses"], "ib0": ["10.1.0.1"]}
+    with pytest.raises(DtworkError, match=r"'ib0' not found on host\(s\) b, or it has no IPv4 address"):
+        choose_interface(probes, "ib0")
     with pytest.raises(DtworkError, match="3 slots span 2 hosts with 2 GPUs each: use a multiple of 2"):
         assign_ranks({0: _probe("a", 1, 2), 1: _probe("a", 2, 2), 2: _probe("b", 3, 2)}, use_gpus=True)
     lonely = {

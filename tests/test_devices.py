@@ -230,3 +230,12 @@ def test_cpu_torch_on_a_gpu_host_refuses_nccl_in_one_line(
     text = str(info.value)
     assert text.startswith("--backend nccl needs a CUDA build of torch, and torch has no CUDA on ")
     assert "use --backend gloo" in text and "\n" not in text
+
+
+def test_host_addresses_are_this_hosts_ipv4_addresses_by_interface() -> None:
+    """One lookup for the kernel (rendezvous.interface_address) and the engines (entry.probe)."""
+    found = devices.host_addresses()
+    assert any("127.0.0.1" in ips for ips in found.values()), found
+    assert all(isinstance(ip, str) and ip.count(".") == 3 for ips in found.values() for ip in ips)
+    loopback = next(name for name, ips in found.items() if "127.0.0.1" in ips)
+    assert rendezvous.interface_address(loopback) == "127.0.0.1"

@@ -236,3 +236,21 @@ def test_records_and_store_rows_draw_the_same_figure(tmp_path: Any) -> None:
         stored = store.metrics(run, rank="all")
     for build in (plots.metrics_figure, plots.throughput_figure, plots.step_time_figure):
         assert build(live).to_plotly_json() == build(stored).to_plotly_json()
+
+
+def test_compare_figure_has_a_panel_per_metric_and_a_curve_per_run() -> None:
+    a = [{"name": "loss", "step": 1, "value": 1.0}, {"name": "loss", "step": 2, "value": float("nan")}]
+    b = [{"name": "loss", "step": 1, "value": 2.0}, {"name": "acc", "step": 1, "value": 0.5}]
+    fig = plots.compare_figure([(1, a), (2, b)], ["acc", "loss"])
+    assert fig.layout.title.text == "run 1 vs run 2"
+    assert [ann.text for ann in fig.layout.annotations] == ["acc", "loss"]
+    curves = {(t.name, t.yaxis): (list(t.x), list(t.y)) for t in fig.data}
+    assert curves[("run 1", "y2")] == ([1], [1.0])  # the NaN point is left out
+    assert curves[("run 2", "y2")] == ([1], [2.0]) and curves[("run 1", "y")] == ([], [])
+    assert [t.showlegend for t in fig.data if t.yaxis == "y"] == [True, True]
+    assert plots.compare_figure([(1, []), (2, [])], []).layout.annotations[0].text == "(no metrics)"
+
+
+def test_loading_figure_bars_real_against_synthetic() -> None:
+    fig = plots.loading_figure(80.0, 100.0, "the loader is the bottleneck")
+    assert list(fig.data[0].y) == [80.0, 100.0] and fig.layout.title.text == "the loader is the bottleneck"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dtwork import plots
-from dtwork.records import Kind, make_record, to_rows
+from dtwork.records import Kind, finite, make_record, to_rows
 from dtwork.store import SCHEMA_VERSION, RunStore
 
 
@@ -47,6 +47,20 @@ def test_non_finite_values_have_no_value_and_malformed_records_are_skipped() -> 
     ]
 
 
+def test_finite_is_the_one_rule_for_values() -> None:
+    assert finite(1) == 1.0 and finite("2.5") == 2.5 and finite(True) == 1.0
+    for bad in (None, math.nan, math.inf, -math.inf, "x", "nan", [1.0], object()):
+        assert finite(bad) is None, bad
+    from dtwork.plots import figures
+    from dtwork.server import data
+
+    assert figures.finite is finite and data.finite is finite  # the figures and the server use it
+    assert data.json_safe({"a": [math.nan, 1.5, (math.inf, 2)], 3: "x"}) == {
+        "a": [None, 1.5, [None, 2]],
+        "3": "x",
+    }
+
+
 def test_the_store_keeps_the_kind_and_the_figures_read_it(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "runs.sqlite")
     rid = store.create_run(name="r", world_size=2, backend="gloo")
@@ -72,7 +86,8 @@ def test_a_store_written_before_kinds_were_stored_is_upgraded_once(tmp_path: Pat
             summary_json TEXT NOT NULL DEFAULT '{}');
         CREATE TABLE metrics (run_id INTEGER NOT NULL, cell_seq INTEGER, step INT NOT NULL, rank INT,
             name TEXT NOT NULL, value REAL, time REAL);
-        INSERT INTO runs (name, status, created_at) VALUES ('old', 'completed', 1.0);
+        INSERT INTO runs (name, status, created_at, summary_json)
+            VALUES ('old', 'completed', 1.0, '{"throughput": 5.0}');
         INSERT INTO metrics VALUES (1, 1, 0, NULL, 'loss', 0.5, 1.0), (1, 1, 0, NULL, 'b_simple', 9.0, 1.0),
             (1, 1, 0, 0, 'samples_per_s', 10.0, 1.0), (1, 1, 0, 0, 'utilization', 50.0, 1.0);
         PRAGMA user_version = 1;
@@ -91,3 +106,5 @@ def test_a_store_written_before_kinds_were_stored_is_upgraded_once(tmp_path: Pat
     store.close()
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert RunStore(path, readonly=True).get_run(1)["name"] == "old"
+    # what an older dtwork wrote in runs.summary_json stays there, unread
+    assert "throughput" not in RunStore(path, readonly=True).list_runs()[0]

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from dtwork.cli import format_runs_table
+from dtwork.cli import runs_table
 from dtwork.errors import DtworkError
 from dtwork.store import SCHEMA_VERSION, RunStore, default_store_path
+from dtwork.store import store_path as named_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HAS_PANDAS = importlib.util.find_spec("pandas") is not None
@@ -70,6 +71,31 @@ def test_default_store_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     with RunStore() as s:
         assert s.path == tmp_path / "elsewhere.sqlite"
     assert (tmp_path / "elsewhere.sqlite").is_file()
+
+
+def test_a_named_store_is_a_file_or_the_one_beside_a_folder_or_notebook(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("DTWORK_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    beside = tmp_path / ".dtwork" / "runs.sqlite"
+    assert named_store(None) == named_store("  ") == default_store_path() == beside
+    assert named_store(tmp_path) == beside and named_store(tmp_path / "train.ipynb") == beside
+    assert named_store("other.sqlite") == tmp_path / "other.sqlite"
+    assert default_store_path(tmp_path / "nb") == tmp_path / "nb" / ".dtwork" / "runs.sqlite"
+    monkeypatch.setenv("DTWORK_STORE", "rel.sqlite")  # relative: from the root it is given
+    assert default_store_path(tmp_path / "nb") == tmp_path / "nb" / "rel.sqlite"
+
+
+def test_dtwork_runs_lists_the_runs_of_a_store(tmp_path: Path) -> None:
+    import dtwork
+
+    assert dtwork.runs(tmp_path) == []  # no store yet: no runs, and none made
+    assert not (tmp_path / ".dtwork").exists()
+    with RunStore(tmp_path / ".dtwork" / "runs.sqlite") as s:
+        first, second = _run(s, name="a"), _run(s, name="b")
+    assert [(r["id"], r["name"]) for r in dtwork.runs(tmp_path)] == [(second, "b"), (first, "a")]
+    assert [r["id"] for r in dtwork.runs(tmp_path / ".dtwork" / "runs.sqlite")] == [second, first]
 
 
 def test_reopen_keeps_data(store_path: Path) -> None:
@@ -159,7 +185,6 @@ def test_run_round_trip(store: RunStore) -> None:
     )
     assert run["config_yaml"] == "lr: 0.1\n"
     assert (run["global_batch_size"], run["per_slot_batch_size"]) == (256, 32)
-    assert run["summary"] == {}
     assert run["n_cells"] == 0 and run["last_step"] is None
     assert store.get_run(str(rid))["id"] == rid
 
@@ -512,29 +537,29 @@ def test_sigkilled_writer_loses_nothing_committed(tmp_path: Path) -> None:
 # -- formatting -----------------------------------------------------------------------------------
 
 
-def test_format_runs_table_empty() -> None:
-    assert (
-        format_runs_table([], "/tmp/x.sqlite")
-        == "no runs yet in /tmp/x.sqlite: run a %%dtrain cell to start one"
-    )
-    assert format_runs_table([]) == "no runs yet: run a %%dtrain cell to start one"
+def test_runs_table_without_runs(tmp_path: Path) -> None:
+    missing = tmp_path / "x.sqlite"
+    assert runs_table(missing) == f"no runs yet in {missing}: run a %%dtrain cell to start one"
+    assert not missing.exists()  # reading made no store
+    with RunStore(missing):
+        pass
+    assert runs_table(missing) == f"no runs yet in {missing}: run a %%dtrain cell to start one"
 
 
-def test_format_runs_table(store: RunStore) -> None:
-    r1 = _run(store, name="baseline", world_size=8)
+def test_runs_table(store: RunStore) -> None:
+    r1 = _run(store, name="baseline", world_size=8, global_batch_size=256)
     r2 = _run(store, backend="gloo", world_size=2)
     store.add_metrics(r1, [{"step": 1200, "name": "loss", "value": 0.1}])
     store.set_run_status(r1, "completed", ended=True)
-    text = format_runs_table(store.list_runs(), store.path)
-    lines = text.splitlines()
-    assert len(lines) == 3
-    assert lines[0].split() == ["id", "name", "status", "ranks", "backend", "steps", "started"]
-    row2, row1 = lines[1].split(), lines[2].split()
-    assert row2[:6] == [str(r2), "-", "running", "2", "gloo", "-"]
-    assert row1[:6] == [str(r1), "baseline", "completed", "8", "nccl", "1200"]
+    lines = runs_table(store.path).splitlines()
+    assert len(lines) == 4 and lines[0] == str(store.path)
+    assert lines[1].split() == ["id", "name", "status", "ranks", "batch", "steps", "result", "started"]
+    row2, row1 = lines[2].split(), lines[3].split()
+    assert row2[:7] == [str(r2), "-", "running", "2", "-", "-", "-"]
+    assert row1[:7] == [str(r1), "baseline", "completed", "8", "256", "1200", "-"]
     started = time.strftime("%Y-%m-%d", time.localtime(store.get_run(r1)["created_at"]))
-    assert row1[6] == started
+    assert row1[7] == started
     # columns line up: every 'status' cell starts where the header's does
-    col = lines[0].index("status")
-    assert lines[1][col:].startswith("running") and lines[2][col:].startswith("completed")
+    col = lines[1].index("status")
+    assert lines[2][col:].startswith("running") and lines[3][col:].startswith("completed")
     assert all(line == line.rstrip() for line in lines)

@@ -8,8 +8,10 @@ import subprocess
 import sys
 import warnings
 
+import pytest
+
 from dtwork.config import load_config
-from dtwork.errors import DtworkWarning
+from dtwork.errors import DtworkError, DtworkWarning
 from dtwork.measure import step_batch
 
 
@@ -37,6 +39,18 @@ def test_cluster_run_hands_ctx_to_a_function_that_takes_it(cluster) -> None:
     assert cluster.run(lambda c, x: c.world_size * x, 3) == [6, 6]
     assert cluster.run(shifted, 10) == [10, 11]
     assert cluster.run(lambda: __import__("dtwork").ctx().rank) == [0, 1]
+    assert cluster.run(lambda: __import__("dtwork").ctx.rank) == [0, 1]
+
+
+def test_dtwork_ctx_is_a_ranks_ctx_and_says_so_in_the_kernel(cluster) -> None:
+    import dtwork
+
+    def sizes() -> tuple[int, int]:
+        return dtwork.ctx.rank, dtwork.ctx.world_size
+
+    assert cluster.run(sizes) == [(0, 2), (1, 2)]
+    with pytest.raises(DtworkError, match=r"dtwork.ctx exists on the ranks only: use it in a %%dtrain cell"):
+        dtwork.ctx.rank  # noqa: B018
     assert cluster.run(lambda x=1: x) == [1, 1]  # takes no ctx: called as given
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from dtwork.batch import split as split_batch
+
 
 def _check_sizes(b_small: float, b_big: float) -> None:
     if b_small < 1 or b_big < 1:
@@ -386,10 +388,15 @@ def _warmup_for(candidate: int, global_batch: int, warmup_steps: int) -> int:
     return round(scaled)
 
 
+def _split(global_batch: int, slots: int) -> tuple[int, int]:
+    """(per slot, dropped) by Determined's split; a batch smaller than the slots fills none of them."""
+    return split_batch(global_batch, slots) if global_batch >= slots else (0, global_batch)
+
+
 def _advice_warnings(b_noise: float, global_batch: int, slots: int, min_per_slot: int) -> list[str]:
     out: list[str] = []
-    per_slot = global_batch // slots
-    if global_batch % slots:
+    per_slot, dropped = _split(global_batch, slots)
+    if dropped:
         out.append(f"Global batch {global_batch} is not a multiple of {slots} slots.")
     if per_slot < min_per_slot:
         out.append(
@@ -449,7 +456,7 @@ def advise(
         global_batch=global_batch,
         slots=slots,
         candidates=cands,
-        per_slot={c: c // slots for c in cands},
+        per_slot={c: _split(c, slots)[0] for c in cands},
         steps_factor=steps_factor,
         examples_factor=examples_factor,
         lr_linear={c: base_lr * c / base for c in cands},

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from dtwork.batch import split as split_batch
 from dtwork.records import Kind, Record, make_record
 
 Mode = Literal["weak", "strong"]
@@ -191,7 +192,7 @@ def plan_sizes(mode: str, per_slot_batch: int, global_batch: int, world_size: in
             f"Strong scaling needs global batch >= world size: global batch {global_batch} cannot be "
             f"split over {world_size} ranks; raise the global batch or lower the world size."
         )
-    per_slot = global_batch // world_size
+    per_slot, _ = split_batch(global_batch, world_size)
     return per_slot, per_slot * world_size
 
 

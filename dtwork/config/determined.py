@@ -12,6 +12,7 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
+from dtwork.batch import per_slot
 from dtwork.config._rules import fail, join, show
 from dtwork.errors import ConfigError
 
@@ -186,7 +187,9 @@ def check_slots(slots: int | None, gbs: int | None, gpus: int, backend: str, cor
     have, unit = (gpus, "GPU") if on_gpus else (cores, "CPU core")
     if slots is None or slots <= have:
         return
-    split = f" (the global batch {gbs} then splits {gbs // have} per slot)" if gbs and gbs >= have else ""
+    split = (
+        f" (the global batch {gbs} then splits {per_slot(gbs, have)} per slot)" if gbs and gbs >= have else ""
+    )
     raise ConfigError(
         f"resources.slots_per_trial: {slots} is more than the {have} slots ({unit}s) on this machine, "
         f"so the trial cannot be scheduled: start with -n {have}{split}, lower slots_per_trial to {have}, "

@@ -185,24 +185,6 @@ class ExperimentConfig(_Section):
         node[parts[-1]] = plain(value)
         return load_config(data)
 
-    def per_slot_batch_size(self, slots: int) -> int | None:
-        """Examples per slot per step: floor(global_batch_size / slots), or None without a global size."""
-        slots = check(_LABEL, "slots", slots, INT1)
-        gbs = self.global_batch_size
-        if gbs is None:
-            return None
-        if gbs < slots:
-            raise error(
-                f"{_LABEL}: global_batch_size: {gbs} is smaller than the {slots} slots; each slot needs "
-                f"at least one example: raise global_batch_size to >= {slots}"
-            )
-        return gbs // slots
-
-    def dropped_examples(self, slots: int) -> int:
-        """Examples per step that an even split over ``slots`` leaves out (the remainder)."""
-        per_slot = self.per_slot_batch_size(slots)
-        return 0 if per_slot is None or self.global_batch_size is None else self.global_batch_size % slots
-
     def effective_lr(self) -> float:
         """``lr.base`` scaled from ``lr.base_batch_size`` to ``global_batch_size`` per ``lr.scaling``."""
         lr, gbs = self.lr, self.global_batch_size

@@ -10,7 +10,6 @@ input as an empty figure with a "no data yet" annotation instead of raising. No 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,16 +29,19 @@ from dtwork.plots.series import (
     ThroughputSeries,
     Trace,
 )
+from dtwork.records import finite
 
 __all__ = [
     "HEIGHT",
     "NO_DATA",
     "NO_DATA_NAME",
     "bucket_figure",
+    "compare_figure",
     "dashboard_figure",
     "empty_figure",
     "gns_figure",
     "gpu_figure",
+    "loading_figure",
     "metrics_figure",
     "no_data_note",
     "on_row",
@@ -57,15 +59,6 @@ __all__ = [
 NO_DATA = "no data yet"
 NO_DATA_NAME = "dtwork-no-data"  # the name of the "no data yet" annotation
 HEIGHT = 320
-
-
-def _number(value: Any) -> float | None:
-    """Return ``value`` as a finite float, or None (missing, NaN, infinite, not a number)."""
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
 
 
 # -- the house style -----------------------------------------------------------------------------
@@ -391,7 +384,7 @@ def tradeoff_figure(b_noise: float | None, current_batch: float | None = None) -
     fig = _titled(go.Figure(), title, "examples / minimum examples", "steps / minimum steps")
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
-    b = _number(b_noise)
+    b = finite(b_noise)
     if b is None or b <= 0:
         return _no_data(fig)
     fig.update_layout(title={"text": f"{title} (B_noise ~ {b:.0f})"})
@@ -400,9 +393,50 @@ def tradeoff_figure(b_noise: float | None, current_batch: float | None = None) -
     fig.add_trace(_line([e for _, _, e in curve], [s for _, s, _ in curve], "trade-off", text=text))
     s, e = tradeoff(b, b)
     fig.add_trace(_line([e], [s], "B = B_noise", mode="markers", marker={"size": 9, "color": "#888"}))
-    batch = _number(current_batch)
+    batch = finite(current_batch)
     if batch is not None and batch > 0:
         s, e = tradeoff(b, batch)
         marker = {"size": 14, "symbol": "star"}
         fig.add_trace(_line([e], [s], f"current batch {batch:.0f}", mode="markers", marker=marker))
+    return fig
+
+
+def loading_figure(real: float, synthetic: float, title: str) -> go.Figure:
+    """Bar the samples/s on the loader's batches against synthetic ones of the same shape."""
+    fig = go.Figure(go.Bar(x=["real batches", "synthetic batches"], y=[real, synthetic]))
+    fig.update_layout(title=title, yaxis_title="samples/s", template="plotly_white")
+    return fig
+
+
+COMPARE_PANELS = 12  # metrics drawn by compare_figure, the first by name
+_RUN_COLORS = ("#1f77b4", "#d62728")
+
+
+def compare_figure(
+    runs: Sequence[tuple[int, Iterable[Mapping[str, Any]]]], names: Sequence[str]
+) -> go.Figure:
+    """One panel per metric in ``names`` with a curve per run: ``runs`` is ``(run id, its aggregated
+    rows)`` for two runs (``RunStore.metrics(run_id)``); rows without a finite value are skipped."""
+    shown = list(names[:COMPARE_PANELS]) or ["(no metrics)"]
+    fig = make_subplots(rows=len(shown), cols=1, subplot_titles=shown, shared_xaxes=True)
+    for (run_id, rows), color in zip(runs, _RUN_COLORS, strict=False):
+        by_name: dict[str, list[tuple[float, float]]] = {}
+        for r in rows:
+            value = finite(r.get("value"))
+            if value is not None:
+                by_name.setdefault(str(r.get("name")), []).append((r["step"], value))
+        for row, name in enumerate(shown, start=1):
+            points = by_name.get(name, [])
+            trace = go.Scatter(
+                x=[p[0] for p in points],
+                y=[p[1] for p in points],
+                name=f"run {run_id}",
+                legendgroup=str(run_id),
+                showlegend=row == 1,
+                line={"color": color},
+            )
+            fig.add_trace(trace, row=row, col=1)
+    title = " vs ".join(f"run {run_id}" for run_id, _ in runs)
+    fig.update_layout(height=220 * len(shown) + 80, title=title)
+    fig.update_xaxes(title_text="step", row=len(shown), col=1)
     return fig

@@ -80,8 +80,8 @@ def _summary(run: dict[str, Any], data: dict[str, Any], last: dict[str, float]) 
     for r in helpers.rows(data):
         if r["rank"] is not None and r["name"] == "samples_per_s":
             by_rank.setdefault(r["rank"], []).append(r["value"])
-    throughput = run["summary"].get("throughput") or sum(statistics.median(v) for v in by_rank.values())
-    eff = run["summary"].get("scaling_efficiency", last.get(plots.EFFICIENCY_NAME))  # else the live estimate
+    throughput = sum(statistics.median(v) for v in by_rank.values())
+    eff = last.get(plots.EFFICIENCY_NAME)  # the live estimate, else the scaling sweep's
     if eff is None and (result := helpers.scaling(data)) is not None:
         eff = result.efficiencies().get(run["world_size"])
     adv = helpers.advice(data)

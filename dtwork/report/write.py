@@ -23,7 +23,7 @@ from dtwork.report.build import DATA_TAG, notebook
 from dtwork.report.helpers import PLOTLY_MIME
 from dtwork.report.scrub import Scrubber
 from dtwork.report.verify import verify as rerun_and_compare
-from dtwork.store import RunStore, default_store_path
+from dtwork.store import RunStore
 
 __all__ = ["Report", "export", "to_html"]
 
@@ -148,7 +148,7 @@ def _export(
     tolerance: float,
     environ: Mapping[str, str] | None,
 ) -> Report:
-    with RunStore(store if store is not None else default_store_path(), readonly=True) as s:
+    with RunStore(store, readonly=True) as s:
         rid = s.latest_run_id() if run_id is None else s.get_run(run_id)["id"]
         if rid is None:
             raise DtworkError(f"no runs in {s.path}: run a %%dtrain cell first")

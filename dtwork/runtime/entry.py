@@ -22,17 +22,6 @@ import psutil
 
 from dtwork import runtime
 
-
-def _addresses() -> dict[str, list[str]]:
-    """Return IPv4 addresses by interface name (loopback included)."""
-    out: dict[str, list[str]] = {}
-    for name, addrs in psutil.net_if_addrs().items():
-        ips = [a.address for a in addrs if a.family == socket.AF_INET]
-        if ips:
-            out[name] = ips
-    return out
-
-
 _watching: set[int] = set()  # the kernel PIDs a watcher thread watches already
 
 
@@ -76,7 +65,7 @@ def probe(kernel: dict[str, Any] | None, kernel_host: str) -> dict[str, Any]:
         "pid": me.pid,
         "create_time": me.create_time(),
         "parent": {"pid": me.ppid(), "create_time": psutil.Process(me.ppid()).create_time()},
-        "addresses": _addresses(),
+        "addresses": devices.host_addresses(),
         "gpus": (gpus := devices.visible([g.to_dict() for g in telemetry.cuda_devices()])),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "slurm_localid": devices.slurm_local_id(),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import math
 import os
 import re
 from collections.abc import Iterator
@@ -20,7 +19,8 @@ from typing import Any
 
 from dtwork import registry, telemetry
 from dtwork.errors import DtworkError
-from dtwork.store import RunStore
+from dtwork.records import finite
+from dtwork.store import RunStore, default_store_path
 
 RUN_ID = re.compile(r"[0-9]{1,18}")
 CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -34,7 +34,7 @@ CACHE_SIZE = 512
 MAX_ENVIRON = 4096  # variables accepted with an export request
 MAX_ENV_VALUE = 65536
 
-# The metric (or summary) names each panel column reads, first found wins.
+# The metric names each panel column reads, first found wins.
 RANK_THROUGHPUT = "samples_per_s"  # each rank logs its own (runtime/loop.py); the run's is their sum
 THROUGHPUT_NAMES = ("samples_per_s",)
 EFFICIENCY_NAMES = ("scaling_efficiency",)
@@ -67,21 +67,15 @@ class ReportFailed(Exception):
 # -- JSON hygiene ------------------------------------------------------------------------------
 
 
-def finite(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Replace NaN and infinities by None, recursively: browsers' JSON.parse rejects them."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        return finite(value)
     if isinstance(value, dict):
-        return {str(k): finite(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def display_path(path: Any, root_dir: str) -> str | None:
@@ -98,17 +92,10 @@ def display_path(path: Any, root_dir: str) -> str | None:
 # -- the run store -----------------------------------------------------------------------------
 
 
-def store_path(root_dir: str) -> Path:
-    """``$DTWORK_STORE`` when set, else ``<root_dir>/.dtwork/runs.sqlite``."""
-    env = os.environ.get("DTWORK_STORE", "").strip()
-    path = Path(env).expanduser() if env else Path(root_dir) / ".dtwork" / "runs.sqlite"
-    return path if path.is_absolute() else Path(root_dir) / path
-
-
 @contextmanager
 def open_store(root_dir: str) -> Iterator[RunStore | None]:
     """The store opened read-only, or None when there is none yet (or it holds no runs)."""
-    path = store_path(root_dir)
+    path = default_store_path(root_dir)
     if not path.is_file():
         yield None
         return
@@ -149,7 +136,7 @@ def downsample(points: list[list[float]], n: int) -> list[list[float]]:
 def loss_points(store: RunStore, run_id: int, n: int) -> list[list[float]]:
     """``[[step, loss], ...]`` of the aggregated loss (rank 0's when none is aggregated)."""
     rows = store.metrics(run_id, LOSS_NAME) or store.metrics(run_id, LOSS_NAME, rank=0)
-    pts = [[float(r["step"]), float(r["value"])] for r in rows if _number(r["value"]) is not None]
+    pts = [[float(r["step"]), float(r["value"])] for r in rows if finite(r["value"]) is not None]
     return downsample(pts, n)
 
 
@@ -157,19 +144,15 @@ def world_throughput(store: RunStore, run_id: int) -> float | None:
     """Samples/s over all ranks: the sum of each rank's latest ``samples_per_s`` (as plots.py)."""
     latest: dict[int, float] = {}
     for row in store.metrics(run_id, RANK_THROUGHPUT, rank="all"):  # ordered by step
-        value = _number(row["value"])
+        value = finite(row["value"])
         if row["rank"] is not None and value is not None:
             latest[row["rank"]] = value
     return sum(latest.values()) if latest else None
 
 
-def _pick(names: tuple[str, ...], *sources: dict[str, Any]) -> float | None:
-    for source in sources:
-        for name in names:
-            value = _number(source.get(name))
-            if value is not None:
-                return value
-    return None
+def _pick(names: tuple[str, ...], values: dict[str, Any]) -> float | None:
+    """The first of ``names`` with a finite value."""
+    return next((v for v in (finite(values.get(n)) for n in names) if v is not None), None)
 
 
 _cache: dict[tuple[Any, ...], Any] = {}
@@ -191,7 +174,6 @@ def _cached(store: RunStore, row: dict[str, Any], what: str, compute: Any) -> An
 
 def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: int) -> dict[str, Any]:
     """One run as the panel lists it (matches RunSummary in extension/src/types.ts)."""
-    summary = row.get("summary") or {}
     last = _cached(store, row, "last", lambda: store.last_metrics(row["id"]))
     spark = _cached(store, row, f"loss{n_points}", lambda: loss_points(store, row["id"], n_points))
     return {
@@ -208,10 +190,10 @@ def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: 
         "last_step": row.get("last_step"),
         "global_batch_size": row.get("global_batch_size"),
         "throughput": _cached(store, row, "tput", lambda: world_throughput(store, row["id"]))
-        or _pick(THROUGHPUT_NAMES, last, summary),
-        "scaling_efficiency": _pick(EFFICIENCY_NAMES, last, summary),
-        "b_simple": _pick(B_SIMPLE_NAMES, last, summary),
-        "loss": _pick((LOSS_NAME,), last, summary),
+        or _pick(THROUGHPUT_NAMES, last),
+        "scaling_efficiency": _pick(EFFICIENCY_NAMES, last),
+        "b_simple": _pick(B_SIMPLE_NAMES, last),
+        "loss": _pick((LOSS_NAME,), last),
         "sparkline": spark,
     }
 
@@ -220,13 +202,10 @@ def list_runs(root_dir: str, limit: int = DEFAULT_RUNS) -> dict[str, Any]:
     """GET /dtwork/runs: the newest ``limit`` runs first; ``total`` counts them all."""
     with open_store(root_dir) as store:
         if store is None:
-            return {"store_exists": store_path(root_dir).is_file(), "total": 0, "runs": []}
+            return {"store_exists": default_store_path(root_dir).is_file(), "total": 0, "runs": []}
         rows = store.list_runs()
-        # list_runs merges each run's summary fields into its row: the row is its own summary.
-        runs = [
-            _run_summary(store, {**row, "summary": row}, root_dir, SPARKLINE_POINTS) for row in rows[:limit]
-        ]
-        return finite({"store_exists": True, "total": len(rows), "runs": runs})
+        runs = [_run_summary(store, row, root_dir, SPARKLINE_POINTS) for row in rows[:limit]]
+        return json_safe({"store_exists": True, "total": len(rows), "runs": runs})
 
 
 def get_run(root_dir: str, run_id: int) -> dict[str, Any]:
@@ -238,7 +217,7 @@ def get_run(root_dir: str, run_id: int) -> dict[str, Any]:
         run["last_metrics"] = store.last_metrics(run_id)
         run["metric_names"] = store.metric_names(run_id)
         run["per_slot_batch_size"] = row.get("per_slot_batch_size")
-        return finite({"run": run})
+        return json_safe({"run": run})
 
 
 def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> dict[str, Any]:
@@ -254,7 +233,7 @@ def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> dict[
             raise NotFound(f"run {run_id} has no metric {name!r}; its metrics: {have}")
         rows = store.metrics(run_id, name) or store.metrics(run_id, name, rank=0)
         pts = [[r["step"], r["value"], r["time"]] for r in rows]
-        return finite(
+        return json_safe(
             {"run_id": run_id, "name": name, "total": len(pts), "points": downsample(pts, max_points)}
         )
 
@@ -320,7 +299,7 @@ def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = N
     except (TypeError, ValueError):
         params = set()
     if "store" in params:
-        kwargs["store"] = store_path(root_dir)
+        kwargs["store"] = default_store_path(root_dir)
     if "environ" in params:
         kwargs["environ"] = {**os.environ, **(environ or {})}
     try:
@@ -371,7 +350,7 @@ def _cluster(entry: dict[str, Any], root_dir: str) -> dict[str, Any]:
 
 def list_clusters(root_dir: str) -> dict[str, Any]:
     """GET /dtwork/clusters."""
-    return finite({"clusters": [_cluster(e, root_dir) for e in registry.entries()]})
+    return json_safe({"clusters": [_cluster(e, root_dir) for e in registry.entries()]})
 
 
 def find_cluster(cluster_id: str) -> dict[str, Any]:
@@ -419,4 +398,4 @@ def gpus() -> dict[str, Any]:
                 "power_w": s.power_w,
             }
         )
-    return finite({"available": True, "reason": None, "gpus": out})
+    return json_safe({"available": True, "reason": None, "gpus": out})

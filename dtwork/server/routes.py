@@ -31,6 +31,7 @@ from jupyter_server.utils import url_path_join
 
 import dtwork
 from dtwork.server import data
+from dtwork.store import default_store_path
 
 T = TypeVar("T")
 
@@ -82,7 +83,7 @@ class HealthHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        exists = await asyncio.to_thread(lambda: data.store_path(self.root_dir).is_file())
+        exists = await asyncio.to_thread(lambda: default_store_path(self.root_dir).is_file())
         self.reply({"ok": True, "version": dtwork.__version__, "store_exists": exists})
 
 
