@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from benchmarks import workload as W
+from benchmarks.engine_source import ENGINE_SOURCE
 from benchmarks.stats import bootstrap_ci, median, ratio, summarize
 from benchmarks.util import ROOT, exit_on_sigterm, free_port, log, silenced
-from benchmarks.windows import ENGINE_SOURCE
 
 if TYPE_CHECKING:
     from dtwork import Cluster
