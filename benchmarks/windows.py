@@ -26,8 +26,6 @@ from benchmarks.workload import KINDS
 if TYPE_CHECKING:
     from benchmarks.runners import DtworkRunner
 
-# Runs on dtwork's ranks, after the workload's SOURCE.
-
 
 class LiveSwitch:
     """The kernel's end of ``live_windows``: sets ``session.live`` as rank 0 says, and reads the kernel's
