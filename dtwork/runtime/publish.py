@@ -28,12 +28,14 @@ MAX_KEPT = 10_000  # records a rank keeps while its publishes fail (a few minute
 def _publish(data: dict[str, Any]) -> None:
     """Send ``data`` to the kernel; raise what the transport raises."""
     try:
+        from IPython import get_ipython
         from ipykernel.zmqshell import ZMQInteractiveShell
     except ImportError:  # no kernel machinery at all: nobody to send to
         return
-    # Outside an engine (a plain script, a benchmark, a unit test) records stay local: there
-    # ``publish_data`` would make a kernel shell of its own, the process's shell from then on.
-    if not ZMQInteractiveShell.initialized():
+    # Outside an engine (a plain script, a benchmark, a unit test, a terminal shell) records stay
+    # local: there ``publish_data`` would make a kernel shell of its own, or fail. The shell's own
+    # class is asked, since a plain InteractiveShell makes ``ZMQInteractiveShell.initialized()`` true.
+    if not isinstance(get_ipython(), ZMQInteractiveShell):
         return
     from ipyparallel.datapub import publish_data
 
