@@ -90,14 +90,15 @@ def store_problem(exc: BaseException, path: Path | str) -> str:
         return f"the disk holding the run store {path} is full: free some space"
     if "readonly" in text or "read-only" in text or code in (errno.EACCES, errno.EROFS, errno.EPERM):
         return f"the run store {path} cannot be written (read-only): make the file and its folder writable"
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if "malformed" in text or "not a database" in text or "corrupt" in text or "not a dtwork" in text:
         return (
-            f"the run store {path} is damaged ({str(exc).splitlines()[0] if str(exc) else exc!r}): "
-            "stop the cluster, move the file aside and start again (or start with --store NEW_PATH)"
+            f"the run store {path} is damaged ({detail}): move the file aside and start again "
+            "(or name another store: --store NEW_PATH)"
         )
     if isinstance(exc, DtworkError):
-        return str(exc).splitlines()[0] if str(exc) else f"the run store {path} cannot be used"
-    return f"the run store {path} cannot be used ({type(exc).__name__}: {exc})"
+        return detail
+    return f"the run store {path} cannot be used ({type(exc).__name__}: {detail})"
 
 
 def _owner_only_file(path: Path) -> None:
