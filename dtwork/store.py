@@ -137,7 +137,10 @@ def store_path(named: str | os.PathLike[str] | None = None) -> Path:
 class RunStore:
     """The SQLite run store; see the module docstring for location, durability and threads."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, readonly: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, readonly: bool = False, busy_seconds: float = 5.0
+    ) -> None:
+        self._busy_ms = round(busy_seconds * 1000)  # how long a statement waits for another's lock
         self._path = Path(path).expanduser().absolute() if path is not None else default_store_path()
         self._readonly = readonly
         self._lock = threading.Lock()
@@ -147,10 +150,14 @@ class RunStore:
                     f"no run store at {self._path}: run a %%dtrain cell first, or set DTWORK_STORE"
                 )
             uri = self._path.as_uri() + "?mode=ro"
-            conn = sqlite3.connect(uri, uri=True, timeout=5.0, check_same_thread=False, isolation_level=None)
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=busy_seconds, check_same_thread=False, isolation_level=None
+            )
         else:
             _owner_only_file(self._path)
-            conn = sqlite3.connect(self._path, timeout=5.0, check_same_thread=False, isolation_level=None)
+            conn = sqlite3.connect(
+                self._path, timeout=busy_seconds, check_same_thread=False, isolation_level=None
+            )
         conn.row_factory = sqlite3.Row
         self._conn: sqlite3.Connection | None = conn
         self._identity = self._file_identity()
@@ -163,7 +170,7 @@ class RunStore:
 
     def _setup(self, conn: sqlite3.Connection) -> None:
         try:
-            conn.execute("PRAGMA busy_timeout = 5000")
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             if not self._readonly:
                 from dtwork.mounts import journal_mode  # WAL only on a local filesystem
 
@@ -171,6 +178,8 @@ class RunStore:
                 conn.execute("PRAGMA synchronous = NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise  # a store in use by another program, not a foreign file: store_problem says so
             raise DtworkError(f"{self._path} is not a dtwork run store ({exc})") from exc
         check_version(self._path, version, self._readonly)
         if version < SCHEMA_VERSION:
