@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import sqlite3
 import sys
 import time
 from collections.abc import Sequence
@@ -155,8 +156,11 @@ def runs_table(path: Path) -> str:
     written yet has no runs."""
     if not path.is_file():
         return _no_runs(path)
-    with RunStore(path, readonly=True) as store:
-        return printable(_list_text(store))
+    try:
+        with RunStore(path, readonly=True) as store:
+            return printable(_list_text(store))
+    except sqlite3.Error as exc:  # damaged past its header, or locked: one line, as `dtwork runs` says
+        raise DtworkError(printable(store_problem(exc, path))) from None
 
 
 def _cmd_list(store: RunStore, ns: argparse.Namespace) -> str:

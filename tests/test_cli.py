@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dtwork.config import load_config
+from dtwork.errors import DtworkError
 from dtwork.store import RunStore
 
 SCRIPT = shutil.which("dtwork", path=str(Path(sys.executable).parent)) or shutil.which("dtwork")
@@ -202,3 +203,7 @@ def test_a_damaged_store_is_one_line_without_traceback(tmp_path: Path) -> None:
         err = dtwork("runs", *args, "--store", str(store_file), cwd=tmp_path, ok=False).stderr
         assert err.startswith(f"dtwork: the run store {store_file} is damaged"), err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    from dtwork.cli import runs_table  # what %dtrain runs prints
+
+    with pytest.raises(DtworkError, match=f"^the run store {store_file} is damaged [^\n]*$"):
+        runs_table(store_file)
