@@ -223,3 +223,23 @@ def test_a_moved_store_folder_is_noticed_and_the_run_copied(tmp_path) -> None:
         with pytest.raises(DtworkError, match="already holds a run"):
             old.copy_run(rid, new)
     old.close()
+
+
+def test_a_store_deleted_between_cells_is_back_before_dtrain_runs_reads_it(cluster, capsys) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    cluster.configure(None)
+    cluster.run("ctx.log(step=0, kept=1.0)", quiet=True)
+    run_id = cluster.session.run_id
+    path = cluster.session.store.path
+    for part in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        part.unlink(missing_ok=True)
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "dtwork")
+    capsys.readouterr()
+    ip.run_line_magic("dtrain", "runs")
+    out, err = capsys.readouterr()
+    assert any(line.split()[:1] == [str(run_id)] for line in out.splitlines()), out
+    assert "deleted or moved" in err
+    with RunStore(path, readonly=True) as fresh:
+        assert [r["value"] for r in fresh.metrics(run_id, "kept")] == [1.0]
