@@ -16,6 +16,8 @@ import argparse
 import json
 import math
 import os
+import re
+import sqlite3
 import sys
 import time
 from collections.abc import Sequence
@@ -25,9 +27,26 @@ from typing import Any
 
 from dtwork.errors import DtworkError
 from dtwork.export import run_result
-from dtwork.store import RunStore, store_path
+from dtwork.store import STORE_ERRORS, RunStore, store_path, store_problem
 
-__all__ = ["main", "run_notebook", "runs_table"]
+__all__ = ["main", "printable", "run_notebook", "runs_table"]
+
+# What a terminal would act on rather than show: C0 but newline, DEL, C1, bidirectional and
+# invisible format characters, line and paragraph separators, tags, lone surrogates.
+_UNSAFE = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]"
+)
+
+_COLOUR = re.compile("\x1b\\[[0-9;]*m")  # a traceback's colours: dropped rather than shown escaped
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on written as a ``\\uXXXX`` escape
+    (valid inside JSON strings too): names in a store may come from anyone."""
+    return _UNSAFE.sub(
+        lambda m: f"\\u{ord(m[0]):04x}" if ord(m[0]) <= 0xFFFF else f"\\U{ord(m[0]):08x}", text
+    )
 
 
 # -- reading a run ----------------------------------------------------------------------------------
@@ -84,7 +103,7 @@ def _when(stamp: float | None) -> str:
 
 
 def _table(header: Sequence[str], rows: list[list[str]], right: set[int]) -> str:
-    lines = [list(header), *rows]
+    lines = [[printable(c) for c in line] for line in (header, *rows)]  # escaped first: widths hold
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = []
     for line in lines:
@@ -137,8 +156,11 @@ def runs_table(path: Path) -> str:
     written yet has no runs."""
     if not path.is_file():
         return _no_runs(path)
-    with RunStore(path, readonly=True) as store:
-        return _list_text(store)
+    try:
+        with RunStore(path, readonly=True) as store:
+            return printable(_list_text(store))
+    except sqlite3.Error as exc:  # damaged past its header, or locked: one line, as `dtwork runs` says
+        raise DtworkError(printable(store_problem(exc, path))) from None
 
 
 def _cmd_list(store: RunStore, ns: argparse.Namespace) -> str:
@@ -243,15 +265,16 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 900) -> Path:
         nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path.cwd())}}
     )
     t0 = time.monotonic()
-    print(f"dtwork: executing {path} ({len(nb.cells)} cells) ...", flush=True)
+    print(printable(f"dtwork: executing {path} ({len(nb.cells)} cells) ..."), flush=True)
     try:
         client.execute()
     except CellExecutionError as exc:
         nbformat.write(nb, out)
-        print(f"dtwork: {path} failed; the partial run is in {out}\n{exc}", file=sys.stderr)
+        text = _COLOUR.sub("", f"dtwork: {path} failed; the partial run is in {out}\n{exc}")
+        print(printable(text), file=sys.stderr)
         raise SystemExit(1) from None
     nbformat.write(nb, out)
-    print(f"dtwork: executed {path} in {time.monotonic() - t0:.0f} s -> {out}", flush=True)
+    print(printable(f"dtwork: executed {path} in {time.monotonic() - t0:.0f} s -> {out}"), flush=True)
     return out
 
 
@@ -302,18 +325,23 @@ _COMMANDS = {"list": _cmd_list, "show": _cmd_show, "compare": _cmd_compare, "exp
 
 
 def _runs(ns: argparse.Namespace) -> int:
+    path: Path | str = ns.store or "the default run store"  # until store_path has answered
     try:
         if ns.action == "export" and ns.report and ns.run is None:
             raise DtworkError(
                 "dtwork runs export --report needs a run id: dtwork runs export RUN --report PATH"
             )
-        with RunStore(store_path(ns.store), readonly=True) as store:
-            print(_COMMANDS[ns.action](store, ns))
-    except DtworkError as exc:
-        print(f"dtwork: {exc}", file=sys.stderr)
-        return 1
+        path = store_path(ns.store)
+        with RunStore(path, readonly=True) as store:
+            print(printable(_COMMANDS[ns.action](store, ns)))
     except BrokenPipeError:  # `dtwork runs list | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+    except DtworkError as exc:
+        print(printable(f"dtwork: {exc}"), file=sys.stderr)
+        return 1
+    except STORE_ERRORS as exc:  # damaged, locked or unreadable: one line, no traceback
+        print(printable(f"dtwork: {store_problem(exc, path)}"), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -323,8 +351,8 @@ def _script(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     try:
         out = write_script(ns.notebook, ns.output or ns.notebook.with_suffix(".py"))
     except DtworkError as exc:
-        parser.exit(2, f"dtwork: {exc}\n")
-    print(f"dtwork: wrote {out}; run it with torchrun --nproc_per_node=N {out}")
+        parser.exit(2, printable(f"dtwork: {exc}") + "\n")
+    print(printable(f"dtwork: wrote {out}; run it with torchrun --nproc_per_node=N {out}"))
     return 0
 
 

@@ -237,6 +237,8 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_runs(self, argv: list[str]) -> Any:
+        for c in _running():  # a store deleted since the last write is made again before it is read
+            c.session.check_store()
         if argv and argv[0] in ("list", "show", "compare", "export"):  # the shell's `dtwork runs ...`
             from dtwork.cli import main as cli_main
 

@@ -21,6 +21,7 @@ thread, the Jupyter server extension (read-only) and the report exporter read th
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import sqlite3
@@ -56,9 +57,11 @@ from dtwork.store_schema import (
 __all__ = [
     "RUN_STATUSES",
     "SCHEMA_VERSION",
+    "STORE_ERRORS",
     "RunStore",
     "default_store_path",
     "store_path",
+    "store_problem",
 ]
 
 RUN_STATUSES = ("running", "completed", "failed", "interrupted", "stopped")
@@ -69,6 +72,44 @@ _RUN_COLUMNS = (
     "config_yaml, global_batch_size, per_slot_batch_size"
 )
 _METRIC_COLUMNS = ("run_id", "cell_seq", "kind", "step", "rank", "name", "value", "time")
+# A run's rows, table by table, as copy_run carries them (events and results get new ids).
+_RUN_TABLES = ("runs", "cells", "metrics", "events", "environment", "results")
+
+# What a store that cannot be read or written raises: SQLite's errors (locked, full, read-only,
+# corrupt), the operating system's (a vanished folder, no space for a journal) and the store's own.
+STORE_ERRORS = (sqlite3.Error, OSError, DtworkError)
+
+
+def store_problem(exc: BaseException, path: Path | str) -> str:
+    """One line for the user: what is wrong with the store at ``path`` and what to do."""
+    text = str(exc).lower()
+    code = getattr(exc, "errno", None)
+    if "locked" in text or "busy" in text:
+        return f"the run store {path} is locked by another program: close it (or end its transaction)"
+    if "full" in text or code == errno.ENOSPC:
+        return f"the disk holding the run store {path} is full: free some space"
+    if "readonly" in text or "read-only" in text or code in (errno.EACCES, errno.EROFS, errno.EPERM):
+        return f"the run store {path} cannot be written (read-only): make the file and its folder writable"
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "malformed" in text or "not a database" in text or "corrupt" in text or "not a dtwork" in text:
+        return (
+            f"the run store {path} is damaged ({detail}): move the file aside and start again "
+            "(or name another store: --store NEW_PATH)"
+        )
+    if isinstance(exc, DtworkError):
+        return detail
+    return f"the run store {path} cannot be used ({type(exc).__name__}: {detail})"
+
+
+def _owner_only_file(path: Path) -> None:
+    """Create the store's folder (0700, when dtwork makes it) and its file (0600) before SQLite
+    opens it: the store holds cell sources and environment values (SQLite gives its journal
+    files the database file's mode)."""
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True, mode=0o700)
+        os.chmod(path.parent, 0o700)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
 def default_store_path(root: str | os.PathLike[str] | None = None) -> Path:
@@ -96,7 +137,10 @@ def store_path(named: str | os.PathLike[str] | None = None) -> Path:
 class RunStore:
     """The SQLite run store; see the module docstring for location, durability and threads."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, readonly: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, readonly: bool = False, busy_seconds: float = 5.0
+    ) -> None:
+        self._busy_ms = round(busy_seconds * 1000)  # how long a statement waits for another's lock
         self._path = Path(path).expanduser().absolute() if path is not None else default_store_path()
         self._readonly = readonly
         self._lock = threading.Lock()
@@ -106,12 +150,17 @@ class RunStore:
                     f"no run store at {self._path}: run a %%dtrain cell first, or set DTWORK_STORE"
                 )
             uri = self._path.as_uri() + "?mode=ro"
-            conn = sqlite3.connect(uri, uri=True, timeout=5.0, check_same_thread=False, isolation_level=None)
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=busy_seconds, check_same_thread=False, isolation_level=None
+            )
         else:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self._path, timeout=5.0, check_same_thread=False, isolation_level=None)
+            _owner_only_file(self._path)
+            conn = sqlite3.connect(
+                self._path, timeout=busy_seconds, check_same_thread=False, isolation_level=None
+            )
         conn.row_factory = sqlite3.Row
         self._conn: sqlite3.Connection | None = conn
+        self._identity = self._file_identity()
         try:
             self._setup(conn)
         except BaseException:
@@ -121,7 +170,7 @@ class RunStore:
 
     def _setup(self, conn: sqlite3.Connection) -> None:
         try:
-            conn.execute("PRAGMA busy_timeout = 5000")
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             if not self._readonly:
                 from dtwork.mounts import journal_mode  # WAL only on a local filesystem
 
@@ -129,6 +178,8 @@ class RunStore:
                 conn.execute("PRAGMA synchronous = NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise  # a store in use by another program, not a foreign file: store_problem says so
             raise DtworkError(f"{self._path} is not a dtwork run store ({exc})") from exc
         check_version(self._path, version, self._readonly)
         if version < SCHEMA_VERSION:
@@ -145,6 +196,41 @@ class RunStore:
     @property
     def readonly(self) -> bool:
         return self._readonly
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def vanished(self) -> bool:
+        """Whether the file this store has open is no longer at its path (deleted, its folder
+        moved or replaced): writes would go to a file nobody can find."""
+        return self._identity is None or self._file_identity() != self._identity
+
+    def copy_run(self, run_id: int | str, into: RunStore) -> dict[str, int]:
+        """Write the run's rows from this store into ``into``, keeping its id, in one transaction
+        (this store may be a deleted file still open); returns the rows copied per table."""
+        rid = self._run_id(run_id)
+        tables: dict[str, list[dict[str, Any]]] = {}
+        for table in _RUN_TABLES:
+            key = "id" if table == "runs" else "run_id"
+            rows = self._query(f"SELECT * FROM {table} WHERE {key} = ? ORDER BY rowid", (rid,))
+            tables[table] = [
+                {k: v for k, v in r.items() if not (k == "id" and table != "runs")} for r in rows
+            ]
+        if not tables["runs"]:
+            raise self._unknown_run(rid)
+        with into._write() as cur:
+            if cur.execute("SELECT 1 FROM runs WHERE id = ?", (rid,)).fetchone() is not None:
+                raise DtworkError(f"{into.path} already holds a run {rid}: not copying run {rid} into it")
+            for table, rows in tables.items():
+                for row in rows:
+                    cols = ", ".join(row)
+                    marks = ", ".join("?" * len(row))
+                    cur.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(row.values()))
+        return {table: len(rows) for table, rows in tables.items()}
 
     def close(self) -> None:
         """Close the connection; later calls raise DtworkError. Closing twice is harmless."""

@@ -98,6 +98,10 @@ UPDATE metrics SET kind = CASE
 """
 
 
+class NoRunsYet(DtworkError):
+    """A store file with no schema yet (just made, or made by another tool): it holds no runs."""
+
+
 def check_version(path: Path, version: int, readonly: bool) -> None:
     """Refuse a store this dtwork cannot use as it is; say what to do."""
     if version > SCHEMA_VERSION:
@@ -111,7 +115,7 @@ def check_version(path: Path, version: int, readonly: bool) -> None:
             "open it once with write access (e.g. RunStore(path)) to upgrade it"
         )
     if readonly and version == 0:
-        raise DtworkError(
+        raise NoRunsYet(
             f"{path} holds no dtwork runs yet (schema version {version}): "
             "run a %%dtrain cell first, or set DTWORK_STORE"
         )

@@ -8,7 +8,6 @@ A write the store rejects as malformed is dropped with a warning; the rest go on
 
 from __future__ import annotations
 
-import errno
 import sqlite3
 import sys
 import threading
@@ -20,32 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from dtwork.errors import DtworkError
 from dtwork.records import Kind, to_rows
+from dtwork.store import STORE_ERRORS, store_problem
 
 if TYPE_CHECKING:
     from dtwork.store import RunStore
 
-# What a store that cannot write raises: SQLite's errors (locked, full, read-only, corrupt) and
-# the operating system's (a vanished folder, no space for a journal).
-STORE_ERRORS = (sqlite3.Error, OSError)
+__all__ = ["STORE_ERRORS", "StoreWriter", "store_problem"]
+
 RETRY_SECONDS = 1.0  # a refusing store is tried again at most this often (each try may wait 5 s)
-
-
-def store_problem(exc: BaseException, path: Path | str) -> str:
-    """One line for the user: what is wrong with the store at ``path`` and what to do."""
-    text = str(exc).lower()
-    code = getattr(exc, "errno", None)
-    if "locked" in text or "busy" in text:
-        return f"the run store {path} is locked by another program: close it (or end its transaction)"
-    if "full" in text or code == errno.ENOSPC:
-        return f"the disk holding the run store {path} is full: free some space"
-    if "readonly" in text or "read-only" in text or code in (errno.EACCES, errno.EROFS, errno.EPERM):
-        return f"the run store {path} cannot be written (read-only): make the file and its folder writable"
-    if "malformed" in text or "not a database" in text or "corrupt" in text:
-        return (
-            f"the run store {path} is damaged ({exc}): stop the cluster, move the file aside "
-            "and start again (or start with --store NEW_PATH)"
-        )
-    return f"the run store {path} cannot be written ({type(exc).__name__}: {exc})"
 
 
 @dataclass

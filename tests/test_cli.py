@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from dtwork.config import load_config
+from dtwork.errors import DtworkError
 from dtwork.store import RunStore
 
 SCRIPT = shutil.which("dtwork", path=str(Path(sys.executable).parent)) or shutil.which("dtwork")
@@ -157,3 +160,50 @@ def test_python_m_dtwork_takes_the_same_parser(notebook_dir: Path) -> None:
     assert helps[0].startswith("usage: python -m dtwork ") and helps[1].startswith("usage: dtwork ")
     assert helps[0].split("\n", 1)[1] == helps[1].split("\n", 1)[1]  # the same commands and options
     assert "{runs,run,script,doctor}" in helps[1]
+
+
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\r\b\t\x7f\x9b\u202e\u2028"  # clear, title, clipboard
+
+
+def _controls(text: str) -> list[str]:
+    return [c for c in text if c != "\n" and (ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or c in "\u202e\u2028")]
+
+
+def test_control_characters_in_names_are_printed_escaped(tmp_path: Path) -> None:
+    store_file = tmp_path / "hostile.sqlite"
+    with RunStore(store_file) as store:
+        run = store.create_run(name=f"run{HOSTILE}", world_size=2, backend=f"gloo{HOSTILE}")
+        store.add_cell(run, "train()")
+        store.add_metrics(run, [{"step": 0, "name": f"loss{HOSTILE}", "value": 1.0}])
+    for args in (["list"], ["list", "--json"], ["show", "1"], ["show", "1", "--json"], ["show", "9"]):
+        proc = dtwork("runs", *args, "--store", str(store_file), cwd=tmp_path, ok=args[-1] != "9")
+        assert proc.stdout or proc.stderr
+        assert _controls(proc.stdout + proc.stderr) == [], args
+        if args[-1] == "--json":  # the escapes keep the JSON valid and the names whole
+            loaded = json.loads(proc.stdout)
+            assert (loaded[0] if isinstance(loaded, list) else loaded)["name"] == f"run{HOSTILE}"
+    listed = dtwork("runs", "list", "--store", str(store_file), cwd=tmp_path).stdout
+    assert "run\\u001b[2J\\u001b]0;pwned\\u0007" in listed
+    (tmp_path / "x\x1b[2J.sqlite").write_bytes(b"not a store at all")
+    err = dtwork("runs", "list", "--store", str(tmp_path / "x\x1b[2J.sqlite"), cwd=tmp_path, ok=False).stderr
+    assert _controls(err) == [] and "x\\u001b[2J.sqlite" in err
+
+
+def test_a_damaged_store_is_one_line_without_traceback(tmp_path: Path) -> None:
+    store_file = tmp_path / "runs.sqlite"
+    with RunStore(store_file) as store:
+        run = store.create_run(world_size=2, backend="gloo")
+        store.add_metrics(run, [{"step": s, "name": "loss", "value": 1.0} for s in range(3000)])
+    with closing(sqlite3.connect(store_file, isolation_level=None)) as conn:  # everything in the main file
+        conn.execute("PRAGMA journal_mode = DELETE")
+    with open(store_file, "r+b") as f:  # the header stays readable; every page after it is garbage
+        f.seek(4096)
+        f.write(b"\xff" * (store_file.stat().st_size - 4096))
+    for args in (["list"], ["show", "1"], ["list", "--json"]):
+        err = dtwork("runs", *args, "--store", str(store_file), cwd=tmp_path, ok=False).stderr
+        assert err.startswith(f"dtwork: the run store {store_file} is damaged"), err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    from dtwork.cli import runs_table  # what %dtrain runs prints
+
+    with pytest.raises(DtworkError, match=f"^the run store {store_file} is damaged [^\n]*$"):
+        runs_table(store_file)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dtwork import batch
 from dtwork.config import (
+    MAX_BYTES,
     CheckpointConfig,
     Compression,
     ExperimentConfig,
@@ -503,6 +504,28 @@ def test_oversized_text_is_refused() -> None:
     assert (
         message(text) == f"config: {len(text)} bytes is more than a config may hold (1048576): split the file"
     )
+
+
+@pytest.mark.parametrize("how", ["mapping", "aliases", "file"])
+def test_a_config_over_the_limit_is_refused_where_it_comes_in(how: str, tmp_path: Path) -> None:
+    blob = "x" * 20_000
+    source: Any = {
+        "mapping": {"name": "big", "hyperparameters": {"blob": "x" * MAX_BYTES}},
+        "aliases": "hyperparameters:\n  a: &a " + blob + "\n  many: [" + ", ".join(["*a"] * 60) + "]\n",
+        "file": tmp_path / "big.yaml",
+    }[how]
+    if how == "file":
+        source.write_text("name: big\n# " + "x" * MAX_BYTES + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"more than a config may hold \({MAX_BYTES}\)"):
+        load_config(source)
+
+
+def test_a_config_just_under_the_limit_reads_back_from_its_yaml() -> None:
+    """What configure takes, the report (which loads the stored YAML) takes too."""
+    blob = "x" * (MAX_BYTES - 2000)
+    cfg = load_config({"name": "big", "hyperparameters": {"blob": blob}})
+    assert len(cfg.to_yaml().encode()) <= MAX_BYTES
+    assert load_config(cfg.to_yaml()) == cfg
 
 
 # --------------------------------------------------------------------------- Determined fields

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 from collections.abc import Coroutine
 from pathlib import Path
@@ -145,3 +146,32 @@ def test_routes_leak_no_environment_and_refuse_odd_ids(
     with pytest.raises(HTTPClientError) as info:  # jp_fetch escapes the id: still a 404
         run(jp_fetch("dtwork", "runs", "1;DROP"))
     assert info.value.code == 404
+
+
+# -- files that hold cell sources, environment values and engine output ---------------------------
+
+
+def test_the_store_and_the_engine_log_are_owner_only(cluster: Any) -> None:
+    cluster.configure(None)
+    cluster.run("ctx.log(step=0, loss=1.0)", quiet=True)
+    store = cluster.session.store.path
+    for path in (store, Path(f"{store}-wal"), Path(f"{store}-shm"), cluster.session.engine_log):
+        assert path.is_file() and stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert stat.S_IMODE(cluster.session.engine_log.parent.stat().st_mode) == 0o700
+
+
+def test_a_store_folder_dtwork_makes_is_owner_only(tmp_path: Path) -> None:
+    mask = os.umask(0o022)  # the usual umask: files 0644, folders 0755 unless dtwork says otherwise
+    try:
+        with RunStore(tmp_path / "work" / ".dtwork" / "runs.sqlite") as s:
+            s.add_event(None, "start", "made")
+        (tmp_path / "mine").mkdir()
+        with RunStore(tmp_path / "mine" / "runs.sqlite") as s:
+            s.add_event(None, "start", "made")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "work" / ".dtwork").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "work").stat().st_mode) == 0o755  # a parent: the user's to set
+    assert stat.S_IMODE((tmp_path / "mine").stat().st_mode) == 0o755  # the user's folder, left as it is
+    for path in (tmp_path / "work" / ".dtwork" / "runs.sqlite", tmp_path / "mine" / "runs.sqlite"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600

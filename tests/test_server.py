@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import json
 import math
 import re
+import shutil
+import sqlite3
 import subprocess
 import sys
 import types
-from collections.abc import Callable, Coroutine
+import urllib.parse
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from jupyter_server_fixtures import server_fixtures
 from tornado.httpclient import HTTPClientError, HTTPResponse
 from tornado.routing import PathMatches, Rule
@@ -550,3 +556,180 @@ async def test_gpus_with_fake_nvml_data(jp_fetch: Any, monkeypatch: pytest.Monke
     monkeypatch.setattr(telemetry, "sample", lambda indices=None: [sample])
     (g,) = (await get_json(jp_fetch, "gpus"))["gpus"]
     assert g["name"] == "Fake H100" and g["utilization"] == 87.0 and g["power_w"] is None
+
+
+# -- a store that cannot be read, and bodies the server cannot take -----------------------------
+
+STORE_ROUTES: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("runs",), {}),
+    (("runs", "1"), {}),
+    (("runs", "1", "metrics"), {"params": {"name": "loss"}}),
+    (("runs", "1", "report"), post()),
+]
+
+
+def _damage_header(path: Path) -> None:
+    path.write_bytes(b"SQLite format 3\x00" + b"\xff" * 4096)
+
+
+def _damage_pages(path: Path) -> None:
+    """The header readable, every page after the first garbage."""
+    with open(path, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\xff" * (path.stat().st_size - 4096))
+
+
+def _newer(path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA user_version = 999")
+
+
+DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+    "header": (_damage_header, "is not a dtwork run store"),
+    "pages": (_damage_pages, "is damaged (database disk image is malformed)"),
+    "newer": (_newer, "newer than this dtwork supports"),
+}
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Another program in the middle of a write (a rollback journal: its lock stops readers too)."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")
+        conn.execute("BEGIN EXCLUSIVE")
+        conn.execute("INSERT INTO events (time, kind, message) VALUES (0, 'x', 'y')")
+        try:
+            yield
+        finally:
+            conn.execute("ROLLBACK")
+
+
+def _reading_export(run_id: int, path: Path, store: Path, environ: dict[str, str]) -> Path:
+    """An exporter that reads the run as the real one does, and writes nothing (fast)."""
+    with RunStore(store, readonly=True) as s:
+        s.cells(run_id), s.metrics(run_id, rank="all"), s.events(run_id)
+    return path
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+@in_loop
+async def test_a_damaged_store_answers_503_with_the_reason(
+    jp_fetch: Any, store: dict[str, int], dtwork_env: dict[str, Path], tmp_path: Path, damage: str
+) -> None:
+    make, says = DAMAGE[damage]
+    make(dtwork_env["store"])
+    for parts, kwargs in STORE_ROUTES:
+        message = await error_of(jp_fetch, *parts, code=503, **kwargs)
+        assert says in message and str(tmp_path) not in message, (parts, message)
+        assert "store runs.sqlite " in message  # outside the server root: named by its file name
+    assert (await get_json(jp_fetch, "health"))["store_exists"]
+
+
+@in_loop
+async def test_a_locked_store_answers_503_not_an_empty_list(
+    jp_fetch: Any, store: dict[str, int], dtwork_env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "dtwork.report", types.SimpleNamespace(export=_reading_export))
+    with _locked(dtwork_env["store"]):
+        for parts, kwargs in STORE_ROUTES:
+            message = await error_of(jp_fetch, *parts, code=503, **kwargs)
+            assert "is locked by another program" in message, (parts, message)
+    assert (await get_json(jp_fetch, "runs"))["total"] == 2  # and back once the lock is gone
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "must be JSON"),  # deeper than the parser's recursion
+        ('{"environ": ' + "[" * 5000 + "]" * 5000 + "}", "must be JSON"),
+        ('{"environ": {"A": "' + "x" * (9 * 2**20) + '"}}', "at most 8388608"),
+        ('{"environ": {"A": 1}}', "map names to strings"),
+        ('"environ"', "must be JSON"),
+        (b"\xff\xfe\x00garbage", "must be JSON"),
+    ],
+    ids=["deep", "deep-environ", "huge", "not-strings", "not-an-object", "not-utf8"],
+)
+@in_loop
+async def test_report_bodies_it_cannot_take_are_400(
+    jp_fetch: Any, store: dict[str, int], body: str | bytes, says: str
+) -> None:
+    message = await error_of(jp_fetch, "runs", "1", "report", code=400, method="POST", body=body)
+    assert says in message
+
+
+def _bodies() -> st.SearchStrategy[bytes]:
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.floats() | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=20,
+    )
+    return st.one_of(
+        st.binary(max_size=200),
+        json_values.map(lambda v: json.dumps({"environ": v}).encode()),
+        json_values.map(lambda v: json.dumps(v).encode()),
+        st.integers(1, 3000).map(lambda n: b'{"environ":' + b"[" * n + b"]" * n + b"}"),
+        st.integers(900, 3000).map(lambda n: b"{" * n),
+        st.integers(900, 3000).map(lambda n: b"[" * n + b"]" * n),
+        st.dictionaries(st.text(max_size=30), st.text(max_size=30), max_size=5).map(
+            lambda env: json.dumps({"environ": env}).encode()
+        ),
+    )
+
+
+FUZZ_STORES = ["healthy", "missing", "header", "pages", "newer"]
+
+
+@pytest.mark.parametrize("state", FUZZ_STORES)
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    route=st.sampled_from(
+        [*STORE_ROUTES, (("health",), {}), (("clusters",), {}), (("clusters", "x", "stop"), {})]
+    ),
+    body=_bodies(),
+    run_id=st.one_of(st.just("1"), st.text(max_size=12)),
+    query=st.text(max_size=12),
+)
+def test_fuzzed_routes_never_answer_500(
+    jp_fetch: Any,
+    dtwork_env: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    route: tuple[tuple[str, ...], dict[str, Any]],
+    state: str,
+    body: bytes,
+    run_id: str,
+    query: str,
+) -> None:
+    monkeypatch.setitem(sys.modules, "dtwork.report", types.SimpleNamespace(export=_reading_export))
+    path = dtwork_env["store"]
+    shutil.rmtree(path.parent, ignore_errors=True)
+    if state != "missing":
+        with RunStore(path) as s:
+            rid = s.create_run(name="fuzz", world_size=2, backend="gloo")
+            s.add_cell(rid, "pass")
+            s.add_metrics(rid, [{"step": i, "name": "loss", "value": 1.0} for i in range(300)])
+    if state in DAMAGE:
+        DAMAGE[state][0](path)
+    parts, kwargs = route
+    parts = tuple(urllib.parse.quote(run_id, safe="") or "x" if p == "1" else p for p in parts)
+    if kwargs.get("method") == "POST" or parts[-1] == "stop":
+        kwargs = {"method": "POST", "body": body}
+    else:
+        kwargs = {"params": {"name": query, "limit": query, "max_points": query}}
+
+    async def fetch() -> int:
+        try:
+            response = await jp_fetch("dtwork", *parts, **kwargs)
+        except HTTPClientError as exc:
+            assert exc.response is not None
+            assert isinstance(json.loads(exc.response.body)["error"], str)
+            return exc.code
+        return response.code
+
+    code = asyncio.get_event_loop().run_until_complete(fetch())
+    assert code != 500 and code < 600, (parts, state, code)
+    if state in ("header", "pages", "newer") and parts[0] == "runs" and run_id == "1":
+        assert code in (400, 503), (parts, state, code)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dtwork.errors import DtworkError
 from dtwork.store import RunStore
 from dtwork.writer import StoreWriter, store_problem
 
@@ -174,3 +175,71 @@ def test_each_real_store_error_gets_a_line_that_says_what_to_do(tmp_path, make, 
         s.add_event(None, "start", "made")
     line = store_problem(make(path), path)
     assert says in line and str(path) in line and "\n" not in line
+
+
+def test_a_store_deleted_mid_cell_is_made_again_with_every_row(cluster, tmp_path, capsys) -> None:
+    cluster.configure(None)
+    session = cluster.session
+    go = tmp_path / "go"
+    at9 = tmp_path / "at9-"
+    cluster.run(CELL.format(steps=STEPS, go=str(go), at9=str(at9)), bg=True, quiet=True)
+    run_id = session.run_id
+    _wait(lambda: all(Path(f"{at9}{r}").exists() for r in (0, 1)))
+    path = session.store.path
+    for part in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):  # as `rm -rf` of its folder does
+        part.unlink(missing_ok=True)
+    go.touch()
+    result = session.wait_background()
+    assert result is not None and result.status == "ok"
+    assert path.is_file() and path.stat().st_mode & 0o777 == 0o600
+    with RunStore(path, readonly=True) as fresh:  # what another program finds at the path
+        rows = fresh.metrics(run_id, "kept")
+        assert [r["step"] for r in rows] == list(range(STEPS))  # the steps before and after, once
+        assert fresh.cells(run_id)[-1]["status"] == "ok"
+        assert fresh.get_run(run_id)["status"] == "running"
+        assert [e["kind"] for e in fresh.events(run_id)][:1] == ["start"]
+    said = [line for line in capsys.readouterr().err.splitlines() if "deleted or moved" in line]
+    assert len(said) == 1 and f"run {run_id} is in it again" in said[0], said
+
+
+def test_a_moved_store_folder_is_noticed_and_the_run_copied(tmp_path) -> None:
+    path = tmp_path / "work" / ".dtwork" / "runs.sqlite"
+    old = RunStore(path)
+    rid = old.create_run(world_size=2, backend="gloo", name="moved")
+    old.add_cell(rid, "x = 1")
+    old.add_metrics(rid, [{"step": s, "name": "loss", "value": 1.0 / (s + 1)} for s in range(5)])
+    old.add_event(rid, "start", "started", {"ranks": 2})
+    old.set_environment(rid, {"torch": "2"})
+    assert not old.vanished()
+    (tmp_path / "work" / ".dtwork").rename(tmp_path / "elsewhere")
+    assert old.vanished()
+    old.add_metrics(rid, [{"step": 5, "name": "loss", "value": 0.1}])  # into the moved file
+    with RunStore(path) as new:
+        counts = old.copy_run(rid, new)
+        assert counts == {"runs": 1, "cells": 1, "metrics": 6, "events": 1, "environment": 1, "results": 0}
+        assert [r["step"] for r in new.metrics(rid, "loss")] == list(range(6))
+        assert new.get_run(rid)["name"] == "moved" and new.environment(rid) == {"torch": "2"}
+        assert new.events(rid)[0]["data"] == {"ranks": 2}
+        with pytest.raises(DtworkError, match="already holds a run"):
+            old.copy_run(rid, new)
+    old.close()
+
+
+def test_a_store_deleted_between_cells_is_back_before_dtrain_runs_reads_it(cluster, capsys) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    cluster.configure(None)
+    cluster.run("ctx.log(step=0, kept=1.0)", quiet=True)
+    run_id = cluster.session.run_id
+    path = cluster.session.store.path
+    for part in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        part.unlink(missing_ok=True)
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "dtwork")
+    capsys.readouterr()
+    ip.run_line_magic("dtrain", "runs")
+    out, err = capsys.readouterr()
+    assert any(line.split()[:1] == [str(run_id)] for line in out.splitlines()), out
+    assert "deleted or moved" in err
+    with RunStore(path, readonly=True) as fresh:
+        assert [r["value"] for r in fresh.metrics(run_id, "kept")] == [1.0]

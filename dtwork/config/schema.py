@@ -33,7 +33,7 @@ from dtwork.config._rules import (
     section,
     show,
 )
-from dtwork.config._yaml import dump_yaml, parse_yaml
+from dtwork.config._yaml import MAX_BYTES, dump_yaml, parse_yaml
 from dtwork.config.determined import IGNORED, translate
 
 _LABEL = "config"
@@ -317,6 +317,9 @@ def _read_file(source: str | os.PathLike[str]) -> tuple[str, str]:
     path = Path(os.fspath(source)).expanduser()
     label = path.name or str(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_BYTES and path.is_file():  # refused before it is read into memory
+            raise error(f"{label}: {size} bytes is more than a config may hold ({MAX_BYTES}): split the file")
         return path.read_text(encoding="utf-8"), label
     except FileNotFoundError:
         raise error(f"config file not found: {os.path.abspath(path)}") from None
@@ -324,6 +327,17 @@ def _read_file(source: str | os.PathLike[str]) -> tuple[str, str]:
         raise error(f"{label}: {os.path.abspath(path)} is a directory, not a YAML file") from None
     except (OSError, ValueError) as exc:
         raise error(f"{label}: cannot read {os.path.abspath(path)}: {exc}") from None
+
+
+def _check_size(cfg: ExperimentConfig, label: str) -> None:
+    """Refuse a config whose YAML (what the run store keeps and reports read back) is over the
+    limit, however it came in: a mapping, or aliases that expand."""
+    size = len(cfg.to_yaml().encode("utf-8", "surrogatepass"))
+    if size > MAX_BYTES:
+        raise error(
+            f"{label}: the config is {size} bytes as YAML, more than a config may hold ({MAX_BYTES}): "
+            "keep data out of it (name a file instead)"
+        )
 
 
 def _from_data(data: Any, label: str) -> ExperimentConfig:
@@ -334,6 +348,7 @@ def _from_data(data: Any, label: str) -> ExperimentConfig:
     notes: list[str] = []
     cfg = _parse_section(ExperimentConfig, translate(data, label, notes), "", label, notes)
     _cross_check(cfg, label)
+    _check_size(cfg, label)
     if notes:
         note = f"{label}: dtwork ignores {', '.join(notes)} (it runs notebook cells on its own cluster)"
         cfg = dataclasses.replace(cfg, notes=(note,))

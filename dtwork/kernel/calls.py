@@ -180,6 +180,9 @@ def engine_log(cluster_id: str) -> tuple[logging.Logger, Path]:
     for old in sorted(folder.glob("dtwork-*.log"), key=lambda p: p.stat().st_mtime)[:-KEEP_LOGS]:
         old.unlink(missing_ok=True)
     path = folder / f"{cluster_id}.log"
+    # Owner-only before the handler opens it: the engines' output may hold what the user keeps private.
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))
+    os.chmod(path, 0o600)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger = logging.getLogger(f"dtwork.engines.{cluster_id}")

@@ -51,6 +51,7 @@ class Session:
         # view pauses (records still go to the store); back on, it resumes from then on.
         self.live: bool = in_notebook()
         self._store: RunStore | None = None
+        self._store_lock = threading.Lock()
         # Every write during a cell goes through the writer: what the store refuses waits.
         self.writer = StoreWriter(lambda: self.store, store_file)
         self.background: CellWatcher | None = None
@@ -71,9 +72,37 @@ class Session:
 
     @property
     def store(self) -> RunStore:
-        if self._store is None:
-            self._store = RunStore(self.store_file)
-        return self._store
+        with self._store_lock:  # the watcher's thread and the notebook's both write
+            if self._store is not None and self._store.vanished():
+                self._store = self._recreate_store(self._store)
+            if self._store is None:
+                self._store = RunStore(self.store_file)
+            return self._store
+
+    def _recreate_store(self, old: RunStore) -> RunStore:
+        """The store file went away (deleted, its folder moved): make it again and copy the run
+        into it from the old file, which the open connection still reads."""
+        new = RunStore(self.store_file)
+        try:
+            copied = old.copy_run(self.run_id, new) if self.run_id is not None else {}
+        except BaseException:
+            new.close()
+            raise
+        old.close()
+        what = f": run {self.run_id} is in it again ({copied['metrics']} metric rows)" if copied else ""
+        print(
+            f"dtwork: the run store {self.store_file} was deleted or moved; made it again{what}",
+            file=sys.stderr,
+        )
+        return new
+
+    def check_store(self) -> None:
+        """Make the store again now if its file went away, before something else reads it."""
+        if self._store is not None:
+            try:
+                _ = self.store
+            except STORE_ERRORS:
+                pass  # the writer says what is wrong at its next write
 
     def ensure_run(self) -> int:
         if self.run_id is None:

@@ -12,6 +12,7 @@ import inspect
 import json
 import os
 import re
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,8 @@ from typing import Any
 from dtwork import registry, telemetry
 from dtwork.errors import DtworkError
 from dtwork.records import finite
-from dtwork.store import RunStore, default_store_path
+from dtwork.store import STORE_ERRORS, RunStore, default_store_path, store_problem
+from dtwork.store_schema import NoRunsYet
 
 RUN_ID = re.compile(r"[0-9]{1,18}")
 CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -33,6 +35,8 @@ MAX_RUNS = 500
 CACHE_SIZE = 512
 MAX_ENVIRON = 4096  # variables accepted with an export request
 MAX_ENV_VALUE = 65536
+MAX_BODY = 8 * 2**20  # bytes of a request body (a kernel's environment is far smaller)
+READ_BUSY_SECONDS = 1.0  # how long a read waits for another program's lock (the panel polls every 2 s)
 
 # The metric names each panel column reads, first found wins.
 RANK_THROUGHPUT = "samples_per_s"  # each rank logs its own (runtime/loop.py); the run's is their sum
@@ -46,6 +50,11 @@ CPU_MODE_REASON = "NVML sees no GPU (no NVIDIA driver or device): this machine r
 
 class NotFound(Exception):
     """A malformed or unknown id; the message is safe to show (no paths)."""
+
+
+class StoreUnavailable(Exception):
+    """The run store exists but cannot be read (damaged, locked, newer): the message says why and
+    what to do, with the store named relative to the server root."""
 
 
 class ReportUnavailable(Exception):
@@ -96,16 +105,28 @@ def display_path(path: Any, root_dir: str) -> str | None:
 def open_store(root_dir: str) -> Iterator[RunStore | None]:
     """The store opened read-only, or None when there is none yet (or it holds no runs)."""
     path = default_store_path(root_dir)
-    if not path.is_file():
-        yield None
-        return
-    try:
-        store = RunStore(path, readonly=True)
-    except DtworkError:
+    store = None
+    if path.is_file():
+        try:
+            store = RunStore(path, readonly=True, busy_seconds=READ_BUSY_SECONDS)
+        except NoRunsYet:
+            pass
+        except STORE_ERRORS as exc:
+            if path.is_file():  # not just removed meanwhile
+                raise _unavailable(exc, root_dir) from None
+    if store is None:
         yield None
         return
     with store:
-        yield store
+        try:
+            yield store
+        except (sqlite3.Error, OSError) as exc:  # pages damaged past the header, a lock
+            raise _unavailable(exc, root_dir) from None
+
+
+def _unavailable(exc: BaseException, root_dir: str) -> StoreUnavailable:
+    shown = display_path(str(default_store_path(root_dir)), root_dir)
+    return StoreUnavailable(scrub(store_problem(exc, shown or "of this server")))
 
 
 def parse_run_id(text: str) -> int:
@@ -258,11 +279,13 @@ def report_environ(body: bytes) -> dict[str, str]:
 
     An empty body sends none; anything else that is not that shape is refused with a ValueError.
     """
+    if len(body) > MAX_BODY:
+        raise ValueError(f"the request body is {len(body)} bytes: at most {MAX_BODY} are taken")
     if not body.strip():
         return {}
     try:
         environ = json.loads(body).get("environ", {})
-    except (AttributeError, UnicodeDecodeError, ValueError):
+    except (AttributeError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: too deep
         raise ValueError('the request body must be JSON: {"environ": {"NAME": "value"}}') from None
     if (
         not isinstance(environ, dict)
@@ -306,6 +329,8 @@ def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = N
         result = export(run_id, target, **kwargs)
     except DtworkError as exc:
         raise ReportFailed(f"run {run_id} cannot be exported: {scrub(str(exc))}", status=409) from exc
+    except (sqlite3.Error, OSError) as exc:  # the store broke while the report read it
+        raise _unavailable(exc, root_dir) from exc
     except Exception as exc:
         raise ReportFailed(f"exporting run {run_id} failed: {type(exc).__name__}: {scrub(str(exc))}") from exc
     written = getattr(result, "path", result)

@@ -13,8 +13,9 @@ Routes (the wire types are mirrored in ``extension/src/types.ts``):
   GET  /dtwork/gpus                       NVML inventory and telemetry (CPU mode without)
 
 Errors answer ``{"error": "..."}``: 404 for malformed or unknown ids (and unknown routes
-under /dtwork/), 400 for bad query arguments, 409 when dtwork refuses a report (e.g. a run
-without cells), 501 when report export is not installed.
+under /dtwork/), 400 for bad query arguments or a body it cannot take (size, depth, type), 409
+when dtwork refuses a report (e.g. a run without cells), 501 when report export is not
+installed, 503 with the reason when the run store is damaged or locked.
 """
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ class DtworkHandler(APIHandler):
         self.finish(json.dumps({"error": message}))
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T | None:
-        """Run ``fn`` in a thread; answer 404/501/500 for the errors the data layer raises."""
+        """Run ``fn`` in a thread; answer 404/503/501/500 for the errors the data layer raises."""
         try:
             return await asyncio.to_thread(fn, *args)
         except data.NotFound as exc:
             self.reply({"error": str(exc)}, 404)
+        except data.StoreUnavailable as exc:
+            self.reply({"error": str(exc)}, 503)
         except data.ReportUnavailable as exc:
             self.reply({"error": str(exc)}, 501)
         except data.ReportFailed as exc:
