@@ -343,6 +343,8 @@ class StepLoop:
         self._record_step(norms)
         if self.sync.due() or self._done():
             self.sync.launch()
+            if self.sync.waits_now:  # slow steps: agree at this step, so a stop leaves at its end
+                self._drain()
         self._arm_gns()
         if self.check_every and self.step % self.check_every == 0:
             guards.check_replicas(list(self._trained.values()), self.step, state.device)
