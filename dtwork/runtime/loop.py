@@ -463,12 +463,12 @@ class StepLoop:
 
     def _load_resume(self) -> dict[str, Any] | None:
         gc.collect()  # resume into the live models only
-        path = checkpoint.find(self.state, self.resume)
-        if path is None:
+        found = checkpoint.resume_from(self.state, self.resume)
+        if found is None:
             if self.state.rank == 0:
                 print("dtwork: resume=True but no checkpoint yet: starting from step 0")
             return None
-        position = checkpoint.load(self.state, path)
+        path, position = found
         self._saved_step = position["step"]
         if self.state.rank == 0:
             print(f"dtwork: resumed from {path} (step {position['step']})")
