@@ -221,10 +221,9 @@ class SlurmLauncher(Launcher):
             return None if _this_host(nodes) else f"the Slurm allocation holds {nodes or 'unnamed nodes'}"
         if (self.options.nodes or 1) > 1:
             return f"--nodes {self.options.nodes} starts engines on other hosts"
-        names = _slurm_nodes(self.options.partition)
-        if names and all(_this_host(n) for n in names):
-            return None
-        return f"sbatch may start the engines on {', '.join(names[:4]) or 'any node of the partition'}"
+        away = [n for n in _slurm_nodes(self.options.partition) if not _this_host(n)]
+        # sinfo naming no node (an unknown partition): sbatch's own refusal says more
+        return f"sbatch may start the engines on {', '.join(away[:4])}" if away else None
 
     def cluster_kwargs(self, interface: str | None) -> dict[str, Any]:
         if self.in_allocation:
