@@ -381,3 +381,17 @@ def test_a_truncated_newest_checkpoint_resumes_from_the_one_before_on_the_ranks(
     assert cluster.pull("first") == [10, 10]
     out = capsys.readouterr()
     assert "step-00000020.pt cannot be read" in out.out + out.err
+
+
+def test_a_full_disk_on_the_ranks_fails_the_cell_with_one_line_and_no_temp_file(
+    cluster: Any, small_disk: Path
+) -> None:
+    cluster.configure({"global_batch_size": 8, "checkpoint": {"every": 5, "directory": str(small_disk)}})
+    big = TRAIN.replace(
+        "nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1)", "nn.Linear(6, 1024), nn.Linear(1024, 1024)"
+    )
+    big = big.replace("model(x), y", "model(x)[:, :1], y")  # 4 MiB of weights on a 1 MiB disk
+    with pytest.raises(RankFailure, match=r"no space left in .*run-\d+ \(it needs about \d+\.\d MiB"):
+        cluster.run(big.replace("MAX", "5").replace("RESUME", "False"), quiet=True)
+    folder = small_disk / f"run-{cluster.session.run_id}"
+    assert [p.name for p in folder.iterdir()] == [checkpoint.OWNER]  # the temp file is gone
