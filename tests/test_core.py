@@ -287,8 +287,8 @@ def test_kernel_exit_or_crash_leaves_no_process_and_no_run_running(how: str, tmp
     assert len(pids) >= 3
     if how != "exit":
         os.kill(proc.pid, signal.SIGKILL)
-    if how == "zombie":  # dead but not reaped: the reaper's period plus its kill grace, not more
-        assert _gone(pids, 3 * _reaper.POLL_SECONDS + 6), (
+    if how == "zombie":  # dead but not reaped: the reaper's poll plus its kill grace, with a margin
+        assert _gone(pids, _reaper.POLL_SECONDS + 15), (
             f"left behind: {[p for p in pids if psutil.pid_exists(p)]}"
         )
         assert psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE  # still unreaped
