@@ -242,7 +242,7 @@ class CellWatcher:
             steps = f" (steps take {self.step_time:.1f} s)" if self.step_time >= 1 else ""
             self._print(
                 f"dtwork: interrupt: asking every rank to stop at the same step; waiting up to "
-                f"{self._grace:.0f} s{steps} (interrupt again to abort)",
+                f"{self._grace:.0f} s{steps}; interrupt again to abort",
                 err=True,
             )
             self.host.event("interrupt", "consistent stop requested")
