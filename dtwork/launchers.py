@@ -27,7 +27,7 @@ from traitlets.config import Config
 
 from dtwork import devices
 from dtwork.errors import DtworkError
-from dtwork.rendezvous import RankPlan, interface_address
+from dtwork.rendezvous import LOOPBACK, RankPlan, interface_address
 
 NAMES = ("local", "slurm", "mpi", "ssh")
 _SAFE = re.compile(r"[\w.:,+=@/-]+")  # values that go into a batch script line
@@ -95,6 +95,21 @@ class Launcher:
         """The keyword arguments for ``ipyparallel.Cluster`` beyond n, cluster_id and timeouts."""
         return {}
 
+    def other_hosts(self) -> str | None:
+        """Why engines may start on other hosts than this one (None: all start here)."""
+        return None
+
+    def check_reach(self, interface: str | None) -> None:
+        """Refuse, before anything starts, engines on other hosts with no ``--interface``: the
+        controller then listens on loopback only, where they could never register."""
+        why = None if interface else self.other_hosts()
+        if why:
+            raise DtworkError(
+                f"--launcher {self.name}: {why}, and the controller listens on loopback unless told "
+                "otherwise: name the network interface those hosts reach this one on with --interface "
+                "(e.g. --interface eth0; `ip -brief addr` lists them)"
+            )
+
     def jobs(self, cluster: ipp.Cluster) -> list[str]:
         """The scheduler job ids this cluster holds (cancelled on stop and by the reaper)."""
         return []
@@ -154,13 +169,14 @@ class Launcher:
         return client
 
     def _controller(self, interface: str | None) -> dict[str, Any]:
-        """Listen where engines on other hosts can reach the controller."""
+        """Listen on the named interface, where engines on other hosts can reach the controller;
+        else on loopback only (``check_reach`` refused a launch that needs other hosts)."""
         if interface:
             return {
                 "controller_ip": interface_address(interface),
                 "controller_location": interface_address(interface),
             }
-        return {"controller_ip": "*", "controller_location": socket.gethostname()}
+        return {"controller_ip": LOOPBACK, "controller_location": LOOPBACK}
 
 
 class LocalLauncher(Launcher):
@@ -198,6 +214,16 @@ class SlurmLauncher(Launcher):
             raise DtworkError(
                 f"--nodes {k} x --gpus-per-node {g} is {g * k} ranks, not -n {n}: use -n {g * k}"
             )
+
+    def other_hosts(self) -> str | None:
+        if self.in_allocation:
+            nodes = os.environ.get("SLURM_JOB_NODELIST", "")
+            return None if _this_host(nodes) else f"the Slurm allocation holds {nodes or 'unnamed nodes'}"
+        if (self.options.nodes or 1) > 1:
+            return f"--nodes {self.options.nodes} starts engines on other hosts"
+        away = [n for n in _slurm_nodes(self.options.partition) if not _this_host(n)]
+        # sinfo naming no node (an unknown partition): sbatch's own refusal says more
+        return f"sbatch may start the engines on {', '.join(away[:4])}" if away else None
 
     def cluster_kwargs(self, interface: str | None) -> dict[str, Any]:
         if self.in_allocation:
@@ -319,6 +345,15 @@ class MPILauncher(Launcher):
                 f"--launcher mpi needs mpi4py in the engines' Python ({sys.executable}): pip install mpi4py"
             )
 
+    def other_hosts(self) -> str | None:
+        away = [h for h in _host_names(self.options.hosts) if not _this_host(h)]
+        if away:
+            return f"--hosts names {', '.join(away)}"
+        nodes = os.environ.get("SLURM_JOB_NUM_NODES", "1")
+        if nodes.isdigit() and int(nodes) > 1:  # mpiexec spreads over the allocation it runs in
+            return f"mpiexec runs in a Slurm allocation of {nodes} nodes"
+        return None
+
     def cluster_kwargs(self, interface: str | None) -> dict[str, Any]:
         env: dict[str, str] = {}
         if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -352,6 +387,10 @@ class SSHLauncher(Launcher):
             raise DtworkError(f"--hosts offers {sum(hosts.values())} engine slots, fewer than -n {n}")
         if shutil.which("ssh") is None:
             raise DtworkError("--launcher ssh needs the ssh client on PATH")
+
+    def other_hosts(self) -> str | None:
+        away = [h for h in self.hosts() if not _this_host(h)]
+        return f"--hosts names {', '.join(away)}" if away else None
 
     def cluster_kwargs(self, interface: str | None) -> dict[str, Any]:
         cfg = Config({"SSHEngineSetLauncher": {"engines": self.hosts(), "remote_python": sys.executable}})
@@ -442,6 +481,27 @@ def scheduler_plans(
         gpu, uuid = (dev["index"], dev.get("uuid")) if dev else (None, None)
         out.append(replace(p, rank=rank, local_rank=found[p.engine_id][1], gpu=gpu, gpu_uuid=uuid))
     return out
+
+
+def _host_names(hosts: str | None) -> list[str]:
+    """The host names of a ``host1:4,host2`` list."""
+    return [h for item in (hosts or "").split(",") if (h := item.strip().partition(":")[0])]
+
+
+def _this_host(name: str) -> bool:
+    """Whether a host name (or address) is this machine."""
+    here = socket.gethostname()
+    return name in ("localhost", "127.0.0.1", "::1", here) or name.split(".")[0] == here.split(".")[0]
+
+
+def _slurm_nodes(partition: str | None) -> list[str]:
+    """The node names sbatch may place a job on ([] when sinfo cannot say)."""
+    cmd = ["sinfo", "-h", "-N", "-o", "%N"] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=15, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted({line.strip() for line in out.splitlines() if line.strip()})
 
 
 def _exited(proc: Any) -> bool:

@@ -102,7 +102,16 @@ def _matching(record: dict[str, Any]) -> psutil.Process | None:
 
 
 def alive(record: dict[str, Any] | None) -> bool:
-    return record is not None and _matching(record) is not None
+    """Whether the process a record names runs: a zombie (dead, not yet reaped by its parent) does not."""
+    proc = None if record is None else _matching(record)
+    return proc is not None and not _zombie(proc)
+
+
+def _zombie(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True  # gone meanwhile
 
 
 def write(cluster_id: str, data: dict[str, Any]) -> Path:
@@ -231,6 +240,7 @@ def kill_processes(records: Iterable[dict[str, Any]], grace: float = 3.0) -> lis
         except psutil.Error:
             pass
         procs.append(proc)
+    procs = [p for p in procs if not _zombie(p)]  # dead already: waiting for one would cost the grace
     for proc in procs:
         try:
             proc.send_signal(signal.SIGTERM)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import random
+import stat
+import subprocess
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dtwork.config import load_config
-from dtwork.errors import DtworkError, RankFailure
+from dtwork.errors import DtworkError, DtworkWarning, RankFailure
 from dtwork.runtime import checkpoint
 from dtwork.runtime.context import Context
 from dtwork.runtime.state import RankState
@@ -216,6 +219,69 @@ def test_a_run_folder_belongs_to_its_store(group: None, tmp_path: Path) -> None:
     checkpoint.check_owner(second)
 
 
+def test_checkpoints_are_owner_only_and_no_temp_file_stays(group: None, tmp_path: Path) -> None:
+    ctx, *_keep = make_ctx(tmp_path / "ckpt", run_id=4)
+    ctx.run_store = "/some/runs.sqlite"
+    old = os.umask(0o022)
+    try:
+        save_at(ctx, 1, 2)
+    finally:
+        os.umask(old)
+    folder = tmp_path / "ckpt" / "run-4"
+    for path in (tmp_path / "ckpt", folder):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    for path in folder.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert sorted(p.name for p in folder.iterdir()) == [
+        checkpoint.OWNER,
+        "step-00000001.pt",
+        "step-00000002.pt",
+    ]
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB tmpfs (root only): a disk that fills during a checkpoint."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip() or done.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)  # lazy: a file left open cannot keep it
+
+
+def test_a_full_disk_removes_the_temp_file_and_says_no_space(group: None, small_disk: Path) -> None:
+    ctx, *_keep = make_ctx(small_disk, run_id=2)
+    big = torch.nn.Linear(512, 1024)  # 2 MiB of weights: more than the disk holds
+    ctx.register("models", big)
+    with pytest.raises(
+        DtworkError, match=r"no space left in .*run-2 \(it needs about 2\.\d MiB, \d\.\d MiB free\)"
+    ):
+        save_at(ctx, 1)
+    assert list((small_disk / "run-2").iterdir()) == []  # no temp file left on the full disk
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_for_the_one_before(group: None, tmp_path: Path) -> None:
+    ctx, *_keep = make_ctx(tmp_path, run_id=5)
+    save_at(ctx, 1, 2)
+    newest = tmp_path / "run-5" / "step-00000002.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # torn mid-write
+    with pytest.warns(
+        DtworkWarning, match=r"step-00000002\.pt cannot be read .*the one before, .*step-00000001\.pt"
+    ):
+        found = checkpoint.resume_from(ctx, True)
+    assert found is not None and found[0].name == "step-00000001.pt" and found[1]["step"] == 1
+    with pytest.raises(DtworkError, match=r"checkpoint .*step-00000002\.pt cannot be read"):
+        checkpoint.resume_from(ctx, newest)  # a file named on purpose is not swapped for another
+    (tmp_path / "run-5" / "step-00000001.pt").write_bytes(b"")  # now the newest, and empty
+    with warnings.catch_warnings(), pytest.raises(DtworkError, match=r"step-00000002\.pt cannot be read"):
+        warnings.simplefilter("ignore", DtworkWarning)
+        checkpoint.resume_from(ctx, True)  # none readable: the oldest one's error
+
+
 # -- two experiments sharing one checkpoint directory, on the 2-rank cluster ------------------
 
 TRAIN = """
@@ -299,3 +365,33 @@ def test_a_cell_whose_run_folder_another_store_owns_fails_before_training(
     train(cluster, 20)
     owner = (tmp_path / "own" / f"run-{cluster.session.run_id}" / checkpoint.OWNER).read_text()
     assert str(cluster.store_file) in owner
+
+
+def test_a_truncated_newest_checkpoint_resumes_from_the_one_before_on_the_ranks(
+    cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.configure({"global_batch_size": 8, "checkpoint": {"every": 10, "directory": str(tmp_path)}})
+    train(cluster, 20)
+    folder = tmp_path / f"run-{cluster.session.run_id}"
+    newest = folder / "step-00000020.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    capsys.readouterr()
+    result = cluster.run(TRAIN.replace("MAX", "25").replace("RESUME", "True"))
+    assert result.ok, result.errors
+    assert cluster.pull("first") == [10, 10]
+    out = capsys.readouterr()
+    assert "step-00000020.pt cannot be read" in out.out + out.err
+
+
+def test_a_full_disk_on_the_ranks_fails_the_cell_with_one_line_and_no_temp_file(
+    cluster: Any, small_disk: Path
+) -> None:
+    cluster.configure({"global_batch_size": 8, "checkpoint": {"every": 5, "directory": str(small_disk)}})
+    big = TRAIN.replace(
+        "nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1)", "nn.Linear(6, 1024), nn.Linear(1024, 1024)"
+    )
+    big = big.replace("model(x), y", "model(x)[:, :1], y")  # 4 MiB of weights on a 1 MiB disk
+    with pytest.raises(RankFailure, match=r"no space left in .*run-\d+ \(it needs about \d+\.\d MiB"):
+        cluster.run(big.replace("MAX", "5").replace("RESUME", "False"), quiet=True)
+    folder = small_disk / f"run-{cluster.session.run_id}"
+    assert [p.name for p in folder.iterdir()] == [checkpoint.OWNER]  # the temp file is gone

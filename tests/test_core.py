@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import dtwork
-from dtwork import registry
+from dtwork import _reaper, registry
 from dtwork.errors import DtworkError, DtworkWarning, RankFailure
 from dtwork.rendezvous import assign_ranks, choose_interface, validate_request
 
@@ -267,10 +267,11 @@ time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("how", ["exit", "sigkill"])
+@pytest.mark.parametrize("how", ["exit", "sigkill", "zombie"])
 def test_kernel_exit_or_crash_leaves_no_process_and_no_run_running(how: str, tmp_path) -> None:
     """Whichever way the kernel ends, its processes go and its run does not stay "running" in the
-    store (after a SIGKILL the reaper marks it interrupted, with an event saying why)."""
+    store (after a SIGKILL the reaper marks it interrupted, with an event saying why). A "zombie"
+    kernel is killed and not reaped by its parent (this test) until the end: it counts as dead."""
     import json
 
     from dtwork.store import RunStore
@@ -284,8 +285,13 @@ def test_kernel_exit_or_crash_leaves_no_process_and_no_run_running(how: str, tmp
     line = proc.stdout.readline()  # type: ignore[union-attr]
     pids = json.loads(line)
     assert len(pids) >= 3
-    if how == "sigkill":
+    if how != "exit":
         os.kill(proc.pid, signal.SIGKILL)
+    if how == "zombie":  # dead but not reaped: the reaper's poll plus its kill grace, with a margin
+        assert _gone(pids, _reaper.POLL_SECONDS + 15), (
+            f"left behind: {[p for p in pids if psutil.pid_exists(p)]}"
+        )
+        assert psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE  # still unreaped
     proc.wait(timeout=60)
     assert _gone(pids, 15), f"left behind: {[p for p in pids if psutil.pid_exists(p)]}"
     with RunStore(tmp_path / "runs.sqlite", readonly=True) as store:
@@ -293,7 +299,7 @@ def test_kernel_exit_or_crash_leaves_no_process_and_no_run_running(how: str, tmp
         deadline = time.monotonic() + 60  # the reaper writes it after it has ended the processes
         while store.get_run(run["id"])["status"] == "running" and time.monotonic() < deadline:
             time.sleep(0.1)
-        if how == "sigkill":
+        if how != "exit":
             assert store.get_run(run["id"])["status"] == "interrupted"
             assert [c["status"] for c in store.cells(run["id"])] == ["ok"]  # the cell had ended
             assert [e["kind"] for e in store.events(run["id"], "kernel_died")] == ["kernel_died"]

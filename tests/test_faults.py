@@ -120,3 +120,69 @@ def test_max_restarts_resumes_the_trial_and_matches_an_uninterrupted_run(cluster
     assert all(torch.equal(a, b) for a, b in zip(reference, resumed, strict=True))
     kinds = [e["kind"] for e in cluster.session.store.events(cluster.session.run_id)]
     assert "rank_failure" in kinds and "resume" in kinds
+
+
+SLOW_LOOP = """
+import pathlib
+kept = "still here"
+for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=4):
+    if step == 1 and ctx.rank == 0:
+        pathlib.Path(MARK).touch()  # the test interrupts now, inside step 1
+    loss = F.mse_loss(model(x), y); ctx.backward(loss); ctx.step(opt); ctx.log(loss=loss)
+    last = step
+    time.sleep(6)
+"""
+
+
+def test_one_interrupt_of_slow_steps_stops_at_that_step_and_keeps_every_name(
+    cluster, tmp_path, capsys
+) -> None:
+    cluster.configure({"global_batch_size": 8})
+    cluster.run(SETUP, quiet=True)
+    pids = [info["pid"] for info in cluster.rank_info]
+    mark = tmp_path / "in-step-1"
+
+    def interrupt_in_step_1() -> None:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_in_step_1, daemon=True).start()
+    result = cluster.run(f"MARK = {str(mark)!r}\n" + SLOW_LOOP, quiet=True)
+    err = capsys.readouterr().err
+    assert result.status == "interrupted", err
+    assert "waiting up to" in err and "aborting" not in err, err
+    assert [info["pid"] for info in cluster.rank_info] == pids  # no restart
+    assert cluster.pull("last") == [1, 1]  # left at the end of the step the interrupt fell in
+    assert cluster.pull("kept") == ["still here"] * 2
+    cluster.run("alive = type(model).__name__", quiet=True)
+    assert cluster.pull("alive") == ["DistributedDataParallel"] * 2
+
+
+def test_a_grace_run_out_only_says_so_and_a_second_interrupt_is_the_only_abort(
+    cluster, tmp_path, capsys, monkeypatch
+) -> None:
+    from dtwork.kernel import watcher
+
+    monkeypatch.setattr(watcher, "INTERRUPT_GRACE", 0.2)  # runs out long before the step ends
+    monkeypatch.setattr(watcher, "GRACE_STEPS", 0)
+    cluster.configure({"global_batch_size": 8})
+    cluster.run(SETUP, quiet=True)
+    pids = [info["pid"] for info in cluster.rank_info]
+    mark = tmp_path / "in-step-1"
+
+    def interrupt_in_step_1() -> None:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_in_step_1, daemon=True).start()
+    cell = f"MARK = {str(mark)!r}\n" + SLOW_LOOP.replace("time.sleep(6)", "time.sleep(3)")
+    result = cluster.run(cell, quiet=True)
+    err = capsys.readouterr().err
+    assert result.status == "interrupted", err
+    assert "ranks have not stopped after 0 s: still waiting; interrupt again to abort" in err, err
+    assert [info["pid"] for info in cluster.rank_info] == pids  # no restart
+    assert cluster.pull("last") == [1, 1] and cluster.pull("kept") == ["still here"] * 2

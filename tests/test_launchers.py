@@ -321,3 +321,46 @@ def test_mpi_more_ranks_than_slots_fails_at_once_with_mpiexecs_reason() -> None:
 def test_mpi_kernel_killed_mid_run_leaves_no_process(tmp_path: Path) -> None:
     info = _kill_kernel_mid_run(tmp_path, "mpi")
     assert info["jobs"] == []
+
+
+def test_a_launch_that_needs_other_hosts_without_an_interface_fails_at_once(monkeypatch) -> None:
+    from dtwork.launchers import MPILauncher, SSHLauncher
+
+    away = "elsewhere.example:2"
+    for launcher in (SSHLauncher(LaunchOptions(hosts=away)), MPILauncher(LaunchOptions(hosts=away))):
+        with pytest.raises(DtworkError, match=r"--hosts names elsewhere\.example, .*loopback.*--interface"):
+            launcher.check_reach(None)
+        launcher.check_reach("lo")  # named: the controller listens there
+    SSHLauncher(LaunchOptions(hosts="localhost:2")).check_reach(None)  # this host only: loopback will do
+    with pytest.raises(DtworkError, match=r"--nodes 2 starts engines on other hosts.*--interface"):
+        SlurmLauncher(LaunchOptions(nodes=2)).check_reach(None)
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "3")
+    with pytest.raises(DtworkError, match=r"mpiexec runs in a Slurm allocation of 3 nodes"):
+        MPILauncher().check_reach(None)
+    t0 = time.monotonic()
+    with pytest.raises(DtworkError, match=r"--launcher ssh: --hosts names elsewhere\.example"):
+        dtwork.Cluster(2, launcher="ssh", launch_options=LaunchOptions(hosts=away))
+    assert time.monotonic() - t0 < 5  # refused before any process starts
+
+
+def _listening(pid: int) -> list[str]:
+    """The addresses a process and its children listen on (TCP)."""
+    proc = psutil.Process(pid)
+    out = []
+    for p in [proc, *proc.children(recursive=True)]:
+        out += [c.laddr.ip for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+@pytest.mark.usefixtures("openmpi")
+def test_mpi_controller_listens_on_loopback_only(no_cluster: None) -> None:
+    with dtwork.start(n=2, launcher="mpi", backend="gloo") as c:
+        entry = json.loads(registry.entry_path(c.cluster_id).read_text())
+        controllers = [
+            r["pid"]
+            for r in entry["processes"]
+            if "ipyparallel.controller" in " ".join(psutil.Process(r["pid"]).cmdline())
+        ]
+        assert len(controllers) == 1, entry["processes"]
+        addresses = _listening(controllers[0])  # the hub and its schedulers: a dozen sockets
+        assert len(addresses) >= 4 and set(addresses) == {"127.0.0.1"}, addresses

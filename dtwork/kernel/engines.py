@@ -78,6 +78,8 @@ class EngineGroup:
         self.timeout = float(timeout)
         if interface and not profile:  # an unknown name fails before anything starts
             rendezvous.interface_address(interface)
+        if not profile:  # engines on other hosts cannot reach a controller on loopback
+            self.launcher.check_reach(interface)
         self.interface = interface
         self.global_batch_size = global_batch_size
         self.engine_timeout = engine_timeout

@@ -26,7 +26,8 @@ from dtwork.records import Kind
 
 POLL_SECONDS = 0.1
 PROGRESS_SECONDS = 5.0  # how often a cell outside a notebook prints a line of progress
-INTERRUPT_GRACE = 10.0  # seconds for ranks to stop after a consistent stop is asked
+INTERRUPT_GRACE = 10.0  # seconds for ranks to stop after a consistent stop is asked, on top of steps
+GRACE_STEPS = 3  # steps the grace adds: the one under way, one more for a sync in flight, a checkpoint
 FAILURE_GRACE = 5.0  # seconds survivors get to finish after another rank failed
 
 
@@ -170,6 +171,8 @@ class CellWatcher:
         self._failed_at: float | None = None
         self._interrupts = 0
         self._interrupt_at: float | None = None
+        self._grace = INTERRUPT_GRACE
+        self._step_times: dict[Any, float] = {}  # each rank's latest measured step time (perf records)
         self._stall_warned: set[tuple[int, Any]] = set()  # (rank, step) already named
         self.dead: dict[int, str] = {}  # rank -> why its engine is gone
         self._t0 = time.monotonic()
@@ -221,10 +224,13 @@ class CellWatcher:
             else:
                 self._abandon("ranks still running after another rank failed")
             return True
-        if self._interrupt_at is not None and time.monotonic() - self._interrupt_at > INTERRUPT_GRACE:
-            self._print("dtwork: ranks did not stop in time: aborting and restarting the engines", err=True)
-            self._abandon("interrupted")
-            return True
+        if self._interrupt_at is not None and time.monotonic() - self._interrupt_at > self._grace:
+            self._interrupt_at = None  # said once; only a second interrupt aborts
+            self._print(
+                f"dtwork: ranks have not stopped after {self._grace:.0f} s: still waiting; "
+                "interrupt again to abort the process group and restart the engines (names on the ranks are lost)",
+                err=True,
+            )
         return False
 
     def interrupt(self) -> None:
@@ -232,8 +238,11 @@ class CellWatcher:
         self._interrupts += 1
         if self._interrupts == 1:
             self._interrupt_at = time.monotonic()
+            self._grace = INTERRUPT_GRACE + GRACE_STEPS * self.step_time
+            steps = f" (steps take {self.step_time:.1f} s)" if self.step_time >= 1 else ""
             self._print(
-                "dtwork: interrupt: asking every rank to stop at the same step (interrupt again to abort)",
+                f"dtwork: interrupt: asking every rank to stop at the same step; waiting up to "
+                f"{self._grace:.0f} s{steps}; interrupt again to abort",
                 err=True,
             )
             self.host.event("interrupt", "consistent stop requested")
@@ -311,6 +320,7 @@ class CellWatcher:
         if batch:
             self.result.records += len(batch)
             self.host.persist(batch, self.seq)
+            self._keep_step_time(batch)
             if self._text:
                 self._keep_values(batch)
             if self.on_records is not None and self.host.live:
@@ -324,6 +334,19 @@ class CellWatcher:
         if self._progress_changed:
             self._progress_changed = False
             self.host.show_progress(dict(self.progress))
+
+    def _keep_step_time(self, batch: list[dict[str, Any]]) -> None:
+        """The slowest rank's latest step time, which an interrupt's grace follows."""
+        for rec in batch:
+            if isinstance(rec, dict) and rec.get("kind") == Kind.PERF and isinstance(rec.get("values"), dict):
+                t = rec["values"].get("step_time")
+                if isinstance(t, (int, float)) and t >= 0:
+                    self._step_times[rec.get("rank")] = float(t)
+
+    @property
+    def step_time(self) -> float:
+        """The slowest rank's latest step time in seconds (0 before any was measured)."""
+        return max(self._step_times.values(), default=0.0)
 
     def _keep_values(self, batch: list[dict[str, Any]]) -> None:
         for rec in batch:

@@ -2,9 +2,11 @@
 
 Each run keeps its own folder, ``<checkpoint directory>/<run>/step-XXXXXXXX.pt``, where
 ``<run>`` is ``run-<id>`` for a run of the kernel's store (``ctx.run_id``), else the config's
-name (or ``default``). Rank 0 writes a checkpoint atomically (a temp file, then rename) and
+name (or ``default``). Rank 0 writes a checkpoint durably (``write``: a temp file, fsynced,
+renamed, the folder fsynced; owner-only, as the files hold the whole training state) and
 keeps the newest K of its own run; other runs' folders are never touched. Every rank reads
-the same file on resume (a shared file system across hosts).
+the same file on resume (a shared file system across hosts); a newest checkpoint that cannot
+be read (torn by a crash or a full disk) is skipped, with a warning, for the one before.
 
 A run folder names its owner, the run and the kernel's store, in ``run.json``: two notebooks
 whose stores both have a run 7 and share one checkpoint directory (an absolute ``host_path``)
@@ -23,11 +25,14 @@ bitwise-identically on CPU.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
 import random
 import re
+import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dtwork.errors import DtworkError
+from dtwork.errors import DtworkError, DtworkWarning
 
 if TYPE_CHECKING:
     from dtwork.runtime.state import RankState
@@ -88,8 +93,17 @@ def _claim(state: RankState, folder: Path) -> None:
     if store is None or (folder / OWNER).exists():
         return
     tmp = folder / f".{OWNER}.tmp"
-    tmp.write_text(json.dumps({"run": run_name(state), "store": store}))
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(json.dumps({"run": run_name(state), "store": store}))
     os.replace(tmp, folder / OWNER)
+
+
+def _private_folder(folder: Path) -> None:
+    """Create the run folder (and the checkpoint directory) owner-only where this call creates them."""
+    for d in (folder.parent, folder):
+        if not d.is_dir():
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o700)
 
 
 # -- RNG -------------------------------------------------------------------------------------
@@ -156,15 +170,78 @@ def save(state: RankState, loop_state: dict[str, Any]) -> Path | None:
             "gns": state.gns_state.state_dict() if state.gns_state is not None else None,
             "world_size": state.world_size,
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _private_folder(path.parent)
         _claim(state, path.parent)
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
+        write(payload, path)
         _after_the_others(path)
         prune(path.parent, state.config.checkpoint.keep)
     dist.barrier()
     return path if state.rank == 0 else None
+
+
+def write(payload: dict[str, Any], path: Path) -> None:
+    """Write ``payload`` to ``path`` so that a crash leaves the old file or the whole new one: a
+    0600 temp file written, flushed and fsynced, renamed over ``path``, then the folder fsynced
+    (which makes the rename itself durable). On failure the temp file is removed."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)  # a partial file would only take the space a retry needs
+        if isinstance(exc, Exception):
+            raise _write_error(path, payload, exc) from exc
+        raise
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some file systems (network, FUSE) cannot sync a folder: the data is
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in a payload: about the size its file needs."""
+    if isinstance(value, torch.Tensor):
+        return value.nelement() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def _write_error(path: Path, payload: dict[str, Any], exc: Exception) -> DtworkError:
+    """One line for a checkpoint that could not be written; a full disk says so with the numbers."""
+    needed = _tensor_bytes(payload)
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    chain: BaseException | None = exc
+    no_space = False
+    while chain is not None and not no_space:
+        no_space = getattr(chain, "errno", None) == errno.ENOSPC or "No space left" in str(chain)
+        chain = chain.__cause__ or chain.__context__
+    if no_space or (free is not None and free < needed):
+        shown = f"{free / 2**20:.1f} MiB" if free is not None else "unknown"
+        return DtworkError(
+            f"checkpoint {path} not written: no space left in {path.parent} (it needs about "
+            f"{needed / 2**20:.1f} MiB, {shown} free); free some space or set checkpoint.directory "
+            f"to a larger disk (the partial file was removed)"
+        )
+    return DtworkError(
+        f"checkpoint {path} not written: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    )
 
 
 def _after_the_others(path: Path) -> None:
@@ -208,9 +285,15 @@ def find(state: RankState, resume: Any) -> Path | None:
     ``True``: this run's newest. An int or ``"run-N"``: run N's newest. A path: that file, or the
     newest in that folder. Another string: the folder of that name under the checkpoint directory.
     """
+    found = candidates(state, resume)
+    return found[-1] if found else None
+
+
+def candidates(state: RankState, resume: Any) -> list[Path]:
+    """What ``find`` picks from, oldest first: a run's checkpoints, or the one file named."""
     if resume is True:
         check_owner(state)
-        return latest(state)
+        return checkpoints(run_directory(state))
     root = directory(state)
     if isinstance(resume, int) and not isinstance(resume, bool):
         folder = root / f"run-{resume}"
@@ -221,7 +304,7 @@ def find(state: RankState, resume: Any) -> Path | None:
     elif isinstance(resume, (str, os.PathLike)):
         given = Path(resume).expanduser()
         if given.is_file():
-            return given
+            return [given]
         folder = given if given.is_dir() else root / given
     else:
         raise DtworkError(
@@ -234,7 +317,29 @@ def find(state: RankState, resume: Any) -> Path | None:
             f"resume={resume!r}: no checkpoint in {folder}; runs with a folder in {root}: "
             f"{', '.join(runs) or 'none'}"
         )
-    return found[-1]
+    return found
+
+
+class UnreadableCheckpoint(DtworkError):
+    """A checkpoint file that cannot be read at all (truncated, torn, not a zip archive)."""
+
+
+def resume_from(state: RankState, resume: Any) -> tuple[Path, dict[str, Any]] | None:
+    """Load what ``resume=`` names (see ``find``) and return its path and loop state; None for
+    ``True`` when this run has no checkpoint yet. A newest checkpoint that cannot be read is
+    skipped with a warning naming it, for the one before (a crash or a full disk mid-write)."""
+    found = candidates(state, resume)
+    for i, path in enumerate(reversed(found)):
+        try:
+            return path, load(state, path)
+        except UnreadableCheckpoint as exc:
+            if i == len(found) - 1:
+                raise
+            if state.rank == 0:
+                warnings.warn(
+                    f"{exc}; resuming from the one before, {found[-2 - i]}", DtworkWarning, stacklevel=2
+                )
+    return None
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -245,6 +350,11 @@ def read(path: Path) -> dict[str, Any]:
         raise DtworkError(
             f"checkpoint {path} holds objects that weights_only loading refuses ({str(exc).splitlines()[0]}); "
             f"if you trust the file, allow them with torch.serialization.add_safe_globals([...]) on every rank"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnreadableCheckpoint(
+            f"checkpoint {path} cannot be read ({first}): it is truncated or damaged"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise DtworkError(

@@ -343,6 +343,8 @@ class StepLoop:
         self._record_step(norms)
         if self.sync.due() or self._done():
             self.sync.launch()
+            if self.sync.waits_now:  # slow steps: agree at this step, so a stop leaves at its end
+                self._drain()
         self._arm_gns()
         if self.check_every and self.step % self.check_every == 0:
             guards.check_replicas(list(self._trained.values()), self.step, state.device)
@@ -461,12 +463,12 @@ class StepLoop:
 
     def _load_resume(self) -> dict[str, Any] | None:
         gc.collect()  # resume into the live models only
-        path = checkpoint.find(self.state, self.resume)
-        if path is None:
+        found = checkpoint.resume_from(self.state, self.resume)
+        if found is None:
             if self.state.rank == 0:
                 print("dtwork: resume=True but no checkpoint yet: starting from step 0")
             return None
-        position = checkpoint.load(self.state, path)
+        path, position = found
         self._saved_step = position["step"]
         if self.state.rank == 0:
             print(f"dtwork: resumed from {path} (step {position['step']})")

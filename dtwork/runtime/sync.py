@@ -8,6 +8,8 @@ asynchronously every ``sync_every`` steps and read one step later, so the exchan
 compute. ``sync_every`` follows the ranks' mean step time (the same on every rank, since it
 comes from the reduced vector): every step when steps are slower than ``timing.SYNC_SECONDS``, fewer
 all-reduces for fast steps, whose latency would otherwise cost a large share of each step.
+Steps slower than ``timing.WAIT_SYNC_SECONDS`` read it at once instead (``waits_now``), so that a
+stop asked during a slow step is honoured at that step's end rather than a whole step later.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch.distributed as dist
 
 from dtwork.errors import DtworkError
 from dtwork.runtime import group
-from dtwork.runtime.timing import steps_per_sync
+from dtwork.runtime.timing import WAIT_SYNC_SECONDS, steps_per_sync
 
 MAX_LOGGED = 32
 
@@ -75,6 +77,9 @@ class StepSync:
         self.world_size = world_size
         self.agree_names = agree_names  # averaged logs need the same names on every rank
         self.sync_every = 1  # steps per all-reduce; the same on every rank
+        self.step_seconds: float | None = (
+            None  # the ranks' mean step time, once reduced (the same everywhere)
+        )
         self._logs: dict[str, list[torch.Tensor | float]] = {}
         self._unsynced: list[tuple[int, StepHead, Logged]] = []  # steps not yet sent
         self._pending: tuple[Any, torch.Tensor, list[tuple[int, StepHead, Logged]]] | None = None
@@ -119,6 +124,13 @@ class StepSync:
 
     def due(self) -> bool:
         return len(self._unsynced) >= self.sync_every
+
+    @property
+    def waits_now(self) -> bool:
+        """Whether a launched sync is read at once rather than a step later: for slow steps (and
+        before the step time is known) the all-reduce's latency is noise, and a stop asked during
+        a step is then honoured at its end on every rank (the decision rests on reduced values)."""
+        return self.step_seconds is None or self.step_seconds >= WAIT_SYNC_SECONDS
 
     @property
     def unsent(self) -> bool:
@@ -172,7 +184,8 @@ class StepSync:
                 raise peer from None
         values = vec.tolist()
         if values[0] > 0:  # the ranks' summed seconds per step: how many steps the next sync waits for
-            self.sync_every = steps_per_sync(values[0] / self.world_size)
+            self.step_seconds = values[0] / self.world_size
+            self.sync_every = steps_per_sync(self.step_seconds)
         size = StepHead.SIZE
         at = 1 + size * len(entries)  # where the logs start
         out = []

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_SYNC_EVERY",
     "PERF_SECONDS",
     "SYNC_SECONDS",
+    "WAIT_SYNC_SECONDS",
     "steps_per_sync",
     "synchronize",
 ]
@@ -24,6 +25,7 @@ __all__ = [
 PERF_SECONDS = 0.1  # a rank publishes one perf record (and one GNS estimate) about this often
 GPU_SECONDS = 1.0  # a rank samples its GPU's telemetry about this often
 SYNC_SECONDS = 0.1  # the ranks agree about this often (stop, metrics, GNS), or every step when slower
+WAIT_SYNC_SECONDS = 0.5  # steps at least this slow read their agreement at once (a stop leaves at that step)
 MAX_SYNC_EVERY = 64  # the most steps one agreement waits for
 FLUSH_SECONDS = 0.2  # a rank sends its batched records to the kernel at most this often
 
