@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from dtwork.errors import DtworkError
 from dtwork.records import Kind, to_rows
-from dtwork.store import STORE_ERRORS, store_problem
+from dtwork.store import store_problem
 
 if TYPE_CHECKING:
     from dtwork.store import RunStore
 
-__all__ = ["STORE_ERRORS", "StoreWriter", "store_problem"]
+__all__ = ["StoreWriter"]
 
 RETRY_SECONDS = 1.0  # a refusing store is tried again at most this often (each try may wait 5 s)
 

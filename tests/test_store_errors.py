@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from dtwork.errors import DtworkError
-from dtwork.store import RunStore
-from dtwork.writer import StoreWriter, store_problem
+from dtwork.store import RunStore, store_problem
+from dtwork.writer import StoreWriter
 
 STEPS = 40
 CELL = """

@@ -27,8 +27,8 @@ from dtwork.kernel.engines import EngineGroup
 from dtwork.kernel.watcher import POLL_SECONDS, CellResult, CellWatcher, error_line, in_notebook
 from dtwork.perf_rate import PerfThinner
 from dtwork.runtime import entry
-from dtwork.store import RunStore
-from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
+from dtwork.store import STORE_ERRORS, RunStore, store_problem
+from dtwork.writer import StoreWriter
 
 if TYPE_CHECKING:
     from dtwork.widgets.dashboard import Dashboard

@@ -28,8 +28,8 @@ MAX_KEPT = 10_000  # records a rank keeps while its publishes fail (a few minute
 def _publish(data: dict[str, Any]) -> None:
     """Send ``data`` to the kernel; raise what the transport raises."""
     try:
-        from IPython import get_ipython
         from ipykernel.zmqshell import ZMQInteractiveShell
+        from IPython import get_ipython
     except ImportError:  # no kernel machinery at all: nobody to send to
         return
     # Outside an engine (a plain script, a benchmark, a unit test, a terminal shell) records stay
