@@ -52,7 +52,7 @@ class Publisher:
         self._buf: list[Record] = []
         self._unsent: dict[str, list[Record]] = {}  # batches by key, oldest first, until published
         self._seq = 0
-        self._last = 0.0
+        self._last = time.monotonic()  # the first batch goes out an interval after the rank starts
         self._progress: dict[str, Any] | None = None
         self.failing: str | None = None  # why the last publish failed, until one succeeds
         self.dropped = 0  # records dropped past ``max_kept`` while publishing failed
