@@ -9,6 +9,7 @@ restarts the engines and, with restarts left, replays the run from its last chec
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import threading
@@ -61,6 +62,7 @@ class Session:
         self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
         self.perf_rate = PerfThinner(max(1, engines.world_size))  # the current cell's perf records to store
+        self.autoreload = True  # reload the notebook folder's edited modules on the ranks before a cell
 
     @property
     def config(self) -> ExperimentConfig:
@@ -197,6 +199,12 @@ class Session:
             dashboard_ready()
         if len(rank_list) < self.engines.world_size:  # so that ctx refuses collectives at once
             self.engines.view(rank_list).apply_async(entry.set_cell_ranks, rank_list)
+        if self.autoreload:
+            reloaded = self.engines.view(rank_list).apply_sync(entry.reload_modules, os.getcwd())
+            if names := sorted({name for names in reloaded for name in names}):
+                print(
+                    f"dtwork: reloaded {', '.join(names)} (changed on disk; %dtrain autoreload off to keep them)"
+                )
         ar = self.engines.view(rank_list).execute(source, silent=False, block=False)
         on_records = self._dashboard_feed(run_id, rank_list, quiet)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll

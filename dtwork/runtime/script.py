@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from dtwork.errors import DtworkError
+from dtwork.runtime import autoreload, fresh
 
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
@@ -54,6 +55,8 @@ def install(spec: Mapping[str, Any]) -> None:
         TORCHELASTIC_RESTART_COUNT="0",
         TORCHELASTIC_MAX_RESTARTS="0",
     )
+    if "OMP_NUM_THREADS" not in os.environ:  # torchrun's default for its workers, unless the user set it
+        _facts["OMP_NUM_THREADS"] = "1"
     _facts["_backend"] = str(spec["backend"])
     try:
         from IPython import get_ipython
@@ -81,6 +84,7 @@ def _cell_starts() -> None:
 
 def _cell_ends() -> None:
     _cell_state.close()
+    autoreload.remember()  # what the cell imported, as loaded: reloaded before a later cell if edited
 
 
 def torchrun_environment() -> dict[str, str]:
@@ -141,9 +145,20 @@ def _torchrun_state(file: Path, argv: list[str], module: types.ModuleType) -> It
     sys.argv = argv
     sys.modules["__main__"] = module
     sys.path.insert(0, str(file.resolve().parent))
+    here = os.getcwd()
+
+    def folders() -> tuple[str, ...]:  # where a new process would import the user's modules from
+        return tuple(str(Path(p or here).resolve()) for p in [str(file.resolve().parent), here, *sys.path])
+
     try:
-        with _rank_process():
-            yield
+        with _rank_process(), fresh.fresh_modules(folders), fresh.exit_callbacks():
+            fresh.reset_singletons()
+            threads = os.environ.get("OMP_NUM_THREADS", "")
+            with fresh.torch_settings(file.name, int(threads) if threads.isdigit() else None):
+                try:
+                    yield
+                finally:
+                    fresh.reset_singletons()
     finally:
         sys.argv, main, sys.path[:], cwd = saved[0], saved[1], saved[2], saved[3]
         if main is not None:
