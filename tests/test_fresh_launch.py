@@ -208,3 +208,18 @@ def test_cells_reload_an_edited_helper(
         ip.run_line_magic("dtrain", "autoreload on")
     assert cluster.pull("c") == [103, 103]
     assert "reloaded" not in capsys.readouterr().out
+
+
+def test_torch_frames_are_folded_and_kept_in_the_engine_log(cluster: Any) -> None:
+    from dtwork.errors import RankFailure
+
+    cell = "import torch\nnet = torch.nn.Sequential(torch.nn.Linear(4, 2))\nnet(torch.ones(3, 3))\n"
+    with pytest.raises(RankFailure) as info:
+        cluster.run(cell)
+    lines = _plain(str(info.value)).splitlines()
+    assert "----> 3 net(torch.ones(3, 3))" in lines[:5], lines
+    folded = [ln for ln in lines if "frames inside torch" in ln]
+    assert folded == ["    [... 6 frames inside torch]"], lines  # module.py, container.py, linear.py
+    assert not any("module.py" in ln for ln in lines)
+    assert f"(the whole traceback: {cluster.log_file})" in lines
+    assert "in Linear.forward(self, input)" in cluster.log_file.read_text()
