@@ -103,6 +103,8 @@ def test_torch_settings_do_not_leak_into_the_next_script(
         "torch.set_default_dtype(torch.float64)\n"
         "torch.use_deterministic_algorithms(True)\n"
         "torch.set_num_threads(2)\n"
+        "import os\n"
+        "os.environ['PL_GLOBAL_SEED'] = '7'\n"
     )
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "model.py").write_text(EDITED)
@@ -115,13 +117,12 @@ def test_torch_settings_do_not_leak_into_the_next_script(
     assert "changed torch's" not in capsys.readouterr().out  # the training script changed nothing
 
     def now() -> tuple[Any, ...]:
-        return (
-            torch.get_default_dtype(),
-            torch.are_deterministic_algorithms_enabled(),
-            torch.get_num_threads(),
-        )
+        import os
 
-    assert cluster.run(now) == [(torch.float32, False, n) for n in threads]  # cells too
+        dtype, det = torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled()
+        return dtype, det, torch.get_num_threads(), "PL_GLOBAL_SEED" in os.environ
+
+    assert cluster.run(now) == [(torch.float32, False, n, False) for n in threads]  # cells too
 
 
 ACCELERATE = """\

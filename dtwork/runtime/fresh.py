@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
+import os
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,3 +166,43 @@ def fresh_modules(folders: Callable[[], tuple[str, ...]]) -> Iterator[None]:
         for name in user_modules(folders()):
             sys.modules.pop(name, None)
         sys.modules.update(before)
+
+
+@contextlib.contextmanager
+def process_state() -> Iterator[None]:
+    """The environment, warning filters and root logger as they were before the block.
+
+    Libraries record settings there (Lightning's ``PL_GLOBAL_SEED``, ``logging.basicConfig``).
+    """
+    env = dict(os.environ)
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        for key in [k for k in os.environ if k not in env]:
+            del os.environ[key]
+        for key, value in env.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+        root.setLevel(level)
+        root.handlers[:] = handlers
+
+
+@contextlib.contextmanager
+def launch(name: str, folders: Callable[[], tuple[str, ...]]) -> Iterator[None]:
+    """Run the block as a new torchrun process would run a script called ``name``, then put back
+    the rank as it was (its atexit callbacks first, as at a process's exit)."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    with (
+        fresh_modules(folders),
+        process_state(),
+        torch_settings(name, int(threads) if threads.isdigit() else None),
+    ):
+        reset_singletons()
+        try:
+            with exit_callbacks():
+                yield
+        finally:
+            reset_singletons()

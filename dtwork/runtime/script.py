@@ -151,14 +151,8 @@ def _torchrun_state(file: Path, argv: list[str], module: types.ModuleType) -> It
         return tuple(str(Path(p or here).resolve()) for p in [str(file.resolve().parent), here, *sys.path])
 
     try:
-        with _rank_process(), fresh.fresh_modules(folders), fresh.exit_callbacks():
-            fresh.reset_singletons()
-            threads = os.environ.get("OMP_NUM_THREADS", "")
-            with fresh.torch_settings(file.name, int(threads) if threads.isdigit() else None):
-                try:
-                    yield
-                finally:
-                    fresh.reset_singletons()
+        with _rank_process(), fresh.launch(file.name, folders):
+            yield
     finally:
         sys.argv, main, sys.path[:], cwd = saved[0], saved[1], saved[2], saved[3]
         if main is not None:
