@@ -199,13 +199,17 @@ class Session:
             dashboard_ready()
         if len(rank_list) < self.engines.world_size:  # so that ctx refuses collectives at once
             self.engines.view(rank_list).apply_async(entry.set_cell_ranks, rank_list)
-        if self.autoreload:
-            reloaded = self.engines.view(rank_list).apply_sync(entry.reload_modules, os.getcwd())
-            if names := sorted({name for names in reloaded for name in names}):
-                print(
-                    f"dtwork: reloaded {', '.join(names)} (changed on disk; %dtrain autoreload off to keep them)"
-                )
+        # The ranks take the reload before the cell (their queue is in order): no round trip waits for it.
+        reload = (
+            self.engines.view(rank_list).apply_async(entry.reload_modules, os.getcwd())
+            if self.autoreload
+            else None
+        )
         ar = self.engines.view(rank_list).execute(source, silent=False, block=False)
+        if reload is not None and (names := sorted({name for names in reload.get() for name in names})):
+            print(
+                f"dtwork: reloaded {', '.join(names)} (changed on disk; %dtrain autoreload off to keep them)"
+            )
         on_records = self._dashboard_feed(run_id, rank_list, quiet)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))

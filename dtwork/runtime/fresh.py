@@ -40,12 +40,17 @@ def _set_grad_enabled(on: bool) -> None:
     torch.set_grad_enabled(on)
 
 
+def _set_default_device(device: torch.device) -> None:
+    # None is torch's own default: a CPU device set explicitly would wrap every factory call in a mode.
+    torch.set_default_device(None if device == torch.device("cpu") else device)
+
+
 def _settings() -> list[_Setting]:
     """torch's process-wide settings that a script can change and a new process starts without."""
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     return [
         _Setting("default dtype", torch.get_default_dtype, torch.set_default_dtype),
-        _Setting("default device", torch.get_default_device, torch.set_default_device),
+        _Setting("default device", torch.get_default_device, _set_default_device),
         _Setting(
             "deterministic algorithms",
             lambda: (
