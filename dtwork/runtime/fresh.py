@@ -175,13 +175,17 @@ def fresh_modules(folders: Callable[[], tuple[str, ...]]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def process_state() -> Iterator[None]:
-    """The environment, warning filters and root logger as they were before the block.
+    """The environment, warning filters and loggers as they were before the block.
 
-    Libraries record settings there (Lightning's ``PL_GLOBAL_SEED``, ``logging.basicConfig``).
+    Libraries record settings there (Lightning's ``PL_GLOBAL_SEED``, ``logging.basicConfig``,
+    transformers' verbosity).
     """
     env = dict(os.environ)
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
+    loggers = [
+        logging.getLogger(),
+        *(x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger)),
+    ]
+    saved = [(x, x.level, list(x.handlers), x.propagate, x.disabled) for x in loggers]
     try:
         with warnings.catch_warnings():
             yield
@@ -191,8 +195,9 @@ def process_state() -> Iterator[None]:
         for key, value in env.items():
             if os.environ.get(key) != value:
                 os.environ[key] = value
-        root.setLevel(level)
-        root.handlers[:] = handlers
+        for logger, level, handlers, propagate, disabled in saved:
+            logger.setLevel(level)
+            logger.handlers[:], logger.propagate, logger.disabled = handlers, propagate, disabled
 
 
 @contextlib.contextmanager
