@@ -36,7 +36,7 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
                   the runs in the run store, as ``dtwork runs`` in a shell
   run SCRIPT.py [ARGS...]
                   run a torchrun-style script unchanged on every rank (also %run in %%dtrain)
-  autoreload on|off
+  autoreload [on|off]
                   reload the notebook folder's modules edited on disk before each cell (on)
   wait | attach   bring a background (--bg) cell back: live view, wait for its end
   scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape 20] [--batch B] MODEL_EXPR
@@ -271,11 +271,15 @@ class DtrainMagics(Magics):
 
     def _sub_autoreload(self, argv: list[str]) -> Any:
         p = _parser("autoreload")
-        p.add_argument("state", choices=["on", "off"])
+        p.add_argument("state", nargs="?", choices=["on", "off"])
         ns = p.parse_args(argv)
-        current().session.autoreload = ns.state == "on"
-        what = "reload" if ns.state == "on" else "no longer reload"
-        print(f"dtwork: cells {what} the notebook folder's modules edited on disk")
+        session = current().session
+        if ns.state is not None:
+            session.autoreload = ns.state == "on"
+        what = "reload" if session.autoreload else "do not reload"
+        print(
+            f"dtwork: cells {what} the notebook folder's modules edited on disk (%dtrain autoreload on|off)"
+        )
         return None
 
     def _sub_wait(self, argv: list[str]) -> Any:

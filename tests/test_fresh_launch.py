@@ -236,3 +236,18 @@ def test_torch_frames_are_folded_and_kept_in_the_engine_log(cluster: Any) -> Non
     assert not any("module.py" in ln for ln in lines)
     assert f"(the whole traceback: {cluster.log_file})" in lines
     assert "in Linear.forward(self, input)" in cluster.log_file.read_text()
+
+
+def test_a_singleton_that_refuses_a_change_in_cells_names_restart(cluster: Any) -> None:
+    pytest.importorskip("accelerate", reason="accelerate is not installed (pip install accelerate)")
+    from dtwork.errors import RankFailure
+
+    cluster.run("from accelerate import Accelerator\nfirst = Accelerator(cpu=True, mixed_precision='no')\n")
+    try:
+        with pytest.raises(RankFailure) as info:
+            cluster.run("second = Accelerator(cpu=True, mixed_precision='bf16')\n")
+        text = _plain(str(info.value))
+        assert "AcceleratorState has already been initialized" in text
+        assert "dtwork: %dtrain restart gives every rank a new process" in text, text
+    finally:
+        cluster.run("from accelerate.state import AcceleratorState\nAcceleratorState._reset_state(True)\n")

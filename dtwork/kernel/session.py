@@ -206,10 +206,13 @@ class Session:
             else None
         )
         ar = self.engines.view(rank_list).execute(source, silent=False, block=False)
-        if reload is not None and (names := sorted({name for names in reload.get() for name in names})):
-            print(
-                f"dtwork: reloaded {', '.join(names)} (changed on disk; %dtrain autoreload off to keep them)"
-            )
+        while reload is not None and not (reload.ready() or ar.ready() or self.dead_ranks(rank_list)):
+            reload.wait(POLL_SECONDS)  # a rank that died is the watcher's to report
+        if reload is not None and reload.ready() and reload.successful():
+            if names := sorted({name for names in reload.get() for name in names}):
+                print(
+                    f"dtwork: reloaded {', '.join(names)} (changed on disk; %dtrain autoreload off to keep them)"
+                )
         on_records = self._dashboard_feed(run_id, rank_list, quiet)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))
