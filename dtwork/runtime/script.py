@@ -3,7 +3,8 @@
 ``run_script`` executes a file as ``__main__`` with ``sys.argv`` set and torchrun's environment;
 while it runs, ``torch.distributed.init_process_group`` joins the rank's warm group (when the
 request is compatible) and ``destroy_process_group`` leaves it alive. Everything is undone the
-moment the script ends. ``context_from_env`` is the other direction: a script exported from a
+moment the script ends, and ``fresh.launch`` makes each run a fresh launch (its own modules
+imported afresh, torch's settings, atexit, singletons). ``context_from_env`` is the other direction: a script exported from a
 notebook builds the same ``ctx`` from the environment torchrun gives it.
 """
 
