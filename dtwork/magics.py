@@ -36,6 +36,8 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
                   the runs in the run store, as ``dtwork runs`` in a shell
   run SCRIPT.py [ARGS...]
                   run a torchrun-style script unchanged on every rank (also %run in %%dtrain)
+  autoreload [on|off]
+                  reload the notebook folder's modules edited on disk before each cell (on)
   wait | attach   bring a background (--bg) cell back: live view, wait for its end
   scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape 20] [--batch B] MODEL_EXPR
                   throughput and scaling efficiency on synthetic data, by world size
@@ -267,6 +269,19 @@ class DtrainMagics(Magics):
         if not argv or argv[0].startswith("-"):
             raise DtworkError("%dtrain run needs a script: %dtrain run SCRIPT.py [ARGS...]")
         current().run_script(argv[0], argv[1:])
+        return None
+
+    def _sub_autoreload(self, argv: list[str]) -> Any:
+        p = _parser("autoreload")
+        p.add_argument("state", nargs="?", choices=["on", "off"])
+        ns = p.parse_args(argv)
+        session = current().session
+        if ns.state is not None:
+            session.autoreload = ns.state == "on"
+        what = "reload" if session.autoreload else "do not reload"
+        print(
+            f"dtwork: cells {what} the notebook folder's modules edited on disk (%dtrain autoreload on|off)"
+        )
         return None
 
     def _sub_wait(self, argv: list[str]) -> Any:

@@ -144,6 +144,7 @@ def test_a_script_that_raises_fails_the_cell_naming_the_rank(
     assert "failed on rank 1" in text and "ValueError: boom on one" in text
     assert text.count("ValueError: boom on one") == 1 and text.count("Traceback") <= 1
     assert "boom.py" in text, text  # the script's own frame is in the traceback
+    assert "raise ValueError('boom on one')" in "\n".join(text.splitlines()[:5]), text  # and comes first
     cluster.run("import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)")
     assert [float(t) for t in cluster.pull("t")] == [2.0, 2.0]  # the group works again
 

@@ -9,6 +9,7 @@ restarts the engines and, with restarts left, replays the run from its last chec
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import threading
@@ -62,6 +63,7 @@ class Session:
         self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
         self.perf_rate = PerfThinner(max(1, engines.world_size))  # the current cell's perf records to store
+        self.autoreload = True  # reload the notebook folder's edited modules on the ranks before a cell
 
     @property
     def config(self) -> ExperimentConfig:
@@ -226,7 +228,20 @@ class Session:
             dashboard_ready()
         if len(rank_list) < self.engines.world_size:  # so that ctx refuses collectives at once
             self.engines.view(rank_list).apply_async(entry.set_cell_ranks, rank_list)
+        # The ranks take the reload before the cell (their queue is in order): no round trip waits for it.
+        reload = (
+            self.engines.view(rank_list).apply_async(entry.reload_modules, os.getcwd())
+            if self.autoreload
+            else None
+        )
         ar = self.engines.view(rank_list).execute(source, silent=False, block=False)
+        while reload is not None and not (reload.ready() or ar.ready() or self.dead_ranks(rank_list)):
+            reload.wait(POLL_SECONDS)  # a rank that died is the watcher's to report
+        if reload is not None and reload.ready() and reload.successful():
+            if names := sorted({name for names in reload.get() for name in names}):
+                print(
+                    f"dtwork: reloaded {', '.join(names)} (changed on disk; %dtrain autoreload off to keep them)"
+                )
         on_records = self._dashboard_feed(run_id, rank_list, quiet)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))

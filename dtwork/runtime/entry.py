@@ -304,6 +304,13 @@ def set_cell_ranks(ranks: list[int]) -> None:
     control.set_next_cell_ranks(ranks)
 
 
+def reload_modules(folder: str) -> list[str]:
+    """Reload the modules from the notebook's ``folder`` edited since they were loaded (before a cell)."""
+    from dtwork.runtime import autoreload
+
+    return autoreload.reload_changed(folder)
+
+
 def _user_namespace() -> dict[str, Any]:
     """The engine's interactive namespace, where cells run."""
     from IPython import get_ipython

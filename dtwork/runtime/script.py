@@ -3,7 +3,8 @@
 ``run_script`` executes a file as ``__main__`` with ``sys.argv`` set and torchrun's environment;
 while it runs, ``torch.distributed.init_process_group`` joins the rank's warm group (when the
 request is compatible) and ``destroy_process_group`` leaves it alive. Everything is undone the
-moment the script ends. ``context_from_env`` is the other direction: a script exported from a
+moment the script ends, and ``fresh.launch`` makes each run a fresh launch (its own modules
+imported afresh, torch's settings, atexit, singletons). ``context_from_env`` is the other direction: a script exported from a
 notebook builds the same ``ctx`` from the environment torchrun gives it.
 """
 
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dtwork.errors import DtworkError
+from dtwork.runtime import autoreload, fresh
 
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
@@ -54,6 +56,8 @@ def install(spec: Mapping[str, Any]) -> None:
         TORCHELASTIC_RESTART_COUNT="0",
         TORCHELASTIC_MAX_RESTARTS="0",
     )
+    if "OMP_NUM_THREADS" not in os.environ:  # torchrun's default for its workers, unless the user set it
+        _facts["OMP_NUM_THREADS"] = "1"
     _facts["_backend"] = str(spec["backend"])
     try:
         from IPython import get_ipython
@@ -81,6 +85,7 @@ def _cell_starts() -> None:
 
 def _cell_ends() -> None:
     _cell_state.close()
+    autoreload.remember()  # what the cell imported, as loaded: reloaded before a later cell if edited
 
 
 def torchrun_environment() -> dict[str, str]:
@@ -141,8 +146,13 @@ def _torchrun_state(file: Path, argv: list[str], module: types.ModuleType) -> It
     sys.argv = argv
     sys.modules["__main__"] = module
     sys.path.insert(0, str(file.resolve().parent))
+    here = os.getcwd()
+
+    def folders() -> tuple[str, ...]:  # where a new process would import the user's modules from
+        return tuple(str(Path(p or here).resolve()) for p in [str(file.resolve().parent), here, *sys.path])
+
     try:
-        with _rank_process():
+        with _rank_process(), fresh.launch(file.name, folders):
             yield
     finally:
         sys.argv, main, sys.path[:], cwd = saved[0], saved[1], saved[2], saved[3]
