@@ -107,6 +107,10 @@ class StepLoop:
         self._setup_gns()
         resume_state = self._load_resume() if self.resume else None
         self._models = state.models
+        for m in self._models:  # a failed cell may have left counts on one rank: start clean
+            s = measure_state(m)
+            if s is not None:
+                s.reset()
         state.loop = self
         control.clear()
         control.enter_loop()
