@@ -89,26 +89,25 @@ def make_perf_record(
     samples: float,
     seconds: float,
     steps: int,
-    comm: float,
+    comm: float | None,
     data: float | None = None,
 ) -> Record:
     """A rank's throughput over a window of ``steps`` optimizer steps that took ``seconds``.
 
     Values: ``samples_per_s`` = samples / seconds, ``step_time`` = seconds / steps, ``comm_time`` =
-    comm / steps (communication not hidden behind compute); where the loop sees its data loading
+    comm / steps (communication not hidden behind compute; left out, with no efficiency to estimate,
+    when the window exchanged no gradients: ``comm`` None); where the loop sees its data loading
     (``ctx.steps``; a hand-written loop does not), ``data_time`` = data / steps and ``compute_time``
     = step_time - data_time - comm_time (at least 0).
     """
     steps = max(1, steps)
     step_time = seconds / steps
-    values = {
-        "samples_per_s": samples / seconds if seconds > 0 else 0.0,
-        "step_time": step_time,
-        "comm_time": comm / steps,
-    }
+    values = {"samples_per_s": samples / seconds if seconds > 0 else 0.0, "step_time": step_time}
+    if comm is not None:
+        values["comm_time"] = comm / steps
     if data is not None:
         values["data_time"] = data / steps
-        values["compute_time"] = max(0.0, step_time - (data + comm) / steps)
+        values["compute_time"] = max(0.0, step_time - (data + (comm or 0.0)) / steps)
     return make_record(Kind.PERF, step, rank, values)
 
 

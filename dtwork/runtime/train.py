@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from dtwork.errors import DtworkError
-from dtwork.runtime import group
+from dtwork.runtime import group, guards
 from dtwork.runtime.sync import MAX_LOGGED, StepHead, check_names, names_key, not_a_number
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ def optimizer_step(state: RankState, optimizer: torch.optim.Optimizer) -> bool:
     state.register("optimizers", optimizer)
     if loop is not None and not loop.is_last_micro:
         return False
+    guards.check_exchanged(optimizer, state.models)
     stepped = True
     if state.scaler is not None:
         scale = state.scaler.get_scale()
