@@ -25,6 +25,7 @@ from typing import Any
 
 from dtwork.errors import DtworkError
 from dtwork.export import run_result
+from dtwork.records import DIVERGED, divergence_text
 from dtwork.store import RunStore, store_path
 
 __all__ = ["main", "run_notebook", "runs_table"]
@@ -42,7 +43,8 @@ def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:
             continue
         entry = metrics.setdefault(m["name"], {"count": 0, "min": math.inf, "max": -math.inf})
         entry["count"] += 1
-        entry["min"], entry["max"] = min(entry["min"], m["value"]), max(entry["max"], m["value"])
+        if not math.isnan(m["value"]):  # a NaN has no order: min and max skip it, last shows it
+            entry["min"], entry["max"] = min(entry["min"], m["value"]), max(entry["max"], m["value"])
         entry["last"], entry["last_step"] = m["value"], m["step"]
     ended = run.get("ended_at")
     return {
@@ -62,6 +64,7 @@ def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:
         "metrics": metrics,
         "scaling": [r["data"] for r in store.results(rid, kind="scaling")],
         "events": len(store.events(rid)),
+        "diverged": next((e["data"] for e in store.events(rid, DIVERGED)), None),
         "notebook": run.get("notebook"),
     }
 
@@ -161,6 +164,8 @@ def _cmd_show(store: RunStore, ns: argparse.Namespace) -> str:
         f"  cells     {_num(s['cells'])}, steps {_num(s['steps'])}, events {s['events']}",
         f"  result    {_result_text(s['result'])}",
     ]
+    if s["diverged"]:
+        lines.append(f"  {divergence_text(s['diverged']).replace('diverged', 'diverged ', 1)}")
     if s["metrics"]:
         rows = [
             [name, str(m["count"]), _num(m["last"]), str(m["last_step"]), _num(m["min"]), _num(m["max"])]

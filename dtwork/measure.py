@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtwork import batch
 from dtwork.errors import DtworkError
+from dtwork.records import DIVERGED, divergence_text, finite
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -359,8 +360,20 @@ def tune_buckets(
 
 
 def _latest(store: RunStore, run_id: int, name: str) -> float | None:
-    rows = [r for r in store.metrics(run_id, name) if r.get("value") is not None]
-    return float(rows[-1]["value"]) if rows else None
+    rows = [v for r in store.metrics(run_id, name) if (v := finite(r.get("value"))) is not None]
+    return rows[-1] if rows else None
+
+
+def _left_out_text(store: RunStore, run_id: int) -> str | None:
+    """Why some steps are not in the estimate: non-finite gradients, a diverged run; else None."""
+    left = _latest(store, run_id, "left_out")
+    diverged = next((e["data"] for e in store.events(run_id, DIVERGED)), None)
+    if not left and not diverged:
+        return None
+    parts = [f"{left:.0f} measurement(s) with non-finite gradients left out"] if left else []
+    if diverged:
+        parts.append(f"the run {divergence_text(diverged)}")
+    return "; ".join(parts) + ": the estimate and this advice use the finite steps only"
 
 
 def _interval_text(store: RunStore, run_id: int) -> str:
@@ -425,6 +438,8 @@ def gns_advice(
         )
         for line in advice.summary():
             print(f"  {line}")
+        if (left := _left_out_text(store, rid)) is not None:
+            print(f"  note: {left}")
     if _in_ipython():
         from IPython.display import display
 

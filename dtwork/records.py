@@ -20,11 +20,14 @@ from typing import Any, TypedDict
 
 __all__ = [
     "AGGREGATED_KINDS",
+    "DIVERGED",
     "TRAINING_KINDS",
     "Kind",
     "Record",
     "Row",
     "finite",
+    "divergence_text",
+    "first_non_finite",
     "make_perf_record",
     "make_record",
     "to_rows",
@@ -45,6 +48,7 @@ class Kind(str, Enum):
         return self.value
 
 
+DIVERGED = "diverged"  # the event of a run's first non-finite logged value
 AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value, Kind.SCALING.value})
 # What a re-run of the same code on the same data reproduces: not the timings.
 TRAINING_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value})
@@ -69,7 +73,7 @@ class Row(TypedDict):
     step: int
     rank: int | None
     name: str
-    value: float | None  # None for a missing, NaN or infinite value
+    value: float | None  # None for a missing value; NaN and infinities stay as they are
     time: float | None
 
 
@@ -124,7 +128,8 @@ def finite(value: object) -> float | None:
 def to_rows(records: Iterable[Mapping[str, Any]]) -> list[Row]:
     """Flatten records into rows: one per value, rank None for aggregated kinds.
 
-    Records without a step (events) give no rows; a value that is not a number, or a record that is
+    Records without a step (events) give no rows; NaN and infinite values are kept (readers that
+    need a finite number use ``finite``); a value that is not a number, or a record that is
     not a mapping of the expected shape, is left out, so one malformed record never stops the rest.
     """
     rows: list[Row] = []
@@ -141,10 +146,31 @@ def to_rows(records: Iterable[Mapping[str, Any]]) -> list[Row]:
             continue
         for name, value in values.items():
             try:
-                number = finite(float(value))  # a NaN or an infinity stays, as a None value
-            except (TypeError, ValueError):
+                number = float(value)  # a NaN or an infinity stays what it is
+            except (TypeError, ValueError, OverflowError):
                 continue
             rows.append(
                 {"kind": kind, "step": step, "rank": rank, "name": str(name), "value": number, "time": when}
             )
     return rows
+
+
+def first_non_finite(records: Iterable[Mapping[str, Any]]) -> tuple[int, str, float] | None:
+    """The first logged value (kind "log") that is NaN or infinite, as (step, name, value), or None."""
+    for rec in records:
+        values = rec.get("values") if isinstance(rec, Mapping) else None
+        if rec.get("kind") != Kind.LOG.value or rec.get("step") is None or not isinstance(values, Mapping):
+            continue
+        for name, value in values.items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError, OverflowError):
+                continue
+            if not math.isfinite(number):
+                return int(rec["step"]), str(name), number
+    return None
+
+
+def divergence_text(data: Mapping[str, Any]) -> str:
+    """What a ``DIVERGED`` event's data says: "diverged at step k (loss nan)"."""
+    return f"diverged at step {data.get('step')} ({data.get('name')} {data.get('value')})"

@@ -98,3 +98,75 @@ def test_steps_that_exchange_nothing_show_no_efficiency(fresh_run) -> None:
     assert store.metrics(run, "val")  # the loop ran and logged
     assert not store.metrics(run, "scaling_efficiency")
     assert not store.metrics(run, "comm_time", rank="all")
+
+
+DIVERGES = """
+net4 = ctx.wrap(nn.Linear(4, 1), gns=True)
+opt4 = ctx.optimizer(net4.parameters())
+for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=STEPS):
+    loss = F.mse_loss(net4(x), y)
+    if step >= DIVERGE_AT:
+        loss = loss * float('nan')  # the loss turns NaN, and with it the gradients
+    ctx.backward(loss); ctx.step(opt4)
+    ctx.log(loss=loss)
+"""
+
+
+def _runs_show(store_path: object, run_id: int, capsys: pytest.CaptureFixture[str]) -> str:
+    from dtwork import cli
+
+    capsys.readouterr()
+    assert cli.main(["runs", "show", str(run_id), "--store", str(store_path)]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_nan_at_step_k_is_an_event_a_warning_and_shown_by_runs_show(fresh_run, capsys, tmp_path) -> None:
+    import math
+
+    from dtwork import measure
+    from dtwork.server import data as server_data
+
+    c = fresh_run
+    c.configure({"global_batch_size": 16, "gns": {"enabled": True}})
+    c.run(DATA, quiet=True)
+    capsys.readouterr()
+    c.run(DIVERGES.replace("STEPS", "400").replace("DIVERGE_AT", "300"), quiet=True)
+    warned = capsys.readouterr().err
+    assert warned.count("training diverged") == 1, warned  # once per run, one line
+    assert "dtwork: warning: loss is nan at step 300: training diverged" in warned
+    store, run = c.session.store, c.session.run_id
+    (event,) = store.events(run, "diverged")
+    assert event["data"]["step"] == 300 and event["data"]["name"] == "loss"
+    loss = {r["step"]: r["value"] for r in store.metrics(run, "loss")}
+    assert math.isfinite(loss[299]) and math.isnan(loss[300]) and math.isnan(loss[399])  # not missing
+    shown = _runs_show(store.path, run, capsys)
+    assert "diverged  at step 300 (loss nan)" in shown, shown
+    assert server_data.diverged_text(store, run) == "diverged at step 300 (loss nan)"
+    from dtwork.report import export
+
+    export(run, tmp_path / "r.ipynb", store=store.path)
+    assert "| diverged | at step 300 (loss nan) |" in (tmp_path / "r.ipynb").read_text()
+    measure.gns_advice(c, quiet=False)
+    advice = capsys.readouterr().out
+    assert "B_simple ~ " in advice
+    assert "non-finite gradients left out" in advice and "diverged at step 300" in advice, advice
+
+
+EXTREMES = """
+for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=30):
+    ctx.log(big=1e308, up=float('inf'), down=torch.tensor(float('-inf')))
+ctx.log(big_hand=1e308, step=30)
+"""
+
+
+def test_inf_round_trips_and_1e308_averaged_over_ranks_stays_1e308(fresh_run) -> None:
+    import math
+
+    c = fresh_run
+    c.configure({"global_batch_size": 16})
+    c.run(DATA, quiet=True)
+    c.run(EXTREMES, quiet=True)
+    store, run = c.session.store, c.session.run_id
+    values = {n: {r["value"] for r in store.metrics(run, n)} for n in ("big", "up", "down", "big_hand")}
+    assert values == {"big": {1e308}, "up": {math.inf}, "down": {-math.inf}, "big_hand": {1e308}}
+    assert len(store.metrics(run, "up")) == 30

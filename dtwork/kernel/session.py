@@ -26,6 +26,7 @@ from dtwork.errors import DtworkError
 from dtwork.kernel.engines import EngineGroup
 from dtwork.kernel.watcher import POLL_SECONDS, CellResult, CellWatcher, error_line, in_notebook
 from dtwork.perf_rate import PerfThinner
+from dtwork.records import DIVERGED, first_non_finite
 from dtwork.runtime import entry
 from dtwork.store import RunStore
 from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
@@ -61,6 +62,7 @@ class Session:
         self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
         self.perf_rate = PerfThinner(max(1, engines.world_size))  # the current cell's perf records to store
+        self._diverged: int | None = None  # the run whose divergence was already told
 
     @property
     def config(self) -> ExperimentConfig:
@@ -110,11 +112,23 @@ class Session:
         if self.run_id is not None:
             self.writer.records(self.run_id, seq, self.perf_rate(records))
             self._estimate(records, seq, time.monotonic())
+            self._watch_divergence(records)
         self.writer.flush()
         if self.run_id is not None and self.config.tensorboard:  # live scalars, after the store
             from dtwork.export.tensorboard import live_tensorboard
 
             live_tensorboard(self.config.tensorboard, self.run_id, self.config.name, records)
+
+    def _watch_divergence(self, records: list[dict[str, Any]]) -> None:
+        """The run's first NaN or infinite logged value: an event, and one line in the cell."""
+        hit = first_non_finite(records) if self._diverged != self.run_id else None
+        if hit is None or self.run_id is None:
+            return
+        self._diverged = self.run_id
+        step, name, value = hit
+        message = f"{name} is {value} at step {step}: training diverged"
+        self.writer.event(self.run_id, DIVERGED, message, {"step": step, "name": name, "value": value})
+        print(f"dtwork: warning: {message} (lower the learning rate, or clip the gradients)", file=sys.stderr)
 
     def _estimate(self, records: list[dict[str, Any]], seq: int | None, now: float) -> None:
         """Write the cell's scaling-efficiency estimate when due: an aggregated row of its own, for

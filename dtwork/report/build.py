@@ -23,6 +23,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from dtwork import plots
 from dtwork.errors import DtworkError
+from dtwork.records import DIVERGED, divergence_text
 from dtwork.report import helpers
 from dtwork.report.scrub import SCRUBBED, Scrubber
 from dtwork.store import RunStore
@@ -107,8 +108,19 @@ def _header(store: RunStore, run: dict[str, Any], data: dict[str, Any], title: s
     return (
         f"# dtwork report: {escape(title)}\n\nRun **{run['id']}** ({escape(run['status'])}, started "
         f"{started}) from {code_span(store.path.name)}, exported {now()} by dtwork {escape(version or '')}.\n\n"
-        + table(_summary(run, data, store.last_metrics(run["id"])) + _result_row(store, run), ("summary", ""))
+        + table(
+            _summary(run, data, store.last_metrics(run["id"]))
+            + _result_row(store, run)
+            + _diverged_row(store, run),
+            ("summary", ""),
+        )
     )
+
+
+def _diverged_row(store: RunStore, run: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The run's first non-finite logged value, where it has one."""
+    d = next((e["data"] for e in store.events(run["id"], DIVERGED)), None)
+    return [] if d is None else [("diverged", escape(divergence_text(d).removeprefix("diverged ")))]
 
 
 def _result_row(store: RunStore, run: dict[str, Any]) -> list[tuple[str, Any]]:

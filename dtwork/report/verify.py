@@ -45,11 +45,17 @@ def compare(recorded: list[dict[str, Any]], rerun: list[dict[str, Any]]) -> dict
     diffs = {}
     for name, values in old.items():
         pairs = [(a, new[name][s]) for s, a in values.items() if s in new.get(name, {})]
-        gaps = [
-            abs(a - b) if a is not None and b is not None else 0.0 if a is b else math.inf for a, b in pairs
-        ]
-        diffs[name] = max(gaps, default=math.inf)
+        diffs[name] = max((_gap(a, b) for a, b in pairs), default=math.inf)
     return diffs
+
+
+def _gap(a: float | None, b: float | None) -> float:
+    """|a - b|, 0 for the same missing, NaN or infinite value, inf when only one is such a value."""
+    if a is None or b is None:
+        return 0.0 if a is b else math.inf
+    if a == b or (math.isnan(a) and math.isnan(b)):
+        return 0.0
+    return abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
 
 
 def rerun(path: Path, timeout: float) -> tuple[list[dict[str, Any]] | None, str]:

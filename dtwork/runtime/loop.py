@@ -417,7 +417,7 @@ class StepLoop:
             )
         if s.local and self.state.rank == 0:
             avg = self.state.config.optimizations.average_training_metrics
-            logged = {n: s.logs[i] / ws if avg else float(s.local[n]) for i, n in enumerate(s.local)}
+            logged = {n: s.logs[i] if avg else float(s.local[n]) for i, n in enumerate(s.local)}
             self.state.publisher.record("log", s.step, logged)
         if s.head.gns_measured == ws and self.state.gns_state is not None:  # every rank measured it
             self._gns_update(float(s.head.gns_small) / ws, float(s.head.gns_big_share), s.step)

@@ -102,9 +102,9 @@ def _agreed_mean(state: RankState, names: list[str], vec: torch.Tensor) -> torch
         raise DtworkError(f"ctx.log takes at most {MAX_LOGGED} names per call; got {len(names)}")
     key = names_key(tuple(names))
     full = torch.zeros(StepHead.SIZE + MAX_LOGGED, dtype=torch.float64, device=state.device)
-    full[StepHead.SIZE : StepHead.SIZE + len(names)] = vec
+    full[StepHead.SIZE : StepHead.SIZE + len(names)] = vec / state.world_size  # before the sum: no overflow
     head = StepHead(names=key, names_sq=key * key)
     full[: StepHead.SIZE] = torch.tensor(head.pack(), dtype=torch.float64)
     dist.all_reduce(full)
     check_names(StepHead.unpack(full[: StepHead.SIZE].tolist()), state.log_step + 1, names, state.world_size)
-    return full[StepHead.SIZE : StepHead.SIZE + len(names)] / state.world_size
+    return full[StepHead.SIZE : StepHead.SIZE + len(names)]
