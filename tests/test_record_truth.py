@@ -170,3 +170,49 @@ def test_inf_round_trips_and_1e308_averaged_over_ranks_stays_1e308(fresh_run) ->
     values = {n: {r["value"] for r in store.metrics(run, n)} for n in ("big", "up", "down", "big_hand")}
     assert values == {"big": {1e308}, "up": {math.inf}, "down": {-math.inf}, "big_hand": {1e308}}
     assert len(store.metrics(run, "up")) == 30
+
+
+HAND_LOOP = """
+import pathlib, time
+hand = ctx.wrap(nn.Linear(4, 1))
+hopt = torch.optim.SGD(hand.parameters(), lr=0.01)
+for i in range(100000):
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    loss = F.mse_loss(hand(x), y); loss.backward(); ctx.step(hopt); ctx.log(loss=loss)
+    if i == 10 and ctx.rank == 0:
+        pathlib.Path(MARK).touch()  # the loop is under way: the test presses stop now
+    time.sleep(0.002)
+"""
+
+
+def test_an_interrupted_hand_loop_is_stored_as_interrupted(fresh_run, tmp_path) -> None:
+    import os
+    import signal
+    import threading
+
+    c = fresh_run
+    c.run(DATA, quiet=True)
+    mark = tmp_path / "started"
+    pressed = threading.Event()
+
+    def press_stop() -> None:  # the stop button: an interrupt of the kernel, once the loop runs
+        while not mark.exists() and not pressed.is_set():
+            pressed.wait(0.01)
+        if not pressed.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+
+    stopper = threading.Thread(target=press_stop)
+    stopper.start()
+    try:
+        result = c.run(HAND_LOOP.replace("MARK", repr(str(mark))), quiet=True)
+    finally:
+        pressed.set()
+        stopper.join()
+    assert result.status == "interrupted"
+    store, run = c.session.store, c.session.run_id
+    assert store.cells(run)[-1]["status"] == "interrupted"
+    assert store.get_run(run)["status"] == "running"  # not failed
+    c.session.new_run()  # the run ends after the interrupted cell
+    assert store.get_run(run)["status"] == "interrupted"
+    c.run("after = ctx.rank", quiet=True)  # the next cell runs on a working group
+    assert c.pull("after") == [0, 1]

@@ -24,7 +24,14 @@ from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
 from dtwork.kernel.engines import EngineGroup
-from dtwork.kernel.watcher import POLL_SECONDS, CellResult, CellWatcher, error_line, in_notebook
+from dtwork.kernel.watcher import (
+    POLL_SECONDS,
+    CellResult,
+    CellWatcher,
+    error_line,
+    in_notebook,
+    stopped_by_interrupt,
+)
 from dtwork.perf_rate import PerfThinner
 from dtwork.records import DIVERGED, first_non_finite
 from dtwork.runtime import entry
@@ -247,7 +254,9 @@ class Session:
 
     def _conclude(self, watcher: CellWatcher, result: CellResult) -> CellResult:
         status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
-        err = None if not result.errors else error_line(result.errors[min(result.errors)])
+        err = (
+            None if not result.errors or status != "error" else error_line(result.errors[min(result.errors)])
+        )
         if result.seq is not None and self.run_id is not None:
             self.writer.records(self.run_id, result.seq, self.perf_rate.flush())
             self._estimate([], result.seq, math.inf)  # the cell's last estimate, however short it was
@@ -267,7 +276,8 @@ class Session:
             self._settle([r for r in result.errors if r not in watcher.dead])
             if not watcher.restarted and not watcher.dead:
                 self._repair_group()
-            raise watcher.failure()
+            if status == "error" or not all(map(stopped_by_interrupt, result.errors.values())):
+                raise watcher.failure()  # a hand loop's stop is stored and shown as interrupted, not raised
         return result
 
     def _repair_group(self) -> None:
