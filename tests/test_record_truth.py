@@ -216,3 +216,29 @@ def test_an_interrupted_hand_loop_is_stored_as_interrupted(fresh_run, tmp_path) 
     assert store.get_run(run)["status"] == "interrupted"
     c.run("after = ctx.rank", quiet=True)  # the next cell runs on a working group
     assert c.pull("after") == [0, 1]
+
+
+TRAIN_AT_LR = """
+net5 = ctx.wrap(nn.Linear(4, 1), gns=True)
+opt5 = torch.optim.SGD(net5.parameters(), lr=0.05)
+for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=300):
+    loss = F.mse_loss(net5(x), y); ctx.backward(loss); ctx.step(opt5)
+"""
+
+
+def test_gns_advice_names_the_learning_rate_the_optimizer_has_now(fresh_run, capsys) -> None:
+    from dtwork import measure
+
+    c = fresh_run
+    c.configure({"global_batch_size": 16, "gns": {"enabled": True}})  # lr.base stays the default 0.1
+    c.run(DATA, quiet=True)
+    c.run(TRAIN_AT_LR, quiet=True)
+    capsys.readouterr()
+    measure.gns_advice(c, quiet=False)
+    out = capsys.readouterr().out
+    assert "learning rate now: 0.05 (the optimizer's, after its schedule)" in out, out
+    assert "Batch 16 (8/slot): lr 0.05 linear" in out, out
+    c.run("opt5.param_groups[0]['lr'] = 0.01", quiet=True)  # a schedule's or the user's change
+    measure.gns_advice(c, quiet=False)
+    out = capsys.readouterr().out
+    assert "learning rate now: 0.01 (" in out and "Batch 16 (8/slot): lr 0.01 linear" in out, out

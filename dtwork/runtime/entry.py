@@ -279,6 +279,12 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
     return [call_with_ctx(fn, args, kwargs)]
 
 
+def optimizer_lrs() -> list[list[float]]:
+    """The learning rate of each parameter group of each optimizer the trial uses, as it is now
+    (after its schedule), oldest optimizer first."""
+    return [[float(g["lr"]) for g in opt.param_groups] for opt in runtime.current().optimizers]
+
+
 def set_auto_resume(on: bool) -> None:
     """Resume ``ctx.steps`` from the run's newest checkpoint (while the kernel replays a run)."""
     runtime.current().auto_resume = on
