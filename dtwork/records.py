@@ -28,6 +28,7 @@ __all__ = [
     "finite",
     "divergence_text",
     "first_non_finite",
+    "is_own",
     "make_perf_record",
     "make_record",
     "to_rows",
@@ -174,3 +175,10 @@ def first_non_finite(records: Iterable[Mapping[str, Any]]) -> tuple[int, str, fl
 def divergence_text(data: Mapping[str, Any]) -> str:
     """What a ``DIVERGED`` event's data says: "diverged at step k (loss nan)"."""
     return f"diverged at step {data.get('step')} ({data.get('name')} {data.get('value')})"
+
+
+def is_own(row: Mapping[str, Any]) -> bool:
+    """Whether a row is dtwork's own measurement (the GNS estimator's values, throughput, GPU
+    telemetry, the efficiency estimate), not a metric the user logged: the one rule for every list
+    or plot of the user's metrics. Only ``ctx.log`` writes kind "log" rows."""
+    return str(row.get("kind") or Kind.LOG.value) != Kind.LOG.value

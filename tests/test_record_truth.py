@@ -242,3 +242,30 @@ def test_gns_advice_names_the_learning_rate_the_optimizer_has_now(fresh_run, cap
     measure.gns_advice(c, quiet=False)
     out = capsys.readouterr().out
     assert "learning rate now: 0.01 (" in out and "Batch 16 (8/slot): lr 0.01 linear" in out, out
+
+
+def test_dtworks_own_measurements_are_kept_apart_from_the_users_metrics(fresh_run, capsys, tmp_path) -> None:
+    from dtwork import cli
+    from dtwork.report import export
+
+    c = fresh_run
+    c.configure({"global_batch_size": 16, "gns": {"enabled": True}})
+    c.run(DATA, quiet=True)
+    c.run(TRAIN_AT_LR.replace("ctx.step(opt5)", "ctx.step(opt5); ctx.log(loss=loss)"), quiet=True)
+    store, run = c.session.store, c.session.run_id
+    assert {"b_simple", "b_big", "g2", "settled", "trace_sigma"} <= set(store.metric_names(run))
+    shown = _runs_show(store.path, run, capsys)
+    table = shown.split("\nmetric ", 1)[1].splitlines()[1:]
+    assert [line.split()[0] for line in table] == ["loss"], shown
+    assert "  measured  B_simple " in shown and "scaling efficiency " in shown, shown
+    plot = tmp_path / "compare.html"
+    args = ["runs", "compare", str(run), str(run), "--store", str(store.path), "--plot", str(plot)]
+    assert cli.main(args) == 0
+    compared = capsys.readouterr().out
+    assert "loss (last)" in compared and "b_big" not in compared and "settled" not in compared, compared
+    panels = plot.read_text()
+    assert "b_big" not in panels and "trace_sigma" not in panels
+    export(run, tmp_path / "r.ipynb", store=store.path)
+    header = (tmp_path / "r.ipynb").read_text().split("## ", 1)[0]
+    assert "final loss" in header and "final settled" not in header and "final b_big" not in header
+    assert "B_simple |" in header

@@ -23,7 +23,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from dtwork import plots
 from dtwork.errors import DtworkError
-from dtwork.records import DIVERGED, divergence_text
+from dtwork.records import DIVERGED, divergence_text, is_own
 from dtwork.report import helpers
 from dtwork.report.scrub import SCRUBBED, Scrubber
 from dtwork.store import RunStore
@@ -86,6 +86,7 @@ def _summary(run: dict[str, Any], data: dict[str, Any], last: dict[str, float]) 
     if eff is None and (result := helpers.scaling(data)) is not None:
         eff = result.efficiencies().get(run["world_size"])
     adv = helpers.advice(data)
+    users = {r["name"] for r in helpers.rows(data) if not is_own(r)}  # dtwork's measurements stay apart
     return [
         ("world size", f"{run['world_size']} ({run['backend']})"),
         ("per-slot batch", run["per_slot_batch_size"]),
@@ -93,11 +94,7 @@ def _summary(run: dict[str, Any], data: dict[str, Any], last: dict[str, float]) 
         ("throughput (samples/s, over all ranks)", throughput or None),
         ("scaling efficiency", f"{eff:.0%}" if isinstance(eff, (int, float)) else "not measured"),
         ("steps", run["last_step"]),
-        *[
-            (f"final {escape(k)}", v)
-            for k, v in last.items()
-            if k not in plots.GNS_NAMES + (plots.EFFICIENCY_NAME,)
-        ],
+        *[(f"final {escape(k)}", v) for k, v in last.items() if k in users],
         ("B_simple", helpers.b_simple(data) or "not measured"),
         ("suggested global batch", helpers.suggested_batch(adv) if adv else "not measured"),
     ]
