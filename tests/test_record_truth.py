@@ -269,3 +269,22 @@ def test_dtworks_own_measurements_are_kept_apart_from_the_users_metrics(fresh_ru
     header = (tmp_path / "r.ipynb").read_text().split("## ", 1)[0]
     assert "final loss" in header and "final settled" not in header and "final b_big" not in header
     assert "B_simple |" in header
+
+
+def test_a_divergence_is_marked_on_the_live_dashboard(fresh_run) -> None:
+    import contextlib
+    import io
+
+    c = fresh_run
+    c.session.live = True
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            c.run(
+                "for step, _ in ctx.steps(range(12), max_steps=12):\n"
+                "    ctx.log(loss=float('nan') if step >= 7 else 1.0)\n"
+            )
+        dash = c.session.dashboard
+        assert dash is not None and dash.diverged == "diverged at step 7 (loss nan)"
+        assert "diverged at step 7 (loss nan)" in (dash.static_figure().layout.title.text or "")
+    finally:
+        c.session.live = False

@@ -33,7 +33,7 @@ from dtwork.kernel.watcher import (
     stopped_by_interrupt,
 )
 from dtwork.perf_rate import PerfThinner
-from dtwork.records import DIVERGED, first_non_finite
+from dtwork.records import DIVERGED, divergence_text, first_non_finite
 from dtwork.runtime import entry
 from dtwork.store import RunStore
 from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
@@ -70,6 +70,7 @@ class Session:
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
         self.perf_rate = PerfThinner(max(1, engines.world_size))  # the current cell's perf records to store
         self._diverged: int | None = None  # the run whose divergence was already told
+        self._diverged_text: str | None = None
 
     @property
     def config(self) -> ExperimentConfig:
@@ -134,7 +135,9 @@ class Session:
         self._diverged = self.run_id
         step, name, value = hit
         message = f"{name} is {value} at step {step}: training diverged"
-        self.writer.event(self.run_id, DIVERGED, message, {"step": step, "name": name, "value": value})
+        data = {"step": step, "name": name, "value": value}
+        self.writer.event(self.run_id, DIVERGED, message, data)
+        self._diverged_text = divergence_text(data)  # the dashboard's header says it (see feed)
         print(f"dtwork: warning: {message} (lower the learning rate, or clip the gradients)", file=sys.stderr)
 
     def _estimate(self, records: list[dict[str, Any]], seq: int | None, now: float) -> None:
@@ -379,6 +382,8 @@ class Session:
                 if self.efficiency is not None and self.efficiency.last is not None:
                     self.dashboard.feed([self.efficiency.last])
             self.dashboard.feed(records)
+            if self._diverged == run_id:
+                self.dashboard.diverged = self._diverged_text
 
         return feed
 
