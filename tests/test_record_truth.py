@@ -288,3 +288,29 @@ def test_a_divergence_is_marked_on_the_live_dashboard(fresh_run) -> None:
         assert "diverged at step 7 (loss nan)" in (dash.static_figure().layout.title.text or "")
     finally:
         c.session.live = False
+
+
+def test_verify_compares_every_logged_metric_at_every_step() -> None:
+    import math
+
+    from dtwork.report.verify import compare
+
+    def rows(**series: list[float]) -> list[dict[str, object]]:
+        return [
+            {"kind": "log", "step": s, "name": n, "value": v}
+            for n, vs in series.items()
+            for s, v in enumerate(vs)
+        ]
+
+    recorded = rows(loss=[1.0, 0.5, math.nan], acc=[0.1, 0.2, 0.3])
+    assert compare(recorded, rows(loss=[1.0, 0.5, math.nan], acc=[0.1, 0.2, 0.3])) == {
+        "loss": 0.0,
+        "acc": 0.0,
+    }
+    assert compare(recorded, rows(loss=[1.0, 0.5], acc=[0.1, 0.2, 0.3]))["loss"] == math.inf  # a step missing
+    assert compare(recorded, rows(loss=[1.0, 0.5, math.nan]))["acc"] == math.inf  # a metric missing
+    extra = compare(recorded, rows(loss=[1.0, 0.5, math.nan], acc=[0.1, 0.2, 0.3], lr=[0.1, 0.1, 0.1]))
+    assert extra["lr"] == math.inf  # logged by the re-run only
+    assert (
+        compare(recorded, rows(loss=[1.0, 0.5, 0.25], acc=[0.1, 0.2, 0.3]))["loss"] == math.inf
+    )  # nan vs finite
