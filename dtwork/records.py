@@ -159,8 +159,10 @@ def to_rows(records: Iterable[Mapping[str, Any]]) -> list[Row]:
 def first_non_finite(records: Iterable[Mapping[str, Any]]) -> tuple[int, str, float] | None:
     """The first logged value (kind "log") that is NaN or infinite, as (step, name, value), or None."""
     for rec in records:
-        values = rec.get("values") if isinstance(rec, Mapping) else None
-        if rec.get("kind") != Kind.LOG.value or rec.get("step") is None or not isinstance(values, Mapping):
+        if not isinstance(rec, Mapping) or rec.get("kind") != Kind.LOG.value or rec.get("step") is None:
+            continue
+        values = rec.get("values")
+        if not isinstance(values, Mapping):
             continue
         for name, value in values.items():
             try:

@@ -314,3 +314,19 @@ def test_verify_compares_every_logged_metric_at_every_step() -> None:
     assert (
         compare(recorded, rows(loss=[1.0, 0.5, 0.25], acc=[0.1, 0.2, 0.3]))["loss"] == math.inf
     )  # nan vs finite
+
+
+def test_first_non_finite_reads_logged_values_only_and_skips_malformed_records() -> None:
+    import math
+
+    from dtwork.records import first_non_finite
+
+    records: list[object] = [
+        "not a record",
+        {"kind": "gns", "step": 1, "values": {"g2": math.nan}},  # dtwork's own: not a divergence
+        {"kind": "log", "step": 2, "values": ["not", "a", "mapping"]},
+        {"kind": "log", "step": 3, "values": {"loss": 0.5, "acc": "x"}},
+        {"kind": "log", "step": 4, "values": {"loss": -math.inf}},
+    ]
+    assert first_non_finite(records) == (4, "loss", -math.inf)  # type: ignore[arg-type]
+    assert first_non_finite(records[:4]) is None  # type: ignore[arg-type]
