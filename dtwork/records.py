@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 
 __all__ = [
     "AGGREGATED_KINDS",
+    "CELL_SETTINGS",
     "DIVERGED",
     "TRAINING_KINDS",
     "Kind",
@@ -50,6 +51,7 @@ class Kind(str, Enum):
 
 
 DIVERGED = "diverged"  # the event of a run's first non-finite logged value
+CELL_SETTINGS = "cell_settings"  # the stored result of what a cell ran with: its options, optimizers, GNS
 AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value, Kind.SCALING.value})
 # What a re-run of the same code on the same data reproduces: not the timings.
 TRAINING_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value})

@@ -330,3 +330,23 @@ def test_first_non_finite_reads_logged_values_only_and_skips_malformed_records()
     ]
     assert first_non_finite(records) == (4, "loss", -math.inf)  # type: ignore[arg-type]
     assert first_non_finite(records[:4]) is None  # type: ignore[arg-type]
+
+
+def test_the_report_records_what_the_cell_ran_with_and_keeps_its_options(fresh_run, tmp_path) -> None:
+    import nbformat
+
+    from dtwork.report import export
+
+    c = fresh_run
+    c.configure({"global_batch_size": 16})  # gns.enabled false and lr.base 0.1 in the config
+    c.run(DATA, quiet=True)
+    c.run(TRAIN_AT_LR, quiet=True, rank0=True)  # ctx.wrap(..., gns=True), SGD at lr 0.05
+    store, run = c.session.store, c.session.run_id
+    rep = export(run, tmp_path / "r.ipynb", store=store.path)
+    nb = nbformat.read(rep.path, as_version=4)
+    (what,) = [cell.source for cell in nb.cells if cell.source.startswith("## What ran")]
+    assert "GNS on; SGD lr 0.05, momentum 0" in what, what
+    trained = [cell.source for cell in nb.cells if cell.cell_type == "code" and "opt5" in cell.source]
+    assert trained and trained[0].startswith("%%dtrain --rank0\n"), trained
+    data = [cell.source for cell in nb.cells if "RECORDED = json.loads(" in cell.source]
+    assert data and '"base": 0.05' in data[0].replace("\\\\", "")  # the advice scales lr 0.05

@@ -33,7 +33,7 @@ from dtwork.kernel.watcher import (
     stopped_by_interrupt,
 )
 from dtwork.perf_rate import PerfThinner
-from dtwork.records import DIVERGED, divergence_text, first_non_finite
+from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, first_non_finite
 from dtwork.runtime import entry
 from dtwork.store import RunStore
 from dtwork.writer import STORE_ERRORS, StoreWriter, store_problem
@@ -264,6 +264,7 @@ class Session:
             self.writer.records(self.run_id, result.seq, self.perf_rate.flush())
             self._estimate([], result.seq, math.inf)  # the cell's last estimate, however short it was
             self.writer.finish_cell(self.run_id, result.seq, status, err)
+            self._record_settings(result.seq, watcher.rank0, read=not result.errors)
             if status == "error":
                 self.writer.run_status(self.run_id, "failed", ended=False)
                 self.event("error", f"cell {result.seq}: {err}")
@@ -282,6 +283,20 @@ class Session:
             if status == "error" or not all(map(stopped_by_interrupt, result.errors.values())):
                 raise watcher.failure()  # a hand loop's stop is stored and shown as interrupted, not raised
         return result
+
+    def _record_settings(self, seq: int, rank0: bool, read: bool) -> None:
+        """Keep what the cell ran with for the report: its options and, when the ranks can be asked
+        (no error left them busy), the settings it left (``entry.cell_settings``)."""
+        data: dict[str, Any] = {"seq": seq, "rank0": rank0}
+        if read and self.engines.state == "running":
+            try:
+                data.update(self.engines.call(entry.cell_settings, (), {}, ranks=[0])[0])
+            except Exception:  # the settings are a courtesy: the cell's own outcome stands
+                pass
+        try:
+            self.store.add_result(self.run_id, CELL_SETTINGS, data)
+        except STORE_ERRORS:
+            pass
 
     def _repair_group(self) -> None:
         """The failing rank aborted the process group (so no rank waits for it): every rank joins

@@ -23,7 +23,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from dtwork import plots
 from dtwork.errors import DtworkError
-from dtwork.records import DIVERGED, divergence_text, is_own
+from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, is_own
 from dtwork.report import helpers
 from dtwork.report.scrub import SCRUBBED, Scrubber
 from dtwork.store import RunStore
@@ -162,8 +162,45 @@ def _config(run: dict[str, Any], scrub: Scrubber) -> tuple[dict[str, Any], str, 
         return config, yaml.safe_dump(config, sort_keys=False), lr
 
 
+def _cell_settings(store: RunStore, run_id: int) -> dict[int, dict[str, Any]]:
+    """What each cell ran with (its options, optimizers, GNS), by cell, as the session recorded it."""
+    return {int(r["data"]["seq"]): r["data"] for r in store.results(run_id, CELL_SETTINGS)}
+
+
+def _optimizer_lr(settings: dict[int, dict[str, Any]]) -> float | None:
+    """The learning rate of the newest optimizer's first parameter group as the last cell left it."""
+    for _, s in sorted(settings.items(), reverse=True):
+        groups = s["optimizers"][-1]["groups"] if s.get("optimizers") else []
+        if groups and isinstance(groups[0].get("lr"), (int, float)):
+            return float(groups[0]["lr"])
+    return None
+
+
+def _what_ran(settings: dict[int, dict[str, Any]]) -> str:
+    """The effective settings of each cell that trained: the config may say otherwise (a cell can
+    pass ``gns=True`` to ``ctx.wrap``, or make its optimizer with its own learning rate)."""
+    rows = []
+    for seq, s in sorted(settings.items()):
+        if not s.get("optimizers") and not s.get("models"):
+            continue
+        gns = ", ".join("on" if m.get("gns") else "off" for m in s.get("models", [])) or "no wrapped model"
+        opts = "; ".join(
+            f"{o['class']} "
+            + " / ".join(", ".join(f"{k} {_plain(v)}" for k, v in g.items()) for g in o["groups"])
+            for o in s.get("optimizers", [])
+        )
+        rows.append((f"cell {seq}", escape(f"GNS {gns}; {opts or 'no optimizer'}")))
+    return "## What ran\n\n" + (table(rows, ("", "as the cell left it")) if rows else "No cell trained.")
+
+
 def _rerun_cells(
-    run: dict[str, Any], cells: list[Any], path: Path, scrub: Scrubber, config: Any, text: str
+    store: RunStore,
+    run: dict[str, Any],
+    cells: list[Any],
+    path: Path,
+    scrub: Scrubber,
+    config: Any,
+    text: str,
 ) -> list[Any]:
     """``%%writefile`` the config, ``%dtrain start`` as the run did, its cells, ``%dtrain stop``."""
     yaml_name, store_name = shlex.quote(f"{path.stem}.yaml"), shlex.quote(path.stem + RERUN_STORE)
@@ -177,8 +214,10 @@ def _rerun_cells(
         new_code_cell(f"%%writefile {yaml_name}\n{text}"),
         new_code_cell(f"%load_ext dtwork\n{start} --store {store_name}"),
     ]
+    settings = _cell_settings(store, run["id"])
     for cell in cells:
         flags = f" --ranks {','.join(map(str, cell['ranks']))}" if cell["ranks"] is not None else ""
+        flags += " --rank0" if settings.get(cell["seq"], {}).get("rank0") else ""  # the cell's options, kept
         meta: dict[str, Any] = {"dtwork": {"seq": cell["seq"], "status": cell["status"]}}
         if cell["status"] not in ("ok", "running", None):  # nbclient goes on past a tagged cell
             meta["tags"] = ["raises-exception"]
@@ -225,7 +264,9 @@ def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
     """The report of run ``run_id``, to be written at ``path``; figure and analysis outputs filled in."""
     run, env = store.get_run(run_id), scrub.data(store.environment(run_id), "environment")
     config, config_yaml, lr = _config(run, scrub)
-    rerun = _rerun_cells(run, store.cells(run_id), path, scrub, config, config_yaml)
+    settings = _cell_settings(store, run_id)
+    lr["base"] = _optimizer_lr(settings) or lr["base"]  # the advice scales what the optimizer used
+    rerun = _rerun_cells(store, run, store.cells(run_id), path, scrub, config, config_yaml)
     events = [
         (escape(e["kind"]), scrub.text(e["message"] or "", f"event {e['id']}")) for e in store.events(run_id)
     ]
@@ -235,6 +276,7 @@ def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
     nb.cells = [
         new_markdown_cell(_header(store, run, data, title, env.get("dtwork"))),
         new_markdown_cell(_environment(env, config["seed"])),
+        new_markdown_cell(_what_ran(settings)),
         *rerun,
         new_markdown_cell(
             "## Recorded metrics\n\nAs stored during the run (`rank` null: aggregated over ranks); "
