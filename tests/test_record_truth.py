@@ -1,5 +1,6 @@
 """The record of an experiment tells the truth while it is iterated (issue 33): no false alarm
-after a failed cell, no silent unwrapped model, non-finite values kept, interrupted loops named."""
+after a failed cell, no silent unwrapped model, non-finite values kept and named, the learning rate
+the optimizer has, dtwork's own measurements apart, interrupted loops named, what each cell ran with."""
 
 from __future__ import annotations
 
