@@ -27,6 +27,7 @@ from typing import Any
 
 from dtwork.errors import DtworkError
 from dtwork.export import run_result
+from dtwork.records import DIVERGED, Kind, divergence_text, is_own
 from dtwork.store import STORE_ERRORS, RunStore, store_path, store_problem
 
 __all__ = ["main", "printable", "run_notebook", "runs_table"]
@@ -56,12 +57,17 @@ def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:
     run = store.get_run(run_id)
     rid = run["id"]
     metrics: dict[str, dict[str, Any]] = {}
+    own: dict[str, tuple[int, float | None]] = {}  # dtwork's measurements: name -> (step, latest value)
     for m in store.metrics(rid):
+        if is_own(m):
+            own[m["name"] if m["kind"] != Kind.SCALING else Kind.SCALING.value] = (m["step"], m["value"])
+            continue
         if m["value"] is None:
             continue
         entry = metrics.setdefault(m["name"], {"count": 0, "min": math.inf, "max": -math.inf})
         entry["count"] += 1
-        entry["min"], entry["max"] = min(entry["min"], m["value"]), max(entry["max"], m["value"])
+        if not math.isnan(m["value"]):  # a NaN has no order: min and max skip it, last shows it
+            entry["min"], entry["max"] = min(entry["min"], m["value"]), max(entry["max"], m["value"])
         entry["last"], entry["last_step"] = m["value"], m["step"]
     ended = run.get("ended_at")
     return {
@@ -79,8 +85,10 @@ def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:
         "steps": run.get("last_step"),
         "result": run_result(store, run),
         "metrics": metrics,
+        "measured": own,
         "scaling": [r["data"] for r in store.results(rid, kind="scaling")],
         "events": len(store.events(rid)),
+        "diverged": next((e["data"] for e in store.events(rid, DIVERGED)), None),
         "notebook": run.get("notebook"),
     }
 
@@ -183,6 +191,10 @@ def _cmd_show(store: RunStore, ns: argparse.Namespace) -> str:
         f"  cells     {_num(s['cells'])}, steps {_num(s['steps'])}, events {s['events']}",
         f"  result    {_result_text(s['result'])}",
     ]
+    if (measured := _measured_text(s["measured"])) is not None:
+        lines.append(f"  measured  {measured}")
+    if s["diverged"]:
+        lines.append(f"  {divergence_text(s['diverged']).replace('diverged', 'diverged ', 1)}")
     if s["metrics"]:
         rows = [
             [name, str(m["count"]), _num(m["last"]), str(m["last_step"]), _num(m["min"]), _num(m["max"])]
@@ -196,6 +208,20 @@ def _cmd_show(store: RunStore, ns: argparse.Namespace) -> str:
         points = ", ".join(f"{p['world_size']}: {_num(p['throughput'])}/s" for p in sweep.get("points", []))
         lines.append(f"  scaling   {sweep.get('mode', '?')}: {points}")
     return "\n".join(lines)
+
+
+def _measured_text(own: dict[str, tuple[int, float | None]]) -> str | None:
+    """dtwork's own latest measurements, apart from the user's metrics: B_simple with its interval
+    and the scaling efficiency estimate."""
+    parts = []
+    if "b_simple" in own:
+        step, value = own["b_simple"]
+        lo, hi = own.get("b_simple_lo", (None, None))[1], own.get("b_simple_hi", (None, None))[1]
+        interval = f" (95% interval {_num(lo)}-{_num(hi)})" if lo is not None and hi is not None else ""
+        parts.append(f"B_simple {_num(value)}{interval} at step {step}")
+    if (eff := own.get(Kind.SCALING.value, (None, None))[1]) is not None:
+        parts.append(f"scaling efficiency {eff:.0%}")
+    return "; ".join(parts) or None
 
 
 def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtwork import batch
 from dtwork.errors import DtworkError
+from dtwork.records import DIVERGED, divergence_text, finite
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -359,8 +360,40 @@ def tune_buckets(
 
 
 def _latest(store: RunStore, run_id: int, name: str) -> float | None:
-    rows = [r for r in store.metrics(run_id, name) if r.get("value") is not None]
-    return float(rows[-1]["value"]) if rows else None
+    rows = [v for r in store.metrics(run_id, name) if (v := finite(r.get("value"))) is not None]
+    return rows[-1] if rows else None
+
+
+def _learning_rates(cluster: Cluster) -> tuple[list[float], str]:
+    """The learning rates the advice scales: those of the newest optimizer's parameter groups as
+    they are now (after its schedule), else the config's ``lr.base`` (scaled to the batch)."""
+    from dtwork.runtime import entry
+
+    try:
+        (per_optimizer,) = cluster.engines.call(entry.optimizer_lrs, (), {}, ranks=[0])
+    except Exception:  # no rank to ask (stopped): the config's
+        per_optimizer = []
+    if per_optimizer and per_optimizer[-1]:
+        groups = len(per_optimizer[-1])
+        where = "the optimizer's, after its schedule" + (
+            f"; {groups} parameter groups, each scaled alike" if groups > 1 else ""
+        )
+        return per_optimizer[-1], where
+    return [
+        cluster.config.effective_lr()
+    ], "the config's lr.base: no optimizer made with ctx.optimizer or stepped by ctx.step"
+
+
+def _left_out_text(store: RunStore, run_id: int) -> str | None:
+    """Why some steps are not in the estimate: non-finite gradients, a diverged run; else None."""
+    left = _latest(store, run_id, "left_out")
+    diverged = next((e["data"] for e in store.events(run_id, DIVERGED)), None)
+    if not left and not diverged:
+        return None
+    parts = [f"{left:.0f} measurement(s) with non-finite gradients left out"] if left else []
+    if diverged:
+        parts.append(f"the run {divergence_text(diverged)}")
+    return "; ".join(parts) + ": the estimate and this advice use the finite steps only"
 
 
 def _interval_text(store: RunStore, run_id: int) -> str:
@@ -403,12 +436,13 @@ def gns_advice(
     global_batch = step_batch(
         _latest(store, rid, "b_big"), cluster.global_batch_size, cfg, cluster.world_size
     )
+    lrs, lr_source = _learning_rates(cluster)
     try:
         advice = advise(
             b_simple,
             int(global_batch),
             cluster.world_size,
-            base_lr=cfg.effective_lr(),
+            base_lr=lrs[0],
             warmup_steps=cfg.lr.warmup,
             dataset_size=dataset_size,
         )
@@ -423,8 +457,11 @@ def gns_advice(
             f"dtwork: B_simple ~ {b_simple:.1f}{_interval_text(store, rid)} at a batch of {global_batch} "
             f"per optimizer step{per_step} (run {rid})"
         )
+        print(f"  learning rate now: {', '.join(f'{lr:.3g}' for lr in lrs)} ({lr_source})")
         for line in advice.summary():
             print(f"  {line}")
+        if (left := _left_out_text(store, rid)) is not None:
+            print(f"  note: {left}")
     if _in_ipython():
         from IPython.display import display
 

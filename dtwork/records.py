@@ -20,11 +20,16 @@ from typing import Any, TypedDict
 
 __all__ = [
     "AGGREGATED_KINDS",
+    "CELL_SETTINGS",
+    "DIVERGED",
     "TRAINING_KINDS",
     "Kind",
     "Record",
     "Row",
     "finite",
+    "divergence_text",
+    "first_non_finite",
+    "is_own",
     "make_perf_record",
     "make_record",
     "to_rows",
@@ -45,6 +50,8 @@ class Kind(str, Enum):
         return self.value
 
 
+DIVERGED = "diverged"  # the event of a run's first non-finite logged value
+CELL_SETTINGS = "cell_settings"  # the stored result of what a cell ran with: its options, optimizers, GNS
 AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value, Kind.SCALING.value})
 # What a re-run of the same code on the same data reproduces: not the timings.
 TRAINING_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value})
@@ -69,7 +76,7 @@ class Row(TypedDict):
     step: int
     rank: int | None
     name: str
-    value: float | None  # None for a missing, NaN or infinite value
+    value: float | None  # None for a missing value; NaN and infinities stay as they are
     time: float | None
 
 
@@ -89,26 +96,25 @@ def make_perf_record(
     samples: float,
     seconds: float,
     steps: int,
-    comm: float,
+    comm: float | None,
     data: float | None = None,
 ) -> Record:
     """A rank's throughput over a window of ``steps`` optimizer steps that took ``seconds``.
 
     Values: ``samples_per_s`` = samples / seconds, ``step_time`` = seconds / steps, ``comm_time`` =
-    comm / steps (communication not hidden behind compute); where the loop sees its data loading
+    comm / steps (communication not hidden behind compute; left out, with no efficiency to estimate,
+    when the window exchanged no gradients: ``comm`` None); where the loop sees its data loading
     (``ctx.steps``; a hand-written loop does not), ``data_time`` = data / steps and ``compute_time``
     = step_time - data_time - comm_time (at least 0).
     """
     steps = max(1, steps)
     step_time = seconds / steps
-    values = {
-        "samples_per_s": samples / seconds if seconds > 0 else 0.0,
-        "step_time": step_time,
-        "comm_time": comm / steps,
-    }
+    values = {"samples_per_s": samples / seconds if seconds > 0 else 0.0, "step_time": step_time}
+    if comm is not None:
+        values["comm_time"] = comm / steps
     if data is not None:
         values["data_time"] = data / steps
-        values["compute_time"] = max(0.0, step_time - (data + comm) / steps)
+        values["compute_time"] = max(0.0, step_time - (data + (comm or 0.0)) / steps)
     return make_record(Kind.PERF, step, rank, values)
 
 
@@ -125,7 +131,8 @@ def finite(value: object) -> float | None:
 def to_rows(records: Iterable[Mapping[str, Any]]) -> list[Row]:
     """Flatten records into rows: one per value, rank None for aggregated kinds.
 
-    Records without a step (events) give no rows; a value that is not a number, or a record that is
+    Records without a step (events) give no rows; NaN and infinite values are kept (readers that
+    need a finite number use ``finite``); a value that is not a number, or a record that is
     not a mapping of the expected shape, is left out, so one malformed record never stops the rest.
     """
     rows: list[Row] = []
@@ -142,10 +149,40 @@ def to_rows(records: Iterable[Mapping[str, Any]]) -> list[Row]:
             continue
         for name, value in values.items():
             try:
-                number = finite(float(value))  # a NaN or an infinity stays, as a None value
-            except (TypeError, ValueError):
+                number = float(value)  # a NaN or an infinity stays what it is
+            except (TypeError, ValueError, OverflowError):
                 continue
             rows.append(
                 {"kind": kind, "step": step, "rank": rank, "name": str(name), "value": number, "time": when}
             )
     return rows
+
+
+def first_non_finite(records: Iterable[Mapping[str, Any]]) -> tuple[int, str, float] | None:
+    """The first logged value (kind "log") that is NaN or infinite, as (step, name, value), or None."""
+    for rec in records:
+        if not isinstance(rec, Mapping) or rec.get("kind") != Kind.LOG.value or rec.get("step") is None:
+            continue
+        values = rec.get("values")
+        if not isinstance(values, Mapping):
+            continue
+        for name, value in values.items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError, OverflowError):
+                continue
+            if not math.isfinite(number):
+                return int(rec["step"]), str(name), number
+    return None
+
+
+def divergence_text(data: Mapping[str, Any]) -> str:
+    """What a ``DIVERGED`` event's data says: "diverged at step k (loss nan)"."""
+    return f"diverged at step {data.get('step')} ({data.get('name')} {data.get('value')})"
+
+
+def is_own(row: Mapping[str, Any]) -> bool:
+    """Whether a row is dtwork's own measurement (the GNS estimator's values, throughput, GPU
+    telemetry, the efficiency estimate), not a metric the user logged: the one rule for every list
+    or plot of the user's metrics. Only ``ctx.log`` writes kind "log" rows."""
+    return str(row.get("kind") or Kind.LOG.value) != Kind.LOG.value

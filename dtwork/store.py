@@ -12,9 +12,9 @@ thread, the Jupyter server extension (read-only) and the report exporter read th
 * Threads: one connection opened with ``check_same_thread=False``; every statement runs
   under an internal lock, so a collector thread and the main thread can share one store.
   Other processes open their own ``RunStore`` (the busy timeout is 5 s).
-* Non-finite metric values: SQLite stores NaN as NULL, so a NaN value and a missing
-  value (``None``) are both stored as NULL and read back as ``None``; ``+inf``/``-inf``
-  are stored as REAL infinities and round-trip unchanged. :meth:`RunStore.last_metrics`
+* Non-finite metric values round-trip: SQLite would store a REAL NaN as NULL, so a NaN is
+  kept as the text ``NaN`` and read back as ``nan``; ``+inf``/``-inf`` are REAL infinities;
+  a missing value (``None``) is NULL and read back as ``None``. :meth:`RunStore.last_metrics`
   reports a NULL last value as ``nan``. JSON columns keep NaN/Infinity as Python's
   ``json`` writes them.
 """
@@ -52,6 +52,9 @@ from dtwork.store_schema import (
 )
 from dtwork.store_schema import (
     ranges as _ranges,
+)
+from dtwork.store_schema import (
+    stored_float as _stored_float,
 )
 
 __all__ = [
@@ -382,7 +385,7 @@ class RunStore:
         """Insert metric rows (keys step, name, value; optional kind, rank, time, cell_seq).
 
         ``rank`` None (or absent) means aggregated over ranks; ``kind`` defaults to "log" (a
-        user metric). NaN values are stored as NULL.
+        user metric). NaN and infinite values are kept (see the module docstring).
         All records go in one transaction; returns how many were written.
         """
         rid = self._run_id(run_id)
@@ -491,7 +494,7 @@ class RunStore:
         """Metric records ordered by step (then rank, aggregated first, then insertion).
 
         ``rank="aggregated"`` gives the records without a rank, ``"all"`` every record, an
-        int that rank's records. ``value`` is None for NULL (missing or NaN) values.
+        int that rank's records. ``value`` is None for a missing value, NaN and infinities as stored.
         """
         where = ["run_id = ?"]
         params: list[Any] = [self._run_id(run_id)]
@@ -507,11 +510,14 @@ class RunStore:
             params.append(rank)
         else:
             raise DtworkError(f"rank must be 'aggregated', 'all' or a rank number, got {rank!r}")
-        return self._query(
+        rows = self._query(
             f"SELECT {', '.join(_METRIC_COLUMNS)} FROM metrics WHERE {' AND '.join(where)} "
             "ORDER BY step, rank IS NOT NULL, rank, rowid",
             params,
         )
+        for row in rows:
+            row["value"] = _stored_float(row["value"])
+        return rows
 
     def metrics_frame(
         self, run_id: int | str, name: str | None = None, *, rank: RankSelector = "aggregated"
@@ -539,7 +545,8 @@ class RunStore:
             "FROM metrics WHERE run_id = ? AND rank IS NULL) WHERE rn = 1 ORDER BY name",
             (self._run_id(run_id),),
         )
-        return {row["name"]: (math.nan if row["value"] is None else row["value"]) for row in rows}
+        values = {row["name"]: _stored_float(row["value"]) for row in rows}
+        return {name: math.nan if value is None else value for name, value in values.items()}
 
     def events(self, run_id: int | str | None, kind: str | None = None) -> list[dict[str, Any]]:
         """The run's events (``run_id=None``: store-wide events) in order; ``data`` decoded."""

@@ -19,6 +19,7 @@ __all__ = [
     "int_or_none",
     "loads",
     "ranges",
+    "stored_float",
 ]
 
 SCHEMA_VERSION = 2
@@ -163,11 +164,20 @@ def loads(text: str | None, empty: Any = None) -> Any:
     return json.loads(text)
 
 
-def float_or_none(value: Any) -> float | None:
+NAN_TEXT = "NaN"  # SQLite stores a REAL NaN as NULL: a NaN is kept as this text instead
+
+
+def float_or_none(value: Any) -> float | str | None:
+    """A metric value as SQLite keeps it: a float, ``NAN_TEXT`` for a NaN, None for a missing one."""
     if value is None:
         return None
     value = float(value)
-    return None if math.isnan(value) else value
+    return NAN_TEXT if math.isnan(value) else value
+
+
+def stored_float(value: Any) -> float | None:
+    """A metric value as read back: ``float_or_none`` undone."""
+    return math.nan if value == NAN_TEXT else value  # type: ignore[no-any-return]
 
 
 def int_or_none(value: Any) -> int | None:

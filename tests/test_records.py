@@ -31,7 +31,7 @@ def test_logged_and_gns_values_are_aggregated_the_others_stay_per_rank() -> None
     assert all(isinstance(r["time"], float) for r in rows)
 
 
-def test_non_finite_values_have_no_value_and_malformed_records_are_skipped() -> None:
+def test_non_finite_values_stay_as_they_are_and_malformed_records_are_skipped() -> None:
     records: list[object] = [
         {"kind": "log", "step": 4, "rank": 0, "values": {"loss": math.inf, "acc": 0.5, "bad": "x"}},
         {"kind": "log", "step": "not a step", "rank": 0, "values": {"loss": 1.0}},
@@ -41,7 +41,7 @@ def test_non_finite_values_have_no_value_and_malformed_records_are_skipped() -> 
     ]
     rows = to_rows(records)  # type: ignore[arg-type]
     assert [(r["step"], r["name"], r["value"]) for r in rows] == [
-        (4, "loss", None),
+        (4, "loss", math.inf),
         (4, "acc", 0.5),
         (6, "loss", 2.0),
     ]

@@ -236,14 +236,17 @@ class GNSEstimator:
         return b_simple(self.trace_sigma, self.g2)
 
     def record_values(self) -> dict[str, float]:
-        """Return the values of a "gns" record: b_simple, g2, trace_sigma, settled (1 or 0) and,
-        when an interval exists, b_simple_lo and b_simple_hi."""
+        """Return the values of a "gns" record: b_simple, g2, trace_sigma, settled (1 or 0),
+        when an interval exists, b_simple_lo and b_simple_hi, and after a measurement with a
+        non-finite norm, ``left_out``: how many were left out."""
         est, g2, trace = self.b_simple, self.g2, self.trace_sigma
         if est is None or g2 is None or trace is None:
             return {}
         out = {"b_simple": est, "g2": g2, "trace_sigma": trace, "settled": float(self.settled)}
         if self._interval is not None:
             out["b_simple_lo"], out["b_simple_hi"] = self._interval.lo, self._interval.hi
+        if self._skipped:
+            out["left_out"] = float(self._skipped)
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtwork.errors import DtworkError
+from dtwork.records import finite
 from dtwork.store import RunStore
 
 __all__ = ["RunView", "require", "run_result", "run_view", "select_runs"]
@@ -66,8 +67,10 @@ def run_result(store: RunStore, run: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if searcher.metric is None:
         return None
-    values = [
-        (m["value"], m["step"]) for m in store.metrics(run["id"], searcher.metric) if m["value"] is not None
+    values = [  # a diverged step's NaN or infinity is no best
+        (v, m["step"])
+        for m in store.metrics(run["id"], searcher.metric)
+        if (v := finite(m["value"])) is not None
     ]
     best, step = (min(values) if searcher.smaller_is_better else max(values)) if values else (None, None)
     return {

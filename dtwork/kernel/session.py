@@ -25,8 +25,16 @@ from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
 from dtwork.kernel.engines import EngineGroup
-from dtwork.kernel.watcher import POLL_SECONDS, CellResult, CellWatcher, error_line, in_notebook
+from dtwork.kernel.watcher import (
+    POLL_SECONDS,
+    CellResult,
+    CellWatcher,
+    error_line,
+    in_notebook,
+    stopped_by_interrupt,
+)
 from dtwork.perf_rate import PerfThinner
+from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, first_non_finite
 from dtwork.runtime import entry
 from dtwork.store import STORE_ERRORS, RunStore, store_problem
 from dtwork.writer import StoreWriter
@@ -64,6 +72,8 @@ class Session:
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
         self.perf_rate = PerfThinner(max(1, engines.world_size))  # the current cell's perf records to store
         self.autoreload = True  # reload the notebook folder's edited modules on the ranks before a cell
+        self._diverged: int | None = None  # the run whose divergence was already told
+        self._diverged_text: str | None = None
 
     @property
     def config(self) -> ExperimentConfig:
@@ -141,11 +151,25 @@ class Session:
         if self.run_id is not None:
             self.writer.records(self.run_id, seq, self.perf_rate(records))
             self._estimate(records, seq, time.monotonic())
+            self._watch_divergence(records)
         self.writer.flush()
         if self.run_id is not None and self.config.tensorboard:  # live scalars, after the store
             from dtwork.export.tensorboard import live_tensorboard
 
             live_tensorboard(self.config.tensorboard, self.run_id, self.config.name, records)
+
+    def _watch_divergence(self, records: list[dict[str, Any]]) -> None:
+        """The run's first NaN or infinite logged value: an event, and one line in the cell."""
+        hit = first_non_finite(records) if self._diverged != self.run_id else None
+        if hit is None or self.run_id is None:
+            return
+        self._diverged = self.run_id
+        step, name, value = hit
+        message = f"{name} is {value} at step {step}: training diverged"
+        data = {"step": step, "name": name, "value": value}
+        self.writer.event(self.run_id, DIVERGED, message, data)
+        self._diverged_text = divergence_text(data)  # the dashboard's header says it (see feed)
+        print(f"dtwork: warning: {message} (lower the learning rate, or clip the gradients)", file=sys.stderr)
 
     def _estimate(self, records: list[dict[str, Any]], seq: int | None, now: float) -> None:
         """Write the cell's scaling-efficiency estimate when due: an aggregated row of its own, for
@@ -277,11 +301,14 @@ class Session:
 
     def _conclude(self, watcher: CellWatcher, result: CellResult) -> CellResult:
         status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
-        err = None if not result.errors else error_line(result.errors[min(result.errors)])
+        err = (
+            None if not result.errors or status != "error" else error_line(result.errors[min(result.errors)])
+        )
         if result.seq is not None and self.run_id is not None:
             self.writer.records(self.run_id, result.seq, self.perf_rate.flush())
             self._estimate([], result.seq, math.inf)  # the cell's last estimate, however short it was
             self.writer.finish_cell(self.run_id, result.seq, status, err)
+            self._record_settings(result.seq, watcher.rank0, read=not result.errors)
             if status == "error":
                 self.writer.run_status(self.run_id, "failed", ended=False)
                 self.event("error", f"cell {result.seq}: {err}")
@@ -297,8 +324,23 @@ class Session:
             self._settle([r for r in result.errors if r not in watcher.dead])
             if not watcher.restarted and not watcher.dead:
                 self._repair_group()
-            raise watcher.failure()
+            if status == "error" or not all(map(stopped_by_interrupt, result.errors.values())):
+                raise watcher.failure()  # a hand loop's stop is stored and shown as interrupted, not raised
         return result
+
+    def _record_settings(self, seq: int, rank0: bool, read: bool) -> None:
+        """Keep what the cell ran with for the report: its options and, when the ranks can be asked
+        (no error left them busy), the settings it left (``entry.cell_settings``)."""
+        data: dict[str, Any] = {"seq": seq, "rank0": rank0}
+        if read and self.engines.state == "running":
+            try:
+                data.update(self.engines.call(entry.cell_settings, (), {}, ranks=[0])[0])
+            except Exception:  # the settings are a courtesy: the cell's own outcome stands
+                pass
+        try:
+            self.store.add_result(self.run_id, CELL_SETTINGS, data)
+        except STORE_ERRORS:
+            pass
 
     def _repair_group(self) -> None:
         """The failing rank aborted the process group (so no rank waits for it): every rank joins
@@ -399,6 +441,8 @@ class Session:
                 if self.efficiency is not None and self.efficiency.last is not None:
                     self.dashboard.feed([self.efficiency.last])
             self.dashboard.feed(records)
+            if self._diverged == run_id:
+                self.dashboard.diverged = self._diverged_text
 
         return feed
 

@@ -111,6 +111,12 @@ def _left_after_peer(err: BaseException) -> bool:
     return line.startswith("PeerFailure") or "closed by peer" in line or "reset by peer" in line
 
 
+def stopped_by_interrupt(err: BaseException) -> bool:
+    """Whether a rank raised only because the cell was interrupted (outside ``ctx.steps`` the stop
+    signal raises KeyboardInterrupt), or because another rank was."""
+    return error_line(err).startswith("KeyboardInterrupt") or _left_after_peer(err)
+
+
 def _traceback(err: BaseException) -> str:
     """The rank's whole traceback, without ipyparallel's ``[n:execute]`` line (colours kept)."""
     if not isinstance(err, ipp.error.RemoteError):
@@ -511,8 +517,8 @@ class CellWatcher:
             self.result.errors.setdefault(rank, ipp.error.EngineError(why))
         if self.result.status == "running":
             self.result.status = "ok" if not self.result.errors else "error"
-            if self._interrupts and not self.result.errors:
-                self.result.status = "interrupted"
+            if self._interrupts and all(map(stopped_by_interrupt, self.result.errors.values())):
+                self.result.status = "interrupted"  # a hand loop stops by a KeyboardInterrupt on its ranks
         if self._text and (self.progress or self._last_values):
             self._say_progress(end=f"{self.result.status} in {self.result.seconds:.1f} s")
         if self.result.ok or self.result.status == "interrupted":

@@ -30,6 +30,7 @@ from dtwork.plots.columns import (
     take,
     value_column,
 )
+from dtwork.records import finite
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; annotations are not evaluated at run time
     from typing_extensions import Self
@@ -104,10 +105,10 @@ class Series(abc.ABC):
         self.version = 0  # bumped by every add that changed something
 
     def add(self, rows: Iterable[Mapping[str, Any]]) -> Self:
-        """Take rows (those of other figures, and those without a value, are ignored); return self."""
+        """Take rows (those of other figures, and those without a finite value, are ignored); return self."""
         changed = False
         for r in rows:
-            if r["value"] is not None:
+            if finite(r["value"]) is not None:  # a NaN or an infinity is a gap in the line
                 changed = self._add(r) or changed
         if changed:
             self.version += 1

@@ -23,6 +23,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from dtwork import plots
 from dtwork.errors import DtworkError
+from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, is_own
 from dtwork.report import helpers
 from dtwork.report.scrub import SCRUBBED, Scrubber
 from dtwork.store import RunStore
@@ -85,6 +86,7 @@ def _summary(run: dict[str, Any], data: dict[str, Any], last: dict[str, float]) 
     if eff is None and (result := helpers.scaling(data)) is not None:
         eff = result.efficiencies().get(run["world_size"])
     adv = helpers.advice(data)
+    users = {r["name"] for r in helpers.rows(data) if not is_own(r)}  # dtwork's measurements stay apart
     return [
         ("world size", f"{run['world_size']} ({run['backend']})"),
         ("per-slot batch", run["per_slot_batch_size"]),
@@ -92,11 +94,7 @@ def _summary(run: dict[str, Any], data: dict[str, Any], last: dict[str, float]) 
         ("throughput (samples/s, over all ranks)", throughput or None),
         ("scaling efficiency", f"{eff:.0%}" if isinstance(eff, (int, float)) else "not measured"),
         ("steps", run["last_step"]),
-        *[
-            (f"final {escape(k)}", v)
-            for k, v in last.items()
-            if k not in plots.GNS_NAMES + (plots.EFFICIENCY_NAME,)
-        ],
+        *[(f"final {escape(k)}", v) for k, v in last.items() if k in users],
         ("B_simple", helpers.b_simple(data) or "not measured"),
         ("suggested global batch", helpers.suggested_batch(adv) if adv else "not measured"),
     ]
@@ -107,8 +105,19 @@ def _header(store: RunStore, run: dict[str, Any], data: dict[str, Any], title: s
     return (
         f"# dtwork report: {escape(title)}\n\nRun **{run['id']}** ({escape(run['status'])}, started "
         f"{started}) from {code_span(store.path.name)}, exported {now()} by dtwork {escape(version or '')}.\n\n"
-        + table(_summary(run, data, store.last_metrics(run["id"])) + _result_row(store, run), ("summary", ""))
+        + table(
+            _summary(run, data, store.last_metrics(run["id"]))
+            + _result_row(store, run)
+            + _diverged_row(store, run),
+            ("summary", ""),
+        )
     )
+
+
+def _diverged_row(store: RunStore, run: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The run's first non-finite logged value, where it has one."""
+    d = next((e["data"] for e in store.events(run["id"], DIVERGED)), None)
+    return [] if d is None else [("diverged", escape(divergence_text(d).removeprefix("diverged ")))]
 
 
 def _result_row(store: RunStore, run: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -153,8 +162,45 @@ def _config(run: dict[str, Any], scrub: Scrubber) -> tuple[dict[str, Any], str, 
         return config, yaml.safe_dump(config, sort_keys=False), lr
 
 
+def _cell_settings(store: RunStore, run_id: int) -> dict[int, dict[str, Any]]:
+    """What each cell ran with (its options, optimizers, GNS), by cell, as the session recorded it."""
+    return {int(r["data"]["seq"]): r["data"] for r in store.results(run_id, CELL_SETTINGS)}
+
+
+def _optimizer_lr(settings: dict[int, dict[str, Any]]) -> float | None:
+    """The learning rate of the newest optimizer's first parameter group as the last cell left it."""
+    for _, s in sorted(settings.items(), reverse=True):
+        groups = s["optimizers"][-1]["groups"] if s.get("optimizers") else []
+        if groups and isinstance(groups[0].get("lr"), (int, float)):
+            return float(groups[0]["lr"])
+    return None
+
+
+def _what_ran(settings: dict[int, dict[str, Any]]) -> str:
+    """The effective settings of each cell that trained: the config may say otherwise (a cell can
+    pass ``gns=True`` to ``ctx.wrap``, or make its optimizer with its own learning rate)."""
+    rows = []
+    for seq, s in sorted(settings.items()):
+        if not s.get("optimizers") and not s.get("models"):
+            continue
+        gns = ", ".join("on" if m.get("gns") else "off" for m in s.get("models", [])) or "no wrapped model"
+        opts = "; ".join(
+            f"{o['class']} "
+            + " / ".join(", ".join(f"{k} {_plain(v)}" for k, v in g.items()) for g in o["groups"])
+            for o in s.get("optimizers", [])
+        )
+        rows.append((f"cell {seq}", escape(f"GNS {gns}; {opts or 'no optimizer'}")))
+    return "## What ran\n\n" + (table(rows, ("", "as the cell left it")) if rows else "No cell trained.")
+
+
 def _rerun_cells(
-    run: dict[str, Any], cells: list[Any], path: Path, scrub: Scrubber, config: Any, text: str
+    store: RunStore,
+    run: dict[str, Any],
+    cells: list[Any],
+    path: Path,
+    scrub: Scrubber,
+    config: Any,
+    text: str,
 ) -> list[Any]:
     """``%%writefile`` the config, ``%dtrain start`` as the run did, its cells, ``%dtrain stop``."""
     yaml_name, store_name = shlex.quote(f"{path.stem}.yaml"), shlex.quote(path.stem + RERUN_STORE)
@@ -168,8 +214,10 @@ def _rerun_cells(
         new_code_cell(f"%%writefile {yaml_name}\n{text}"),
         new_code_cell(f"%load_ext dtwork\n{start} --store {store_name}"),
     ]
+    settings = _cell_settings(store, run["id"])
     for cell in cells:
         flags = f" --ranks {','.join(map(str, cell['ranks']))}" if cell["ranks"] is not None else ""
+        flags += " --rank0" if settings.get(cell["seq"], {}).get("rank0") else ""  # the cell's options, kept
         meta: dict[str, Any] = {"dtwork": {"seq": cell["seq"], "status": cell["status"]}}
         if cell["status"] not in ("ok", "running", None):  # nbclient goes on past a tagged cell
             meta["tags"] = ["raises-exception"]
@@ -216,7 +264,9 @@ def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
     """The report of run ``run_id``, to be written at ``path``; figure and analysis outputs filled in."""
     run, env = store.get_run(run_id), scrub.data(store.environment(run_id), "environment")
     config, config_yaml, lr = _config(run, scrub)
-    rerun = _rerun_cells(run, store.cells(run_id), path, scrub, config, config_yaml)
+    settings = _cell_settings(store, run_id)
+    lr["base"] = _optimizer_lr(settings) or lr["base"]  # the advice scales what the optimizer used
+    rerun = _rerun_cells(store, run, store.cells(run_id), path, scrub, config, config_yaml)
     events = [
         (escape(e["kind"]), scrub.text(e["message"] or "", f"event {e['id']}")) for e in store.events(run_id)
     ]
@@ -226,6 +276,7 @@ def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
     nb.cells = [
         new_markdown_cell(_header(store, run, data, title, env.get("dtwork"))),
         new_markdown_cell(_environment(env, config["seed"])),
+        new_markdown_cell(_what_ran(settings)),
         *rerun,
         new_markdown_cell(
             "## Recorded metrics\n\nAs stored during the run (`rank` null: aggregated over ranks); "

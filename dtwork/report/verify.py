@@ -33,23 +33,36 @@ class Verdict:
 
 
 def compare(recorded: list[dict[str, Any]], rerun: list[dict[str, Any]]) -> dict[str, float]:
-    """Max |recorded - rerun| of each training metric over the steps both have (inf: no step in
-    common); timings (throughput, the scaling estimate) differ from run to run and are not compared."""
-    recorded = [r for r in recorded if r.get("kind", "log") in TRAINING_KINDS]
-    new: dict[str, dict[int, float | None]] = {}
-    for r in rerun:
-        new.setdefault(r["name"], {})[r["step"]] = r["value"]
-    old: dict[str, dict[int, float | None]] = {}
-    for r in recorded:
-        old.setdefault(r["name"], {})[r["step"]] = r["value"]
+    """Max |recorded - rerun| of every training metric at every recorded step: a step or a metric
+    the re-run lacks, or a metric only the re-run logged, counts as inf. Timings (throughput, the
+    scaling estimate) differ from run to run and are not compared."""
+    old, new = _by_name(recorded), _by_name(rerun)
     diffs = {}
     for name, values in old.items():
-        pairs = [(a, new[name][s]) for s, a in values.items() if s in new.get(name, {})]
-        gaps = [
-            abs(a - b) if a is not None and b is not None else 0.0 if a is b else math.inf for a, b in pairs
-        ]
-        diffs[name] = max(gaps, default=math.inf)
+        got = new.get(name, {})
+        diffs[name] = max(
+            (_gap(a, got[s]) if s in got else math.inf for s, a in values.items()), default=math.inf
+        )
+    diffs.update(dict.fromkeys(new.keys() - old.keys(), math.inf))
     return diffs
+
+
+def _by_name(rows: list[dict[str, Any]]) -> dict[str, dict[int, float | None]]:
+    """The training metrics' values by name and step (the last written wins)."""
+    out: dict[str, dict[int, float | None]] = {}
+    for r in rows:
+        if r.get("kind", "log") in TRAINING_KINDS:
+            out.setdefault(r["name"], {})[r["step"]] = r["value"]
+    return out
+
+
+def _gap(a: float | None, b: float | None) -> float:
+    """|a - b|, 0 for the same missing, NaN or infinite value, inf when only one is such a value."""
+    if a is None or b is None:
+        return 0.0 if a is b else math.inf
+    if a == b or (math.isnan(a) and math.isnan(b)):
+        return 0.0
+    return abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
 
 
 def rerun(path: Path, timeout: float) -> tuple[list[dict[str, Any]] | None, str]:

@@ -279,6 +279,39 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
     return [call_with_ctx(fn, args, kwargs)]
 
 
+def optimizer_lrs() -> list[list[float]]:
+    """The learning rate of each parameter group of each optimizer the trial uses, as it is now
+    (after its schedule), oldest optimizer first."""
+    return [[float(g["lr"]) for g in opt.param_groups] for opt in runtime.current().optimizers]
+
+
+def cell_settings() -> dict[str, Any]:
+    """What the trial trains with as the cell left it: whether each wrapped model measures the
+    noise scale, and each optimizer's class and hyperparameters by parameter group."""
+    from dtwork.runtime.hooks import measure_state
+
+    ctx = runtime.current()
+    models = [{"gns": bool(s.gns)} for m in ctx.state.models if (s := measure_state(m)) is not None]
+    optimizers = [
+        {"class": type(opt).__name__, "groups": [_plain_settings(g) for g in opt.param_groups]}
+        for opt in ctx.optimizers
+    ]
+    return {"models": models, "optimizers": optimizers}
+
+
+def _plain_settings(group: dict[str, Any]) -> dict[str, Any]:
+    """A parameter group's hyperparameters that a report can print (numbers, flags, names)."""
+    out: dict[str, Any] = {}
+    for key, value in group.items():
+        if hasattr(value, "numel") and value.numel() == 1:  # a tensor learning rate (no torch import here)
+            value = value.item()
+        if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
+            value = list(value)
+        if key != "params" and isinstance(value, (bool, int, float, str, list, type(None))):
+            out[key] = value
+    return out
+
+
 def set_auto_resume(on: bool) -> None:
     """Resume ``ctx.steps`` from the run's newest checkpoint (while the kernel replays a run)."""
     runtime.current().auto_resume = on

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,10 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 from dtwork.errors import DtworkError
+
+_exchanging: weakref.WeakSet[torch.optim.Optimizer] = (
+    weakref.WeakSet()
+)  # checked: its gradients are exchanged
 
 
 def step_only_at_last_micro(micro: Callable[[], tuple[int, int]]) -> RemovableHandle:
@@ -52,3 +57,42 @@ def check_replicas(models: list[torch.nn.Module], step: int, device: torch.devic
             f"{high:.9g}): every rank must call ctx.backward(loss) and ctx.step(opt) at every step; "
             "rerun the cell that wraps the model to start again from rank 0's weights"
         )
+
+
+def check_exchanged(optimizer: torch.optim.Optimizer, wrapped: list[torch.nn.Module]) -> None:
+    """Refuse an optimizer's first step on more than one rank when its gradients were never
+    exchanged: its parameters are in no wrapped model and their gradients differ across ranks.
+
+    The check runs once per optimizer; the all-reduce only for parameters outside ``wrapped``
+    (a model wrapped by hand in DDP passes it, an unwrapped one fails it).
+    """
+    if optimizer in _exchanging or not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    ours = {id(p) for m in wrapped for p in m.parameters()}
+    grads = [
+        p.grad.detach()
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if p.grad is not None and id(p) not in ours and type(p.grad) is torch.Tensor  # a DTensor is sharded
+    ]
+    if grads:
+        with torch.no_grad():
+            total = torch.stack([g.double().sum() + g.double().square().sum() for g in grads]).sum()
+            spread = torch.stack([total, -total])
+            dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+        high, low = spread[0].item(), -spread[1].item()
+        if high - low > 1e-9 * max(1.0, abs(high)):
+            raise DtworkError(
+                "the optimizer steps a model whose gradients were never exchanged across ranks (each "
+                "rank would train its own replica): wrap it first, model = ctx.wrap(model), then make the optimizer"
+            )
+    _exchanging.add(optimizer)
+
+
+def exchanged_before_step(wrapped: Callable[[], list[torch.nn.Module]]) -> RemovableHandle:
+    """Run ``check_exchanged`` before every optimizer step (a plain ``opt.step()`` included)."""
+
+    def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        check_exchanged(optimizer, wrapped())
+
+    return register_optimizer_step_pre_hook(hook)

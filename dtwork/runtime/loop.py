@@ -88,7 +88,7 @@ class StepLoop:
         self._grad_snapshot: torch.Tensor | None = None
         self.grad_scale = 1.0  # the loss scale of this step's gradients (fp16), set by ctx.backward
         self._micro_len = 0
-        self._perf = {"t": 0.0, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
+        self._perf = {"t": 0.0, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0, "exchanged": 0}
         self._last_gpu = 0.0
         self._models: list[torch.nn.Module] = []
         self._trained: dict[int, torch.nn.Module] = {}  # the wrapped models this loop trained
@@ -107,6 +107,10 @@ class StepLoop:
         self._setup_gns()
         resume_state = self._load_resume() if self.resume else None
         self._models = state.models
+        for m in self._models:  # a failed cell may have left counts on one rank: start clean
+            s = measure_state(m)
+            if s is not None:
+                s.reset()
         state.loop = self
         control.clear()
         control.enter_loop()
@@ -116,6 +120,8 @@ class StepLoop:
         state.publisher.flush()
         clean = False
         guard = None
+        # a plain opt.step() of a model that exchanges nothing fails at its first step too
+        exchanged = guards.exchanged_before_step(lambda: self._models)
         try:
             if self.k > 1:  # a plain opt.step() before the last micro-batch fails at once
                 guard = guards.step_only_at_last_micro(lambda: (self.micro % self.k + 1, self.k))
@@ -125,6 +131,7 @@ class StepLoop:
                 self.save_checkpoint()  # the loop's end, also between two `every`
             clean = True
         finally:
+            exchanged.remove()
             if guard is not None:
                 guard.remove()
             if not clean:
@@ -331,14 +338,16 @@ class StepLoop:
         norms = self._local_norms(scale) if self.stepped or state.scaler is None else None
         self.step += 1
         comm = 0.0
+        exchanged = False
         for m in self._models:
             s = measure_state(m)
             if s is not None:
                 comm += s.exposed_comm()
                 if s.buckets:  # exchanged gradients: trained by this loop
                     self._trained[id(m)] = m
+                    exchanged = True
                 s.reset()
-        self._perf_tick(comm)
+        self._perf_tick(comm, exchanged)
         self._drain()  # launched a step ago or more; may stop the loop at this step
         self._record_step(norms)
         if self.sync.due() or self._done():
@@ -352,11 +361,12 @@ class StepLoop:
             self.save_checkpoint()
         self._progress("train")
 
-    def _perf_tick(self, comm: float) -> None:
+    def _perf_tick(self, comm: float, exchanged: bool) -> None:
         p = self._perf
         p["samples"] += self._samples
         p["steps"] += 1
         p["comm"] += comm
+        p["exchanged"] += exchanged
         self._samples = 0
         now = time.perf_counter()
         elapsed = now - p["t"]
@@ -369,11 +379,11 @@ class StepLoop:
                 samples=p["samples"],
                 seconds=elapsed,
                 steps=int(p["steps"]),
-                comm=p["comm"],
+                comm=p["comm"] if p["exchanged"] else None,  # no exchange: no efficiency to show
                 data=p["data"],
             )
         )
-        self._perf = {"t": now, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0}
+        self._perf = {"t": now, "samples": 0, "steps": 0, "data": 0.0, "comm": 0.0, "exchanged": 0}
         self._gpu_tick()
 
     def _gpu_tick(self) -> None:
@@ -409,7 +419,7 @@ class StepLoop:
             )
         if s.local and self.state.rank == 0:
             avg = self.state.config.optimizations.average_training_metrics
-            logged = {n: s.logs[i] / ws if avg else float(s.local[n]) for i, n in enumerate(s.local)}
+            logged = {n: s.logs[i] if avg else float(s.local[n]) for i, n in enumerate(s.local)}
             self.state.publisher.record("log", s.step, logged)
         if s.head.gns_measured == ws and self.state.gns_state is not None:  # every rank measured it
             self._gns_update(float(s.head.gns_small) / ws, float(s.head.gns_big_share), s.step)

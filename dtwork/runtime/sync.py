@@ -65,7 +65,7 @@ class SyncedStep:
 
     step: int
     head: StepHead
-    logs: list[float]  # the sums over ranks, in the order of ``local``
+    logs: list[float]  # the means over ranks, in the order of ``local``
     local: Logged  # this rank's own means
 
 
@@ -152,6 +152,10 @@ class StepSync:
             vec = torch.tensor(values, dtype=torch.float64, device=self.device)
         else:  # device tensors (GNS norms, logged values) are read with the all-reduce's result
             vec = self._logs_tensor(values)
+        if (
+            self.world_size > 1
+        ):  # divided before the sum: a mean of values near the largest float stays finite
+            vec[1 + len(heads) :] /= self.world_size
         work = dist.all_reduce(vec, async_op=True) if self.world_size > 1 else None
         self._pending = (work, vec, entries)
 

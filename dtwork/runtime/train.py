@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from dtwork.errors import DtworkError
-from dtwork.runtime import group
+from dtwork.runtime import group, guards
 from dtwork.runtime.sync import MAX_LOGGED, StepHead, check_names, names_key, not_a_number
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ def optimizer_step(state: RankState, optimizer: torch.optim.Optimizer) -> bool:
     state.register("optimizers", optimizer)
     if loop is not None and not loop.is_last_micro:
         return False
+    if len(state.cell_ranks) == state.world_size:  # its all-reduce would wait for ranks not running the cell
+        guards.check_exchanged(optimizer, state.models)
     stepped = True
     if state.scaler is not None:
         scale = state.scaler.get_scale()
@@ -101,9 +103,9 @@ def _agreed_mean(state: RankState, names: list[str], vec: torch.Tensor) -> torch
         raise DtworkError(f"ctx.log takes at most {MAX_LOGGED} names per call; got {len(names)}")
     key = names_key(tuple(names))
     full = torch.zeros(StepHead.SIZE + MAX_LOGGED, dtype=torch.float64, device=state.device)
-    full[StepHead.SIZE : StepHead.SIZE + len(names)] = vec
+    full[StepHead.SIZE : StepHead.SIZE + len(names)] = vec / state.world_size  # before the sum: no overflow
     head = StepHead(names=key, names_sq=key * key)
     full[: StepHead.SIZE] = torch.tensor(head.pack(), dtype=torch.float64)
     dist.all_reduce(full)
     check_names(StepHead.unpack(full[: StepHead.SIZE].tolist()), state.log_step + 1, names, state.world_size)
-    return full[StepHead.SIZE : StepHead.SIZE + len(names)] / state.world_size
+    return full[StepHead.SIZE : StepHead.SIZE + len(names)]

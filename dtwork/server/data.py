@@ -20,7 +20,7 @@ from typing import Any
 
 from dtwork import registry, telemetry
 from dtwork.errors import DtworkError
-from dtwork.records import finite
+from dtwork.records import DIVERGED, divergence_text, finite
 from dtwork.store import STORE_ERRORS, RunStore, default_store_path, store_problem
 from dtwork.store_schema import NoRunsYet
 
@@ -238,7 +238,14 @@ def get_run(root_dir: str, run_id: int) -> dict[str, Any]:
         run["last_metrics"] = store.last_metrics(run_id)
         run["metric_names"] = store.metric_names(run_id)
         run["per_slot_batch_size"] = row.get("per_slot_batch_size")
+        run["diverged"] = diverged_text(store, run_id)
         return json_safe({"run": run})
+
+
+def diverged_text(store: RunStore, run_id: int) -> str | None:
+    """ "diverged at step k (loss nan)" after the run's first non-finite logged value, else None."""
+    d = next((e["data"] for e in store.events(run_id, DIVERGED)), None)
+    return None if d is None else divergence_text(d)
 
 
 def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> dict[str, Any]:

@@ -115,6 +115,7 @@ class Dashboard(widgets.VBox):
         self.interval = min_interval  # the current one: min_interval, or longer when redraws cost more
         self.redraws = 0
         self.status = "running"
+        self.diverged: str | None = None  # "diverged at step k (loss nan)", once the run has
         self._clock = clock
         self.rows_fed = 0
         self._perf_rate = PerfThinner(len(self.ranks))  # the perf records drawn, as the store keeps them
@@ -433,6 +434,10 @@ class Dashboard(widgets.VBox):
         known = [eta for eta in etas.values() if eta is not None]
         if known and self.status == "running":
             parts.append(f"ETA {format_duration(max(known))}")
+        if self.diverged:
+            parts.append(
+                f"<span style='color:{STATUS_COLOURS.get('error', '#c00')}'>{html.escape(self.diverged)}</span>"
+            )
         seconds = self._seconds
         state = self.status + (
             f" in {format_duration(seconds)}" if seconds and self.status != "running" else ""
@@ -451,6 +456,8 @@ class Dashboard(widgets.VBox):
         parts.append(self._step_text(progress))
         if self.efficiency is not None:
             parts.append(f"{self.efficiency:.0%} scaling efficiency")
+        if self.diverged:
+            parts.append(html.escape(self.diverged))
         seconds = self._seconds
         parts.append(self.status + (f" in {format_duration(seconds)}" if seconds else ""))
         return " · ".join(parts)

@@ -89,6 +89,7 @@ export interface IRunReply {
     last_metrics: Record<string, number | null>;
     metric_names: string[];
     per_slot_batch_size: number | null;
+    diverged: string | null; // "diverged at step k (loss nan)", or null
   };
 }
 
