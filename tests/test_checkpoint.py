@@ -276,7 +276,11 @@ def test_a_truncated_newest_checkpoint_is_skipped_for_the_one_before(group: None
     assert found is not None and found[0].name == "step-00000001.pt" and found[1]["step"] == 1
     with pytest.raises(DtworkError, match=r"checkpoint .*step-00000002\.pt cannot be read"):
         checkpoint.resume_from(ctx, newest)  # a file named on purpose is not swapped for another
-    (tmp_path / "run-5" / "step-00000001.pt").write_bytes(b"")  # now the newest, and empty
+    rewritten = tmp_path / "run-5" / "step-00000001.pt"
+    rewritten.write_bytes(b"")  # now the newest, and empty
+    # Written order is modification time, which two writes within one clock tick can share.
+    later = newest.stat().st_mtime_ns + 1_000_000
+    os.utime(rewritten, ns=(later, later))
     with warnings.catch_warnings(), pytest.raises(DtworkError, match=r"step-00000002\.pt cannot be read"):
         warnings.simplefilter("ignore", DtworkWarning)
         checkpoint.resume_from(ctx, True)  # none readable: the oldest one's error

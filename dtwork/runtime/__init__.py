@@ -26,6 +26,11 @@ def current() -> Context:
     return _CTX
 
 
+def joined() -> bool:
+    """Whether this engine has joined a process group (so ``current()`` has a ctx to give)."""
+    return _CTX is not None
+
+
 def set_current(ctx: Context | None) -> None:
     global _CTX
     _CTX = ctx

@@ -286,15 +286,15 @@ def optimizer_lrs() -> list[list[float]]:
 
 
 def cell_settings() -> dict[str, Any]:
-    """What the trial trains with as the cell left it: whether each wrapped model measures the
-    noise scale, and each optimizer's class and hyperparameters by parameter group."""
+    """What the last cell trained with, as it left it: whether each wrapped model it used measures
+    the noise scale, and each optimizer it used: class and hyperparameters by parameter group."""
     from dtwork.runtime.hooks import measure_state
 
-    ctx = runtime.current()
-    models = [{"gns": bool(s.gns)} for m in ctx.state.models if (s := measure_state(m)) is not None]
+    state = runtime.current().state
+    models = [{"gns": bool(s.gns)} for m in state.used_now("models") if (s := measure_state(m)) is not None]
     optimizers = [
         {"class": type(opt).__name__, "groups": [_plain_settings(g) for g in opt.param_groups]}
-        for opt in ctx.optimizers
+        for opt in state.used_now("optimizers")
     ]
     return {"models": models, "optimizers": optimizers}
 

@@ -345,6 +345,7 @@ class StepLoop:
                 comm += s.exposed_comm()
                 if s.buckets:  # exchanged gradients: trained by this loop
                     self._trained[id(m)] = m
+                    self.state.touch(m)
                     exchanged = True
                 s.reset()
         self._perf_tick(comm, exchanged)

@@ -81,6 +81,10 @@ def _cell_starts() -> None:
     """A cell sees what a torchrun script sees (Accelerate, Fabric and plain DDP code in a cell)."""
     _cell_state.close()
     _cell_state.enter_context(_rank_process())
+    from dtwork import runtime
+
+    if runtime.joined():
+        runtime.current().state.cell += 1  # what this cell uses is told apart from earlier cells'
 
 
 def _cell_ends() -> None:

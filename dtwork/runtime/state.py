@@ -68,6 +68,8 @@ class RankState:
     run_id: int | None = None  # the kernel's run (names its checkpoint folder), set per run
     run_store: str | None = None  # the kernel's store of that run (owns the folder)
     fusion_tuned_for: ExperimentConfig | None = None  # the config the bucket size was tuned for
+    cell: int = 0  # counts the cells this rank ran (pre_execute), to tell what a cell used
+    used: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.rank)
@@ -81,7 +83,16 @@ class RankState:
         self.registered[kind] = [r for r, obj in zip(refs, live, strict=True) if obj is not None]
         return [obj for obj in live if obj is not None]
 
+    def touch(self, obj: Any) -> None:
+        """Note that the running cell used ``obj`` (wrapped, created, stepped or trained)."""
+        self.used[obj] = self.cell
+
+    def used_now(self, kind: str) -> list[Any]:
+        """The registered objects of ``kind`` that the last cell used, oldest first."""
+        return [obj for obj in self.live(kind) if self.used.get(obj) == self.cell]
+
     def register(self, kind: str, obj: Any) -> None:
+        self.touch(obj)
         refs = self.registered[kind]
         if refs and refs[-1]() is obj:  # the common case: ctx.step(opt) on every step
             return
