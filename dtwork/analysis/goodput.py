@@ -130,7 +130,7 @@ class ThroughputModel:
 
     def comm_time(self, world_size: int) -> float:
         """Return T_comm(n): 0 on one rank, c + d (n - 2) from two."""
-        return 0.0 if world_size <= 1 else max(0.0, self.c + self.d * max(0, world_size - 2))
+        return _comm_time(self.c, self.d, world_size)
 
     def step_time(self, per_slot: float, accumulation: int, world_size: int) -> float:
         """Return T_step = (k - 1) T_micro + (T_micro^g + T_comm^g)^(1/g) in seconds."""
@@ -144,21 +144,29 @@ class ThroughputModel:
         return per_slot * accumulation * world_size / steps
 
 
+def _comm_time(c: float, d: float, world_size: int) -> float:
+    return 0.0 if world_size <= 1 else max(0.0, c + d * max(0, world_size - 2))
+
+
 def _step_time(micro: float, comm: float, accumulation: int, gamma: float) -> float:
-    last = micro if comm <= 0 else (micro**gamma + comm**gamma) ** (1.0 / gamma)
-    return (accumulation - 1) * micro + last
+    return float(_step_times(np.asarray(micro), comm, np.asarray(accumulation), gamma))
 
 
-def _invert_micro(obs: StepObservation, comm: float, gamma: float) -> float:
-    """Return the T_micro that gives the observed step time under ``gamma`` (bisection)."""
-    k, target = obs.accumulation, obs.step_time
-    lo, hi = 0.0, target / k + target
-    if _step_time(MIN_TIME, comm, k, gamma) >= target:
-        return MIN_TIME
-    for _ in range(80):
+def _step_times(micro: np.ndarray, comm: np.ndarray | float, k: np.ndarray, gamma: float) -> np.ndarray:
+    """Return (k - 1) T_micro + (T_micro^g + T_comm^g)^(1/g), elementwise (T_comm = 0 gives k T_micro)."""
+    result: np.ndarray = (k - 1) * micro + (micro**gamma + np.power(comm, gamma)) ** (1.0 / gamma)
+    return result
+
+
+def _invert_micro(step: np.ndarray, comm: np.ndarray, k: np.ndarray, gamma: float) -> np.ndarray:
+    """Return the T_micro that gives each observed step time under ``gamma`` (bisection; T_step >= k T_micro)."""
+    lo, hi = np.zeros_like(step), step / k
+    for _ in range(60):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if _step_time(mid, comm, k, gamma) < target else (lo, mid)
-    return max(MIN_TIME, 0.5 * (lo + hi))
+        below = _step_times(mid, comm, k, gamma) < step
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    result: np.ndarray = np.maximum(MIN_TIME, 0.5 * (lo + hi))
+    return result
 
 
 def _fit_line_relative(m: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -211,18 +219,17 @@ def fit_throughput(
         raise ValueError(f"max_extrapolation must be at least 1, got {max_extrapolation}.")
     c, d = _fit_comm(obs)
     m = np.array([o.per_slot for o in obs], dtype=float)
-    log_t = np.log([o.step_time for o in obs])
+    k = np.array([o.accumulation for o in obs], dtype=float)
+    step = np.array([o.step_time for o in obs], dtype=float)
+    comm = np.array([_comm_time(c, d, o.world_size) for o in obs])
     cap = int(max_extrapolation * max(o.per_slot for o in obs))
     best: tuple[float, ThroughputModel] | None = None
     for gamma in GAMMAS:  # on a tie the least overlap wins, as AdaptDL's pull towards g = 1
-        trial = ThroughputModel(0.0, 0.0, c, d, float(gamma), cap)
-        micro = np.array([_invert_micro(o, trial.comm_time(o.world_size), gamma) for o in obs])
-        a, b = _fit_line_relative(m, micro)
-        model = ThroughputModel(a, b, c, d, float(gamma), cap)
-        pred = np.log([model.step_time(o.per_slot, o.accumulation, o.world_size) for o in obs])
-        loss = float(np.sum((pred - log_t) ** 2))
+        a, b = _fit_line_relative(m, _invert_micro(step, comm, k, float(gamma)))
+        pred = _step_times(np.maximum(MIN_TIME, a + b * m), comm, k, float(gamma))
+        loss = float(np.sum(np.log(pred / step) ** 2))
         if best is None or loss < best[0] - 1e-12:
-            best = (loss, model)
+            best = (loss, ThroughputModel(a, b, c, d, float(gamma), cap))
     assert best is not None
     return best[1]
 
@@ -294,10 +301,7 @@ def _candidates(model: ThroughputModel, bounds: BatchBounds, slots: int) -> tupl
 
 def _throughputs(model: ThroughputModel, p: np.ndarray, k: np.ndarray, slots: int) -> np.ndarray:
     micro = np.maximum(MIN_TIME, model.a + model.b * p)
-    comm = model.comm_time(slots)
-    g = model.gamma
-    last = micro if comm <= 0 else (micro**g + comm**g) ** (1.0 / g)
-    result: np.ndarray = p * k * slots / ((k - 1) * micro + last)
+    result: np.ndarray = p * k * slots / _step_times(micro, model.comm_time(slots), k, model.gamma)
     return result
 
 
