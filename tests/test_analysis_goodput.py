@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtwork.analysis.gns import GNSInterval
@@ -159,6 +159,7 @@ def test_the_batch_grows_as_the_noise_scale_grows() -> None:
     assert chosen == sorted(chosen) and chosen[0] == 32 and chosen[-1] >= 32 * 16
 
 
+@settings(deadline=None)
 @given(b=st.floats(min_value=1.0, max_value=1e5), wobble=st.floats(min_value=-0.02, max_value=0.02))
 def test_no_oscillation_on_nearly_equal_inputs(b: float, wobble: float) -> None:
     first = decide(_settled(b), MODEL, START, 32, BOUNDS)
@@ -203,3 +204,17 @@ def test_a_wide_interval_moves_the_batch_less_either_way() -> None:
     tight, wide = _settled(10.0), GNSInterval(estimate=10.0, lo=1.0, hi=1e4, windows=20.0, settled=True)
     shrink = [decide(g, MODEL, big, 32, BOUNDS).chosen.global_batch for g in (tight, wide)]
     assert shrink[0] < shrink[1] <= big.global_batch
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    a=st.floats(min_value=1e-3, max_value=0.1),
+    b=st.floats(min_value=1e-5, max_value=1e-2),
+    c=st.floats(min_value=0.0, max_value=0.2),
+    gamma=st.floats(min_value=1.0, max_value=10.0),
+)
+def test_fit_interpolates_any_true_model_noise_free(a: float, b: float, c: float, gamma: float) -> None:
+    true = ThroughputModel(a=a, b=b, c=c, d=0.0, gamma=gamma, max_per_slot=10**9)
+    fit = fit_throughput([_obs(true, m, k, 2) for m in (8, 64, 256) for k in (1, 4)])
+    for m, k in [(8, 1), (32, 2), (200, 3), (256, 4)]:
+        assert fit.step_time(m, k, 2) == pytest.approx(true.step_time(m, k, 2), rel=0.02)
