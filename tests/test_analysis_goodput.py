@@ -16,6 +16,7 @@ from dtwork.analysis.goodput import (
     StepObservation,
     ThroughputModel,
     adascale_gain,
+    condense,
     decide,
     efficiency,
     fit_throughput,
@@ -218,3 +219,12 @@ def test_fit_interpolates_any_true_model_noise_free(a: float, b: float, c: float
     fit = fit_throughput([_obs(true, m, k, 2) for m in (8, 64, 256) for k in (1, 4)])
     for m, k in [(8, 1), (32, 2), (200, 3), (256, 4)]:
         assert fit.step_time(m, k, 2) == pytest.approx(true.step_time(m, k, 2), rel=0.02)
+
+
+def test_condense_keeps_one_median_per_configuration() -> None:
+    obs = [StepObservation(32, 1, 2, t, 0.01) for t in (0.10, 0.11, 5.0)] + [
+        StepObservation(64, 2, 2, 0.3, 0.02)
+    ]
+    profile = condense(obs)
+    assert profile == [StepObservation(32, 1, 2, 0.11, 0.01), StepObservation(64, 2, 2, 0.3, 0.02)]
+    assert fit_throughput(profile).step_time(32, 1, 2) == pytest.approx(0.11, rel=1e-3)

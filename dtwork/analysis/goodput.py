@@ -197,6 +197,23 @@ def _fit_comm(obs: Sequence[StepObservation]) -> tuple[float, float]:
     return (float(c), float(d)) if d >= 0 else (float(np.mean(y)), 0.0)
 
 
+def condense(observations: Sequence[StepObservation]) -> list[StepObservation]:
+    """Return one observation per (per_slot, accumulation, world_size): the medians of its times.
+
+    The loop keeps this profile (as AdaptDL keeps one per configuration), so the fit and the
+    checkpoint stay the size of the configurations tried, and a slow outlier step moves nothing.
+    """
+    groups: dict[tuple[int, int, int], list[StepObservation]] = {}
+    for o in observations:
+        groups.setdefault((o.per_slot, o.accumulation, o.world_size), []).append(o)
+    return [
+        StepObservation(
+            *key, float(np.median([o.step_time for o in g])), float(np.median([o.comm_time for o in g]))
+        )
+        for key, g in sorted(groups.items())
+    ]
+
+
 def fit_throughput(
     observations: Sequence[StepObservation], max_extrapolation: float = 2.0
 ) -> ThroughputModel:
