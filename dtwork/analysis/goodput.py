@@ -1,7 +1,7 @@
 """Goodput = throughput x statistical efficiency, and the adaptive-batch decision built on it.
 
 Statistical efficiency of a global batch M, relative to the starting batch M0 (Qiao et al., OSDI
-2021, "Pollux", eq. 2, with the gradient noise scale B_simple of McCandlish et al. 2018)::
+2021, "Pollux", with the gradient noise scale B_simple of McCandlish et al. 2018)::
 
     E(M) = (B_simple + M0) / (B_simple + M)          E(M0) = 1, decreasing in M
 
@@ -10,7 +10,7 @@ gradient at M0 sigma^2 = tr(Sigma) / M0 and mu^2 = |G|^2, so sigma^2 / mu^2 = B_
 
     r = (sigma^2 + mu^2) / (sigma^2 / S + mu^2) = S * E(M)       1 <= r <= S
 
-One optimizer step of k micro-batches of m examples per slot on n ranks (Pollux section 3.2)::
+One optimizer step of k micro-batches of m examples per slot on n ranks (Pollux's model)::
 
     T_micro(m)  = a + b m
     T_comm(n)   = 0 for n = 1, c + d (n - 2) for n >= 2       (ring all-reduce)
