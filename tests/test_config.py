@@ -634,3 +634,20 @@ def test_determined_boolean_compression() -> None:
         ).optimizations.gradient_compression.type
         == "none"
     )
+
+
+def test_adaptive_batch_size() -> None:
+    assert load_config(None).optimizations.adaptive_batch_size.max_global_batch_size is None
+    cfg = load_config(EXAMPLE_FILE).optimizations.adaptive_batch_size
+    assert (cfg.max_global_batch_size, cfg.min_per_slot_batch_size, cfg.decide_every) == (4096, 16, 100)
+    short = load_config({"optimizations": {"adaptive_batch_size": 1024}}).optimizations.adaptive_batch_size
+    assert (short.max_global_batch_size, short.decide_every) == (1024, 100)
+    base = {"global_batch_size": 512, "resources": {"slots_per_trial": 4}}
+    assert "smaller than global_batch_size=512" in message(
+        {**base, "optimizations": {"adaptive_batch_size": 256}}
+    )
+    bad = {"max_global_batch_size": 512, "min_per_slot_batch_size": 256}
+    assert "min_per_slot_batch_size x slots = 1024" in message(
+        {**base, "optimizations": {"adaptive_batch_size": bad}}
+    )
+    assert "decide_every" in message({"optimizations": {"adaptive_batch_size": {"decide_every": 0}}})

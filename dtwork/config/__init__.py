@@ -19,6 +19,7 @@ from __future__ import annotations
 from dtwork.config._rules import Length
 from dtwork.config._yaml import MAX_BYTES, MAX_VALUES
 from dtwork.config.schema import (
+    AdaptiveBatchSize,
     CheckpointConfig,
     Compression,
     ExperimentConfig,
@@ -36,6 +37,7 @@ from dtwork.config.schema import (
 __all__ = [
     "MAX_BYTES",
     "MAX_VALUES",
+    "AdaptiveBatchSize",
     "CheckpointConfig",
     "Compression",
     "ExperimentConfig",

@@ -65,6 +65,15 @@ class Compression(_Section):
 
 
 @dataclass(frozen=True)
+class AdaptiveBatchSize(_Section):
+    """Adaptive batch by goodput (Pollux; dtwork.analysis.goodput); off while the cap is unset."""
+
+    max_global_batch_size: int | None = leaf(None, INT1_OPT)
+    min_per_slot_batch_size: int = leaf(1, INT1)
+    decide_every: int = leaf(100, INT1)  # optimizer steps between decisions
+
+
+@dataclass(frozen=True)
 class Optimizations(_Section):
     aggregation_frequency: int = leaf(1, INT1)
     average_aggregated_gradients: bool = leaf(True, BOOL)
@@ -72,6 +81,7 @@ class Optimizations(_Section):
     tensor_fusion_threshold: float = leaf(25.0, POS)
     auto_tune_tensor_fusion: bool = leaf(False, BOOL)
     average_training_metrics: bool = leaf(True, BOOL)
+    adaptive_batch_size: AdaptiveBatchSize = section(AdaptiveBatchSize)
 
 
 @dataclass(frozen=True)
@@ -232,6 +242,7 @@ _SHORTHAND: dict[type, str] = {
     LRConfig: "base",
     ScheduleConfig: "type",
     GNSConfig: "enabled",
+    AdaptiveBatchSize: "max_global_batch_size",
 }
 
 
@@ -270,6 +281,7 @@ def _cross_check(cfg: ExperimentConfig, label: str) -> None:
             f"{gbs} is smaller than resources.slots_per_trial={slots}; each slot needs at least one "
             f"example: raise global_batch_size to >= {slots}",
         )
+    _check_adaptive(cfg.optimizations.adaptive_batch_size, gbs, slots, label)
     for path, length in (
         ("searcher.max_length", cfg.searcher.max_length),
         ("min_validation_period", cfg.min_validation_period),
@@ -296,6 +308,22 @@ def _cross_check(cfg: ExperimentConfig, label: str) -> None:
             "lr.scaling",
             f"{cfg.lr.scaling} scaling from lr.base_batch_size needs global_batch_size: "
             "set global_batch_size or use scaling: none",
+        )
+
+
+def _check_adaptive(adaptive: AdaptiveBatchSize, gbs: int | None, slots: int | None, label: str) -> None:
+    cap, path = adaptive.max_global_batch_size, "optimizations.adaptive_batch_size.max_global_batch_size"
+    if cap is None:
+        return
+    if gbs is not None and cap < gbs:
+        fail(label, path, f"{cap} is smaller than global_batch_size={gbs}, where training starts: raise it")
+    floor = adaptive.min_per_slot_batch_size * (slots or 1)
+    if cap < floor:
+        fail(
+            label,
+            path,
+            f"{cap} is smaller than min_per_slot_batch_size x slots = {floor}: no batch fits; "
+            "raise it or lower min_per_slot_batch_size",
         )
 
 
