@@ -40,7 +40,7 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   autoreload [on|off]
                   reload the notebook folder's modules edited on disk before each cell (on)
   wait | attach   bring a background (--bg) cell back: live view, wait for its end
-  scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape 20] [--batch B] MODEL_EXPR
+  scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape C,H,W] [--batch B] MODEL_EXPR
                   throughput and scaling efficiency on synthetic data, by world size
   throughput --data LOADER_EXPR [--steps K] MODEL_EXPR
                   real batches against synthetic ones: is data loading the bottleneck?
@@ -55,7 +55,10 @@ Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
   Run the cell on every rank (or those named) in a persistent namespace where ``ctx``
   is defined. Output is grouped by rank (--rank0: rank 0's only). --bg returns at once
   and trains in the background. When some ranks raise, the first failing rank's
-  traceback is shown once, with one status line per other rank.
+  traceback is shown once, with one status line per other rank. --quiet shows no live view
+  and discards the cell's print output and results on every rank (records are still stored).
+
+The full reference (every option, every ctx helper): docs/reference.md.
 """
 
 

@@ -83,3 +83,10 @@ def test_every_ctx_name_and_argument_is_documented(name: str) -> None:
     described = text.strip() or following
     for arg in arguments(name):
         assert re.search(rf"\b{arg}\b", described), f"ctx.{name}'s argument {arg} is not documented"
+
+
+def test_the_readme_asks_for_the_torch_that_pyproject_requires() -> None:
+    root = REFERENCE.parents[1]
+    required = re.findall(r'"torch(>=[\d.]+)"', (root / "pyproject.toml").read_text())
+    stated = set(re.findall(r"`torch(>=[\d.]+)`", (root / "README.md").read_text()))
+    assert len(required) == 1 and stated == set(required)
