@@ -220,11 +220,11 @@ PARSERS: dict[str, Callable[[], _Parser]] = {
 }
 
 
-def _split(line: str) -> list[str]:
+def _split(line: str, magic: str = "%dtrain") -> list[str]:
     try:
         return shlex.split(line)
     except ValueError as exc:
-        raise DtworkError(f"%dtrain: cannot parse {line!r}: {exc}") from None
+        raise DtworkError(f"{magic}: cannot parse {line!r}: {exc}") from None
 
 
 def plan_start(argv: list[str]) -> Cluster:
@@ -347,7 +347,13 @@ class DtrainMagics(Magics):
     def _sub_runs(self, argv: list[str]) -> Any:
         for c in _running():  # a store deleted since the last write is made again before it is read
             c.session.check_store()
-        if argv and argv[0] in ("list", "show", "compare", "export"):  # the shell's `dtwork runs ...`
+        actions = ["list", "show", "compare", "export"]
+        if argv and not argv[0].startswith("-") and argv[0] not in actions:
+            raise DtworkError(
+                f"unknown %dtrain runs action {argv[0]!r}{did_you_mean(argv[0], actions)}: "
+                "use list, show ID, compare A B or export"
+            )
+        if argv and argv[0] in actions:  # the shell's `dtwork runs ...`
             from dtwork.cli import main as cli_main
 
             live = _running()
@@ -466,7 +472,7 @@ class DtrainMagics(Magics):
     # -- the cell magic ----------------------------------------------------------------------
 
     def _cell(self, line: str, cell: str) -> Any:
-        ns = _cell_parser().parse_args(_split(line))
+        ns = _cell_parser().parse_args(_split(line, "%%dtrain"))
         ranks = _int_list(ns.ranks) if ns.ranks else None
         cluster = current()
         cluster.run(cell, ranks=ranks, rank0=ns.rank0, bg=ns.bg, quiet=ns.quiet)

@@ -30,6 +30,7 @@ def ip() -> InteractiveShell:
             "%dtrain scaling: unrecognized arguments: --shap (did you mean --shape?)",
         ),
         ("report --htm", "%dtrain report: unrecognized arguments: --htm (did you mean --html?)"),
+        ("runs lst", "unknown %dtrain runs action 'lst' (did you mean list?)"),
         ("attach --now", "%dtrain attach: unrecognized arguments: --now (see"),
     ],
 )
@@ -52,6 +53,8 @@ def test_cell_magic_typo_is_reported_as_the_cell_magic(ip: InteractiveShell) -> 
     text = str(info.value)
     assert text.startswith("%%dtrain: unrecognized arguments: --rnak0 (did you mean --rank0?)")
     assert "cell" not in text
+    with pytest.raises(DtworkError, match=r"^%%dtrain: cannot parse"):
+        ip.run_cell_magic("dtrain", "--ranks '0", "x = 1")
 
 
 @pytest.mark.parametrize(
