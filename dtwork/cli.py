@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from dtwork.errors import DtworkError
+from dtwork.errors import DtworkError, did_you_mean
 from dtwork.export import run_result
 from dtwork.records import DIVERGED, Kind, divergence_text, is_own
 from dtwork.store import STORE_ERRORS, RunStore, store_path, store_problem
@@ -330,8 +330,33 @@ def _runs_parser(runs: argparse.ArgumentParser) -> None:
         action.add_argument("--store", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
+class _HintParser(argparse.ArgumentParser):
+    """argparse whose errors end with the closest command or option to a mistyped one."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            names = re.findall(r"'([^']*)'", choice.group(2)) or choice.group(2).split(", ")
+            message += did_you_mean(choice.group(1), names)
+        elif message.startswith("unrecognized arguments:"):
+            typed = [t.split("=", 1)[0] for t in message.split(":", 1)[1].split() if t.startswith("--")]
+            if typed:  # subcommands' unknown options surface here, on the top parser
+                message += did_you_mean(typed[0], sorted(_options(self)))
+        super().error(message)
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long option of a parser and of its subcommands, recursively."""
+    found = {o for o in parser._option_string_actions if o.startswith("--")}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _options(sub)
+    return found
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="dtwork from the shell: runs, notebooks, checks")
+    parser = _HintParser(prog=prog, description="dtwork from the shell: runs, notebooks, checks")
     top = parser.add_subparsers(dest="command", required=True)
     _runs_parser(top.add_parser("runs", help="list, show, compare and export runs"))
     run = top.add_parser("run", help="execute a notebook headlessly")

@@ -6,6 +6,8 @@ The magics print ``DtworkError`` messages without a traceback.
 
 from __future__ import annotations
 
+import difflib
+
 
 class DtworkError(Exception):
     """A user-facing error: its message is complete and is shown without a traceback."""
@@ -32,3 +34,9 @@ class RankFailure(DtworkError):
 
 class DtworkWarning(UserWarning):
     """A visible warning about a setting dtwork adjusted (e.g. a dropped batch remainder)."""
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """' (did you mean X?)' for the closest of choices to a mistyped word, else ''."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""

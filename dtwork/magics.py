@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from dtwork.errors import DtworkError
+from dtwork.errors import DtworkError, did_you_mean
 
 if TYPE_CHECKING:
     from dtwork.cluster import Cluster
@@ -39,7 +40,7 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   autoreload [on|off]
                   reload the notebook folder's modules edited on disk before each cell (on)
   wait | attach   bring a background (--bg) cell back: live view, wait for its end
-  scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape 20] [--batch B] MODEL_EXPR
+  scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape C,H,W] [--batch B] MODEL_EXPR
                   throughput and scaling efficiency on synthetic data, by world size
   throughput --data LOADER_EXPR [--steps K] MODEL_EXPR
                   real batches against synthetic ones: is data loading the bottleneck?
@@ -54,7 +55,10 @@ Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
   Run the cell on every rank (or those named) in a persistent namespace where ``ctx``
   is defined. Output is grouped by rank (--rank0: rank 0's only). --bg returns at once
   and trains in the background. When some ranks raise, the first failing rank's
-  traceback is shown once, with one status line per other rank.
+  traceback is shown once, with one status line per other rank. --quiet shows no live view
+  and discards the cell's print output and results on every rank (records are still stored).
+
+The full reference (every option, every ctx helper): docs/reference.md.
 """
 
 
@@ -64,17 +68,30 @@ def _one_line(text: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises a one-line DtworkError instead of exiting."""
+    """argparse that raises a one-line DtworkError instead of exiting; prog is the magic as typed."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
-        raise DtworkError(f"%dtrain {self.prog}: {_one_line(message)} (see %dtrain?)")
+        raise DtworkError(f"{self.prog}: {_one_line(message)}{self._suggest(message)} (see %dtrain?)")
 
     def exit(self, status: int = 0, message: str | None = None) -> Any:  # type: ignore[override]
-        raise DtworkError(_one_line(message or "") or f"%dtrain {self.prog}: see %dtrain?")
+        raise DtworkError(_one_line(message or "") or f"{self.prog}: see %dtrain?")
+
+    def _suggest(self, message: str) -> str:
+        """The closest option to the first unknown one (``--global-batchsize`` -> ``--global-batch-size``)."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        for token in message.split(":", 1)[1].split():
+            if token.startswith("-"):
+                return did_you_mean(token.split("=", 1)[0], options)
+        return ""
 
 
 def _parser(name: str) -> _Parser:
-    return _Parser(prog=name, add_help=False, allow_abbrev=False)
+    """The parser of ``%dtrain NAME`` (``%%dtrain`` for the cell magic)."""
+    return _Parser(
+        prog=name if name.startswith("%") else f"%dtrain {name}", add_help=False, allow_abbrev=False
+    )
 
 
 def _int_list(text: str) -> list[int]:
@@ -107,7 +124,7 @@ def _start_parser() -> _Parser:
 
 
 def _cell_parser() -> _Parser:
-    p = _parser("cell")
+    p = _parser("%%dtrain")
     p.add_argument("--rank0", action="store_true")
     p.add_argument("--ranks", type=str, default=None)
     p.add_argument("--bg", action="store_true")
@@ -115,11 +132,99 @@ def _cell_parser() -> _Parser:
     return p
 
 
-def _split(line: str) -> list[str]:
+def _config_parser() -> _Parser:
+    p = _parser("config")
+    p.add_argument("path")
+    return p
+
+
+def _runs_parser() -> _Parser:
+    p = _parser("runs")  # list, show, compare and export are the CLI's parser (dtwork runs ...)
+    p.add_argument("--store", default=None)
+    return p
+
+
+def _autoreload_parser() -> _Parser:
+    p = _parser("autoreload")
+    p.add_argument("state", nargs="?", choices=["on", "off"])
+    return p
+
+
+def _report_parser() -> _Parser:
+    p = _parser("report")
+    p.add_argument("path", nargs="?", default=None)
+    p.add_argument("--run", default=None)
+    p.add_argument("--html", action="store_true")
+    p.add_argument("--verify", action="store_true")
+    p.add_argument("--store", default=None)
+    return p
+
+
+def _scaling_parser() -> _Parser:
+    p = _parser("scaling")
+    p.add_argument("--slots", default=None)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--weak", dest="mode", action="store_const", const="weak")
+    mode.add_argument("--strong", dest="mode", action="store_const", const="strong")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--shape", default=None)
+    p.add_argument("--batch", type=int, default=None)
+    p.add_argument("model", nargs="+")
+    return p
+
+
+def _throughput_parser() -> _Parser:
+    p = _parser("throughput")
+    p.add_argument("--data", required=True)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("model", nargs="+")
+    return p
+
+
+def _tune_parser() -> _Parser:
+    p = _parser("tune")
+    p.add_argument("--sizes", default=None)
+    p.add_argument("--shape", default=None)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("model", nargs="+")
+    return p
+
+
+def _gns_parser() -> _Parser:
+    p = _parser("gns")
+    p.add_argument("--dataset-size", type=int, default=None)
+    return p
+
+
+def _bare(name: str) -> Callable[[], _Parser]:
+    """The parser of a subcommand that takes no options."""
+    return lambda: _parser(name)
+
+
+# Every subcommand's parser but `run`'s (its arguments are the script's); docs/reference.md is checked against them.
+PARSERS: dict[str, Callable[[], _Parser]] = {
+    "start": _start_parser,
+    "status": _bare("status"),
+    "stop": _bare("stop"),
+    "restart": _bare("restart"),
+    "config": _config_parser,
+    "runs": _runs_parser,
+    "autoreload": _autoreload_parser,
+    "wait": _bare("wait"),
+    "attach": _bare("attach"),
+    "report": _report_parser,
+    "scaling": _scaling_parser,
+    "throughput": _throughput_parser,
+    "tune": _tune_parser,
+    "gns": _gns_parser,
+}
+
+
+def _split(line: str, magic: str = "%dtrain") -> list[str]:
     try:
         return shlex.split(line)
     except ValueError as exc:
-        raise DtworkError(f"%dtrain: cannot parse {line!r}: {exc}") from None
+        raise DtworkError(f"{magic}: cannot parse {line!r}: {exc}") from None
 
 
 def plan_start(argv: list[str]) -> Cluster:
@@ -173,7 +278,10 @@ class DtrainMagics(Magics):
         sub, rest = args[0], args[1:]
         handler = getattr(self, f"_sub_{sub.replace('-', '_')}", None)
         if handler is None:
-            raise DtworkError(f"unknown %dtrain subcommand {sub!r}: use one of {', '.join(SUBCOMMANDS)}")
+            hint = did_you_mean(sub, SUBCOMMANDS)
+            raise DtworkError(
+                f"unknown %dtrain subcommand {sub!r}{hint}: use one of {', '.join(SUBCOMMANDS)}"
+            )
         return handler(rest)
 
     dtrain.__doc__ = HELP
@@ -195,7 +303,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_status(self, argv: list[str]) -> Any:
-        _parser("status").parse_args(argv)
+        PARSERS["status"]().parse_args(argv)
         started = _clusters()
         if not started:
             raise DtworkError("no cluster was started in this kernel: %dtrain start")
@@ -204,7 +312,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_stop(self, argv: list[str]) -> Any:
-        _parser("stop").parse_args(argv)
+        PARSERS["stop"]().parse_args(argv)
         live = _running()
         if not live:
             print("dtwork: no cluster is running")
@@ -215,7 +323,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_restart(self, argv: list[str]) -> Any:
-        _parser("restart").parse_args(argv)
+        PARSERS["restart"]().parse_args(argv)
         started = _clusters()
         if not started:
             raise DtworkError("no cluster to restart: %dtrain start")
@@ -225,9 +333,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_config(self, argv: list[str]) -> Any:
-        p = _parser("config")
-        p.add_argument("path")
-        ns = p.parse_args(argv)
+        ns = _config_parser().parse_args(argv)
         cluster = current()
         cluster.configure(ns.path)
         batch = (
@@ -241,16 +347,20 @@ class DtrainMagics(Magics):
     def _sub_runs(self, argv: list[str]) -> Any:
         for c in _running():  # a store deleted since the last write is made again before it is read
             c.session.check_store()
-        if argv and argv[0] in ("list", "show", "compare", "export"):  # the shell's `dtwork runs ...`
+        actions = ["list", "show", "compare", "export"]
+        if argv and not argv[0].startswith("-") and argv[0] not in actions:
+            raise DtworkError(
+                f"unknown %dtrain runs action {argv[0]!r}{did_you_mean(argv[0], actions)}: "
+                "use list, show ID, compare A B or export"
+            )
+        if argv and argv[0] in actions:  # the shell's `dtwork runs ...`
             from dtwork.cli import main as cli_main
 
             live = _running()
             store = live[-1].store_file if live else None
             cli_main(["runs", *(["--store", str(store)] if store else []), *argv])
             return None
-        p = _parser("runs")
-        p.add_argument("--store", default=None)
-        ns = p.parse_args(argv)
+        ns = _runs_parser().parse_args(argv)
         from dtwork.cli import runs_table
         from dtwork.store import store_path
 
@@ -272,9 +382,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_autoreload(self, argv: list[str]) -> Any:
-        p = _parser("autoreload")
-        p.add_argument("state", nargs="?", choices=["on", "off"])
-        ns = p.parse_args(argv)
+        ns = _autoreload_parser().parse_args(argv)
         session = current().session
         if ns.state is not None:
             session.autoreload = ns.state == "on"
@@ -284,23 +392,18 @@ class DtrainMagics(Magics):
         )
         return None
 
-    def _sub_wait(self, argv: list[str]) -> Any:
-        _parser("wait").parse_args(argv)
+    def _sub_wait(self, argv: list[str], name: str = "wait") -> Any:
+        PARSERS[name]().parse_args(argv)  # an error names the subcommand as typed
         result = current().session.wait_background()
         if result is None:
             print("dtwork: no background cell")
         return None
 
-    _sub_attach = _sub_wait
+    def _sub_attach(self, argv: list[str]) -> Any:
+        return self._sub_wait(argv, "attach")
 
     def _sub_report(self, argv: list[str]) -> Any:
-        p = _parser("report")
-        p.add_argument("path", nargs="?", default=None)
-        p.add_argument("--run", default=None)
-        p.add_argument("--html", action="store_true")
-        p.add_argument("--verify", action="store_true")
-        p.add_argument("--store", default=None)
-        ns = p.parse_args(argv)
+        ns = _report_parser().parse_args(argv)
         if ns.run is not None:
             # ASCII digits only: str.isdigit() also accepts '²' and '١', and 19+ digits overflow SQLite.
             ns.run = ns.run.strip()
@@ -323,16 +426,7 @@ class DtrainMagics(Magics):
     def _sub_scaling(self, argv: list[str]) -> Any:
         from dtwork import measure
 
-        p = _parser("scaling")
-        p.add_argument("--slots", default=None)
-        mode = p.add_mutually_exclusive_group()
-        mode.add_argument("--weak", dest="mode", action="store_const", const="weak")
-        mode.add_argument("--strong", dest="mode", action="store_const", const="strong")
-        p.add_argument("--steps", type=int, default=20)
-        p.add_argument("--shape", default=None)
-        p.add_argument("--batch", type=int, default=None)
-        p.add_argument("model", nargs="+")
-        ns = p.parse_args(argv)
+        ns = _scaling_parser().parse_args(argv)
         mode_name = ns.mode or "weak"
         measure.scaling(
             current(),
@@ -349,23 +443,14 @@ class DtrainMagics(Magics):
     def _sub_throughput(self, argv: list[str]) -> Any:
         from dtwork import measure
 
-        p = _parser("throughput")
-        p.add_argument("--data", required=True)
-        p.add_argument("--steps", type=int, default=10)
-        p.add_argument("model", nargs="+")
-        ns = p.parse_args(argv)
+        ns = _throughput_parser().parse_args(argv)
         measure.throughput(current(), " ".join(ns.model), ns.data, steps=ns.steps)
         return None
 
     def _sub_tune(self, argv: list[str]) -> Any:
         from dtwork import measure
 
-        p = _parser("tune")
-        p.add_argument("--sizes", default=None)
-        p.add_argument("--shape", default=None)
-        p.add_argument("--steps", type=int, default=10)
-        p.add_argument("model", nargs="+")
-        ns = p.parse_args(argv)
+        ns = _tune_parser().parse_args(argv)
         sizes = measure.DEFAULT_SIZES
         if ns.sizes:
             try:
@@ -380,16 +465,14 @@ class DtrainMagics(Magics):
     def _sub_gns(self, argv: list[str]) -> Any:
         from dtwork import measure
 
-        p = _parser("gns")
-        p.add_argument("--dataset-size", type=int, default=None)
-        ns = p.parse_args(argv)
+        ns = _gns_parser().parse_args(argv)
         measure.gns_advice(current(), dataset_size=ns.dataset_size)
         return None
 
     # -- the cell magic ----------------------------------------------------------------------
 
     def _cell(self, line: str, cell: str) -> Any:
-        ns = _cell_parser().parse_args(_split(line))
+        ns = _cell_parser().parse_args(_split(line, "%%dtrain"))
         ranks = _int_list(ns.ranks) if ns.ranks else None
         cluster = current()
         cluster.run(cell, ranks=ranks, rank0=ns.rank0, bg=ns.bg, quiet=ns.quiet)

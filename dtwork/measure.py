@@ -141,7 +141,7 @@ def _run_bench(
             if errors[0].startswith(("NameError", "AttributeError"))
             else ""
         )
-        if errors[0].startswith("no input shape"):
+        if "pass --shape" in errors[0]:  # the rank's one line already says what to do
             raise DtworkError(f"{model_expr}: {errors[0]}")
         raise DtworkError(f"{what} failed on the engines: {errors[0]}{hint}")
     return {
@@ -190,7 +190,7 @@ def scaling(
 
     Weak scaling keeps the per-slot batch b (global b n); strong scaling keeps the global batch
     B (per slot B // n). Efficiency E(n) = T(n) / (n T(1)). Synthetic batches of
-    ``(per_slot, *shape)`` (shape defaults to the model's first Linear's in_features). Each world
+    ``(per_slot, *shape)`` (shape defaults to the in_features of the model's first layer, a Linear). Each world
     size is timed ``repeats[0]`` to ``repeats[1]`` times, until its throughput's 95% interval is
     within ``analysis.scaling.SETTLE_REL`` of its mean (else the point says it did not settle).
     """

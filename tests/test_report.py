@@ -72,13 +72,13 @@ def test_exported_notebook_reruns_to_the_recorded_losses(trained: tuple[int, Pat
     assert rep.max_abs_diff["loss"] <= 1e-6
     nb = nbformat.read(rep.path, as_version=4)
     code = [c.source for c in nb.cells if c.cell_type == "code"]
-    assert code[0].startswith("%%writefile run.yaml\n")
+    assert "RECORDED = json.loads(" in code[0]
+    assert code[-4].startswith("%%writefile run.yaml\n")
     assert (
-        code[1]
+        code[-3]
         == "%load_ext dtwork\n%dtrain start -n 2 --backend gloo --config run.yaml --store run.rerun.sqlite"
     )
-    assert code[2].startswith("%%dtrain\n") and code[3] == "%dtrain stop"
-    assert "RECORDED = json.loads(" in code[4]
+    assert code[-2].startswith("%%dtrain\n") and code[-1] == "%dtrain stop"
     assert "reproduced the recorded metrics" in nb.cells[-1].source
 
 
@@ -206,3 +206,24 @@ def test_report_magic_on_a_real_shell(
     with pytest.raises(DtworkError, match="unrecognized arguments: --frobnicate") as info:
         ip.run_line_magic("dtrain", "report --frobnicate")
     assert "\n" not in str(info.value)
+
+
+def test_the_report_opens_with_summary_and_figures_and_folds_the_config(
+    small_store: tuple[Path, int, int], tmp_path: Path
+) -> None:
+    store, rid, _ = small_store
+    rep = export(rid, tmp_path / "r.ipynb", store=store, html=True)
+    nb = nbformat.read(rep.path, as_version=4)
+    heads = [c.source.split("\n", 1)[0] for c in nb.cells if c.cell_type == "markdown"]
+    assert heads[:3] == [heads[0], "## Figures", "## Analyses: scaling and gradient noise scale"]
+    assert heads[0].startswith("# dtwork report") and "summary" in nb.cells[0].source
+    assert heads.index("## Re-run") > heads.index("## Events")
+    writes = next(i for i, c in enumerate(nb.cells) if c.source.startswith("%%writefile"))
+    figures = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.outputs)
+    assert figures < writes
+    assert nb.cells[writes].metadata["jupyter"]["source_hidden"] is True  # collapsed in JupyterLab
+    html = rep.html_path.read_text()  # type: ignore[union-attr]
+    assert "%%writefile" not in html  # the config once, inside the fold, not again as a cell's source
+    details = html.index("<details>")
+    assert details < html.index("global_batch_size:") < html.index("</details>", details)
+    assert html.index("Plotly.newPlot") < details  # the figures come before the config

@@ -1,9 +1,10 @@
 """The report notebook, built from the run store.
 
-It holds a header with a summary table, the environment, the config as YAML, the run's ``%%dtrain``
+It opens with a header with a summary table, then the figures and analyses rebuilt by
+:mod:`dtwork.report.helpers` from the recorded metrics (a collapsed data cell before them), the
+events, the environment, and last the re-run: the config as YAML (folded), the run's ``%%dtrain``
 cells between ``%dtrain start`` (same slots, backend and config; a store next to the report) and
-``%dtrain stop``, the recorded metrics as data, and the figures and analyses rebuilt from that data
-by :mod:`dtwork.report.helpers`. Everything the user wrote (names, messages, errors, config values)
+``%dtrain stop``. Everything the user wrote (names, messages, errors, config values)
 is scrubbed of secrets, and escaped wherever it lands in markdown: nbconvert keeps raw HTML there.
 """
 
@@ -28,10 +29,11 @@ from dtwork.report import helpers
 from dtwork.report.scrub import SCRUBBED, Scrubber
 from dtwork.store import RunStore
 
-__all__ = ["DATA_TAG", "RERUN_STORE", "code_span", "escape", "notebook", "now", "table"]
+__all__ = ["CONFIG_TAG", "DATA_TAG", "RERUN_STORE", "code_span", "escape", "notebook", "now", "table"]
 
 RERUN_STORE = ".rerun.sqlite"  # the re-run's store: the report's stem + this, beside the report
 DATA_TAG = "dtwork-data"  # the metrics cell: collapsed in JupyterLab, its source left out of the HTML
+CONFIG_TAG = "dtwork-config"  # the cell writing the config: collapsed; the HTML folds it in <details>
 COLUMNS = ["kind", "step", "rank", "name", "value", "time"]
 
 FIGURES_CELL = """from dtwork.report import helpers
@@ -207,11 +209,20 @@ def _rerun_cells(
     start = f"%dtrain start -n {run['world_size']} --backend {run['backend']} --config {yaml_name}"
     if run["global_batch_size"] and not config.get("global_batch_size"):
         start += f" --global-batch-size {run['global_batch_size']}"
+    lines = text.count("\n") + 1
+    folded = (  # built as HTML, escaped: the YAML holds the user's values
+        f"<details><summary>The config as recorded ({lines} lines)</summary>\n"
+        f"<pre>{html.escape(text)}</pre>\n</details>"
+    )
     out = [
         new_markdown_cell(
-            "## Re-run\n\nThe config as recorded; the next cell writes it beside this notebook."
+            "## Re-run\n\nThe cells below re-run the run: the first (collapsed) writes the config beside "
+            f"this notebook.\n\n{folded}"
         ),
-        new_code_cell(f"%%writefile {yaml_name}\n{text}"),
+        new_code_cell(
+            f"%%writefile {yaml_name}\n{text}",
+            metadata={"jupyter": {"source_hidden": True}, "tags": [CONFIG_TAG]},
+        ),
         new_code_cell(f"%load_ext dtwork\n{start} --store {store_name}"),
     ]
     settings = _cell_settings(store, run["id"])
@@ -273,23 +284,22 @@ def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
     title = scrub.text(run["name"] or f"run {run_id}", "run name")
     data = _recorded(store, run, lr)
     nb = new_notebook(metadata={"dtwork": {"run_id": run_id}, "title": f"dtwork report: {title}"})
+    # What a reader looks for first (summary, figures) leads; the config and the re-run come last.
     nb.cells = [
         new_markdown_cell(_header(store, run, data, title, env.get("dtwork"))),
-        new_markdown_cell(_environment(env, config["seed"])),
-        new_markdown_cell(_what_ran(settings)),
-        *rerun,
         new_markdown_cell(
-            "## Recorded metrics\n\nAs stored during the run (`rank` null: aggregated over ranks); "
-            "the cell is collapsed, and left out of the HTML."
+            "## Figures\n\nDrawn by `dtwork.plots` from `RECORDED`, as the live dashboard drew them. "
+            "`RECORDED` holds the metrics as stored during the run (`rank` null: aggregated over ranks); "
+            "its cell is collapsed, and left out of the HTML."
         ),
         _data_cell(data),
-        new_markdown_cell(
-            "## Figures\n\nDrawn by `dtwork.plots` from `RECORDED`, as the live dashboard drew them."
-        ),
         _code_cell(FIGURES_CELL, helpers.figures(data)),
         new_markdown_cell("## Analyses: scaling and gradient noise scale"),
         _code_cell(ANALYSIS_CELL, helpers.analyses(data)),
         new_markdown_cell("## Events\n\n" + (table(events, ("kind", "message")) if events else "None.")),
+        new_markdown_cell(_environment(env, config["seed"])),
+        new_markdown_cell(_what_ran(settings)),
+        *rerun,
     ]
     items = "\n".join(f"- {code_span(f)}" for f in scrub.found) or "- nothing looked like a secret"
     nb.cells.append(

@@ -19,7 +19,7 @@ from typing import Any
 import nbformat
 
 from dtwork.errors import DtworkError
-from dtwork.report.build import DATA_TAG, notebook
+from dtwork.report.build import CONFIG_TAG, DATA_TAG, notebook
 from dtwork.report.helpers import PLOTLY_MIME
 from dtwork.report.scrub import Scrubber
 from dtwork.report.verify import verify as rerun_and_compare
@@ -108,7 +108,8 @@ def to_html(nb: Any) -> str:
     from nbconvert import HTMLExporter
     from traitlets.config import Config
 
-    config = Config({"TagRemovePreprocessor": {"enabled": True, "remove_input_tags": [DATA_TAG]}})
+    remove = {"enabled": True, "remove_input_tags": [DATA_TAG], "remove_cell_tags": [CONFIG_TAG]}
+    config = Config({"TagRemovePreprocessor": remove})  # the config shows once, folded in <details>
     exporter = HTMLExporter(config=config, require_js_url="", mathjax_url="")
     body, _ = exporter.from_notebook_node(_with_figure_html(nb))
     return body.replace('<script src=""></script>', "")

@@ -38,7 +38,7 @@ def tune_before_wrap(state: RankState, model: torch.nn.Module) -> float | None:
     if shape is None:
         if state.rank == 0:
             print(
-                "dtwork: auto_tune_tensor_fusion: the model's input shape is unknown (no Linear layer): "
+                "dtwork: auto_tune_tensor_fusion: the model's input shape is unknown (its first layer is no Linear): "
                 "run %dtrain tune MODEL_EXPR --shape ... instead"
             )
         state.fusion_tuned_for = cfg

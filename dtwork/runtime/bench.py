@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dtwork.runtime.data import input_shape
+from dtwork.runtime.data import input_shape, shape_hint
 from dtwork.runtime.hooks import MeasureState, inner_hook, measure_hook
 from dtwork.runtime.timing import synchronize
 
@@ -116,9 +116,16 @@ def measure(
         if shape is None:
             shape = input_shape(model)
             if shape is None:
-                return {"error": "no input shape: give one (--shape), e.g. --shape 3,32,32", "rank": rank}
+                return {"error": shape_hint(model), "rank": rank}
         gen = torch.Generator().manual_seed(rank)
         x = torch.randn((per_slot, *shape), generator=gen).to(device)
+        # A forward outside DDP (no collectives) finds a wrong shape on every rank alike, in one line.
+        try:
+            with torch.no_grad():
+                model(x)
+        except Exception as exc:
+            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            return {"error": shape_hint(model, tuple(shape), said), "rank": rank}
 
     kwargs: dict[str, Any] = {"process_group": group}
     kwargs["bucket_cap_mb"] = bucket_mb if bucket_mb else ctx.config.optimizations.tensor_fusion_threshold

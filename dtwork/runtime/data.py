@@ -80,12 +80,39 @@ def make_loader(
     return DataLoader(dataset, batch_size=bs, sampler=sampler, **kwargs)
 
 
-def input_shape(model: torch.nn.Module) -> tuple[int, ...] | None:
-    """The shape of one example ``model`` takes, read from its first Linear layer; None without one."""
+def first_layer(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The first module, in registration order, that holds parameters of its own: the input layer."""
     for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            return (m.in_features,)
+        if next(m.parameters(recurse=False), None) is not None:
+            return m
     return None
+
+
+def input_shape(model: torch.nn.Module) -> tuple[int, ...] | None:
+    """The shape of one example ``model`` takes, when its first layer is a Linear; None otherwise.
+
+    A convolution's channels are known but not its spatial size, so it gives None (see ``shape_hint``).
+    """
+    first = first_layer(model)
+    return (first.in_features,) if isinstance(first, torch.nn.Linear) else None
+
+
+_CONV_SHAPES = {torch.nn.Conv1d: "{c},L", torch.nn.Conv2d: "{c},H,W", torch.nn.Conv3d: "{c},D,H,W"}
+
+
+def shape_hint(model: torch.nn.Module, refused: tuple[int, ...] | None = None, said: str = "") -> str:
+    """One line for a model whose input shape is unknown (or ``refused``), naming ``--shape``."""
+    first = first_layer(model)
+    layer = f"its first layer is {type(first).__name__}" if first is not None else "it has no parameters"
+    example = "3,32,32"
+    for kind, form in _CONV_SHAPES.items():
+        if isinstance(first, kind):
+            example = form.format(c=first.in_channels)
+    name = type(model).__name__
+    if refused is None:
+        return f"could not infer the input shape of {name} ({layer}): pass --shape {example}"
+    shape = ",".join(map(str, refused))
+    return f"{name} refused inputs of shape {shape} ({said}; {layer}): pass --shape {example}"
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
