@@ -72,6 +72,7 @@ class Optimizations(_Section):
     tensor_fusion_threshold: float = leaf(25.0, POS)
     auto_tune_tensor_fusion: bool = leaf(False, BOOL)
     average_training_metrics: bool = leaf(True, BOOL)
+    strategy: str = leaf("ddp", Rule("choice", choices=("ddp", "fsdp")))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from dtwork.errors import DtworkError, DtworkWarning
 
@@ -152,8 +153,18 @@ def _module(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
+def _refuse_sharded(state: RankState) -> None:
+    """Refuse models wrapped with FSDP: rank 0's state_dict holds only its own shards."""
+    if any(isinstance(m, FSDPModule) for m in state.models):
+        raise DtworkError(
+            "checkpoints of a model wrapped with strategy='fsdp' are not supported yet: "
+            "wrap it with the default strategy='ddp' to checkpoint, or leave checkpoint.every unset"
+        )
+
+
 def save(state: RankState, loop_state: dict[str, Any]) -> Path | None:
     """Write a checkpoint of everything the trial registered on ``ctx``; return its path (rank 0)."""
+    _refuse_sharded(state)
     rngs: list[Any] = [None] * state.world_size
     dist.all_gather_object(rngs, _rng_state(state.device))
     path = run_directory(state) / f"step-{loop_state['step']:08d}.pt"
@@ -370,6 +381,7 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
     The RNG state is returned (not applied) so the loop applies it once the data iterator is
     positioned exactly where the checkpoint was taken.
     """
+    _refuse_sharded(state)
     payload = read(path)
     if payload["world_size"] != state.world_size:
         raise DtworkError(

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from dtwork.errors import DtworkError
 from dtwork.records import make_perf_record
@@ -186,7 +187,10 @@ class StepLoop:
     def _one(self, batch: Any, data_time: float) -> Iterator[tuple[int, Any]]:
         self.is_last_micro = (self.micro + 1) % self.k == 0
         for m in self._models:
-            m.require_backward_grad_sync = self.is_last_micro  # type: ignore[assignment]
+            if isinstance(m, FSDPModule):  # reduce-scatter at the last micro-batch only, as DDP's no_sync
+                m.set_requires_gradient_sync(self.is_last_micro)
+            else:
+                m.require_backward_grad_sync = self.is_last_micro  # type: ignore[assignment]
         batch = to_device(batch, self.state.device)
         n = batch_len(batch)
         self._micro_len = n
