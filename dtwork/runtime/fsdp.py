@@ -60,9 +60,9 @@ def find_blocks(
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    """Parameters in the config's precision for forward and backward; gradients reduced in fp32."""
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
-    return MixedPrecisionPolicy(param_dtype=dtypes.get(precision), reduce_dtype=torch.float32)
+    """bf16: parameters gathered in bf16 for forward and backward; gradients reduced in fp32."""
+    param = torch.bfloat16 if precision == "bf16" else None
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=torch.float32)
 
 
 def shard_model(
@@ -74,6 +74,8 @@ def shard_model(
     offload: bool = False,
 ) -> torch.nn.Module:
     """Start every rank from rank 0's weights, then shard each block and the root with ``fully_shard``."""
+    if state.config.mixed_precision == "fp16":  # GradScaler over DTensor shards skipped steps fp32 did not
+        raise DtworkError("mixed_precision fp16 is not supported under strategy='fsdp' yet: use bf16 or none")
     model = model.to(state.device)
     if state.world_size > 1:
         with torch.no_grad():  # DDP broadcasts rank 0's weights at wrap; fully_shard keeps each rank's own
