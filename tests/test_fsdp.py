@@ -159,3 +159,19 @@ def test_fsdp_bf16_policy_stays_as_near_fp32_as_ddp(fresh_run: Any) -> None:
     fresh_run.configure({"mixed_precision": "fp16"})
     with pytest.raises(RankFailure, match="mixed_precision fp16 is not supported under strategy='fsdp' yet"):
         fresh_run.run(MODEL + "ctx.wrap(net, strategy='fsdp')", quiet=True)
+
+
+def test_fsdp_model_refuses_the_group_a_failed_cell_rebuilt(fresh_run: Any) -> None:
+    fresh_run.run(
+        MODEL + "model = ctx.wrap(net, strategy='fsdp')\nout = model(torch.randn(2, 6)).sum().item()",
+        quiet=True,
+    )
+    with pytest.raises(RankFailure, match="bad cell on rank 1"):
+        fresh_run.run("if ctx.rank == 1:\n    raise RuntimeError('bad cell on rank 1')", quiet=True)
+    with pytest.raises(RankFailure, match="sharded over a process group that a failed cell replaced"):
+        fresh_run.run("model(torch.randn(2, 6))", quiet=True)
+    fresh_run.run(
+        MODEL + "model = ctx.wrap(net, strategy='fsdp')\nagain = model(torch.randn(2, 6)).sum().item()",
+        quiet=True,
+    )
+    assert len(fresh_run.pull("again")) == 2  # a new wrap trains on the new group

@@ -8,7 +8,7 @@ children holding at least ``BLOCK_SHARE`` of the parameters.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -92,4 +92,19 @@ def shard_model(
     for block in find_blocks(model, blocks):
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)  # changes the model's class in place to an FSDPModule subclass
+    model.register_forward_pre_hook(_refuse_old_group(dist.group.WORLD), prepend=True)
     return model
+
+
+def _refuse_old_group(group: Any) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
+    """A forward pre-hook refusing to run after a failed cell rebuilt the group: the shards'
+    mesh is bound to the old one (DDP models rebind; FSDP ones do not yet)."""
+
+    def hook(_module: torch.nn.Module, _args: tuple[Any, ...]) -> None:
+        if dist.group.WORLD is not group:
+            raise DtworkError(
+                "this FSDP model was sharded over a process group that a failed cell replaced: "
+                "rerun the cell that builds and wraps the model (its weights on the old group are lost)"
+            )
+
+    return hook
