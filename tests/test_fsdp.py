@@ -175,3 +175,45 @@ def test_fsdp_model_refuses_the_group_a_failed_cell_rebuilt(fresh_run: Any) -> N
         quiet=True,
     )
     assert len(fresh_run.pull("again")) == 2  # a new wrap trains on the new group
+
+
+TP_MODEL = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+"""
+
+
+def test_two_way_tensor_parallel_equals_one_process(fresh_run: Any) -> None:
+    cell = TP_MODEL + textwrap.dedent(
+        f"""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+        mesh = ctx.mesh(dp=1, tp=2)
+        model = ctx.wrap(net, tp_plan={{"0": ColwiseParallel(), "2": RowwiseParallel()}})
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(1)
+        X = torch.randn({STEPS} * 8, 6, generator=g); Y = torch.randn({STEPS} * 8, 2, generator=g)
+        for step, (x, y) in ctx.steps([(X[m * 8:(m + 1) * 8], Y[m * 8:(m + 1) * 8]) for m in range({STEPS})]):
+            ctx.backward(F.mse_loss(model(x), y))
+            ctx.step(opt)
+        split = [p.to_local().shape[0] for p in model.parameters()]
+        params = [p.full_tensor().detach().clone() for p in model.parameters()]
+        """
+    )
+    fresh_run.run(cell, quiet=True)
+    ns: dict[str, Any] = {}
+    exec(TP_MODEL, ns)
+    ref = ns["net"]
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    X, Y = torch.randn(STEPS * 8, 6, generator=g), torch.randn(STEPS * 8, 2, generator=g)
+    for m in range(STEPS):
+        opt.zero_grad()
+        F.mse_loss(ref(X[m * 8 : (m + 1) * 8]), Y[m * 8 : (m + 1) * 8]).backward()
+        opt.step()
+    assert fresh_run.pull("split")[0][0] == 8  # the first layer's 16 outputs split over 2 ranks
+    for got in fresh_run.pull("params"):
+        for a, r in zip(got, ref.parameters(), strict=True):
+            assert torch.allclose(a, r.detach(), atol=1e-5)
+    with pytest.raises(RankFailure, match=r"ctx.mesh\(dp=2, tp=2\) needs dp x tp = 2"):
+        fresh_run.run("ctx.mesh(dp=2, tp=2)", quiet=True)

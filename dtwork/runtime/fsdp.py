@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from dtwork.errors import DtworkError
 
@@ -59,6 +60,18 @@ def find_blocks(
     return [m for m in model.children() if _count(m) >= BLOCK_SHARE * total]
 
 
+def make_mesh(state: RankState, dp: int | None, tp: int) -> DeviceMesh:
+    """A (dp, tp) DeviceMesh over every rank, named ``"dp"`` and ``"tp"``; kept for ``ctx.wrap``."""
+    world = state.world_size
+    dp = dp if dp is not None else max(1, world // max(1, tp))
+    if dp < 1 or tp < 1 or dp * tp != world:
+        raise DtworkError(
+            f"ctx.mesh(dp={dp}, tp={tp}) needs dp x tp = {world} (the world size): pick factors of {world}"
+        )
+    state.mesh = init_device_mesh(state.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return state.mesh
+
+
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     """bf16: parameters gathered in bf16 for forward and backward; gradients reduced in fp32."""
     param = torch.bfloat16 if precision == "bf16" else None
@@ -72,6 +85,7 @@ def shard_model(
     blocks: Sequence[type[torch.nn.Module]] = (),
     reshard_after_forward: bool = True,
     offload: bool = False,
+    tp_plan: dict[str, ParallelStyle] | None = None,
 ) -> torch.nn.Module:
     """Start every rank from rank 0's weights, then shard each block and the root with ``fully_shard``."""
     if state.config.mixed_precision == "fp16":  # GradScaler over DTensor shards skipped steps fp32 did not
@@ -81,7 +95,15 @@ def shard_model(
         with torch.no_grad():  # DDP broadcasts rank 0's weights at wrap; fully_shard keeps each rank's own
             for t in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(t, src=0)
-    mesh = init_device_mesh(state.device.type, (state.world_size,))
+    if tp_plan:
+        if state.mesh is None:
+            raise DtworkError(
+                "ctx.wrap(tp_plan=...) shards over ctx.mesh: call ctx.mesh(dp=..., tp=...) first"
+            )
+        parallelize_module(model, state.mesh["tp"], tp_plan)
+        mesh = state.mesh["dp"]
+    else:
+        mesh = init_device_mesh(state.device.type, (state.world_size,))
     kwargs: dict[str, Any] = {
         "mesh": mesh,
         "reshard_after_forward": reshard_after_forward,

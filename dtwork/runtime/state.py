@@ -68,6 +68,7 @@ class RankState:
     run_id: int | None = None  # the kernel's run (names its checkpoint folder), set per run
     run_store: str | None = None  # the kernel's store of that run (owns the folder)
     fusion_tuned_for: ExperimentConfig | None = None  # the config the bucket size was tuned for
+    mesh: Any = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.rank)
