@@ -116,6 +116,41 @@ def _run(cluster: Any, strategy: str, opt: str, k: int, clip: bool) -> tuple[lis
     return by_rank[0], norms[0]
 
 
+SETUP = """
+model = ctx.wrap(net)  # strategy from the config
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+g = torch.Generator().manual_seed(1)
+data = [(torch.randn(4, 6, generator=g), torch.randn(4, 2, generator=g)) for _ in range(12)]
+"""
+TRAIN = """
+for step, (x, y) in ctx.steps(data, max_steps=MAX, resume=RESUME):
+    ctx.backward(F.mse_loss(model(x), y))
+    ctx.step(opt)
+params = [p.full_tensor().detach().clone() for p in model.parameters()]
+kinds = [type(m).__name__ for m in ctx.state.models] + [type(o).__name__ for o in ctx.state.optimizers]
+"""
+
+
+def test_fsdp_checkpoint_resumes_to_the_same_weights(fresh_run: Any, tmp_path: Any) -> None:
+    fresh_run.configure(
+        {"optimizations": {"strategy": "fsdp"}, "checkpoint": {"every": 4, "directory": str(tmp_path)}}
+    )
+    fresh_run.run(MODEL + SETUP + TRAIN.replace("MAX", "4").replace("RESUME", "False"), quiet=True)
+    spoil = (
+        "with torch.no_grad():\n    for p in model.parameters():\n        p.add_(1.0)\nopt.state.clear()\n"
+    )
+    fresh_run.run(
+        spoil + TRAIN.replace("MAX", "8").replace("RESUME", "True"), quiet=True
+    )  # the checkpoint mends it
+    resumed = fresh_run.pull("params")[0]
+    assert fresh_run.pull("kinds") == [["FSDPNet", "AdamW"]] * 2
+    fresh_run.configure({"optimizations": {"strategy": "fsdp"}})
+    fresh_run.run(MODEL + SETUP + TRAIN.replace("MAX", "8").replace("RESUME", "False"), quiet=True)
+    straight = fresh_run.pull("params")[0]
+    for a, b in zip(resumed, straight, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
 @pytest.mark.parametrize(("opt", "k", "clip"), [("sgd", 1, False), ("adamw", 1, False), ("adamw", 2, True)])
 def test_fsdp_equals_ddp_equals_one_process(fresh_run: Any, opt: str, k: int, clip: bool) -> None:
     fsdp, fsdp_norms = _run(fresh_run, "fsdp", opt, k, clip)
@@ -132,19 +167,11 @@ def test_fsdp_equals_ddp_equals_one_process(fresh_run: Any, opt: str, k: int, cl
         )
 
 
-def test_fsdp_refuses_what_it_does_not_support_yet(fresh_run: Any, tmp_path: Any) -> None:
+def test_fsdp_refuses_what_it_does_not_support_yet(fresh_run: Any) -> None:
     with pytest.raises(RankFailure, match=r"unknown strategy 'zero': use one of ddp, fsdp"):
         fresh_run.run(MODEL + "ctx.wrap(net, strategy='zero')", quiet=True)
     with pytest.raises(RankFailure, match="gradient noise scale is not measured under strategy='fsdp'"):
         fresh_run.run(MODEL + "ctx.wrap(net, strategy='fsdp', gns=True)", quiet=True)
-    fresh_run.configure(
-        {"optimizations": {"strategy": "fsdp"}, "checkpoint": {"every": 2, "directory": str(tmp_path)}}
-    )
-    cell = "model = ctx.wrap(net)\nfor step, x in ctx.steps([torch.randn(2, 6)] * 4, max_steps=4):\n    ctx.backward(model(x).sum())\n"
-    with pytest.raises(
-        RankFailure, match="checkpoints of a model wrapped with strategy='fsdp' are not supported yet"
-    ):
-        fresh_run.run(MODEL + cell, quiet=True)
     with pytest.raises(ConfigError, match="strategy"):
         load_config({"optimizations": {"strategy": "zero"}})
 

@@ -107,6 +107,7 @@ class StepLoop:
         self._setup_precision()
         self._setup_gns()
         resume_state = self._load_resume() if self.resume else None
+        gc.collect()  # held below for the whole loop: models that earlier cells replaced must be gone first
         self._models = state.models
         for m in self._models:  # a failed cell may have left counts on one rank: start clean
             s = measure_state(m)
