@@ -82,6 +82,7 @@ class Optimizations(_Section):
     auto_tune_tensor_fusion: bool = leaf(False, BOOL)
     average_training_metrics: bool = leaf(True, BOOL)
     adaptive_batch_size: AdaptiveBatchSize = section(AdaptiveBatchSize)
+    strategy: str = leaf("ddp", Rule("choice", choices=("ddp", "fsdp")))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule
 
 from dtwork.errors import DtworkError, DtworkWarning
 
@@ -152,8 +160,34 @@ def _module(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered onto rank 0's CPU
+
+
+def _sharded_owner(state: RankState, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
+    """The FSDP model whose parameters ``optimizer`` steps, if any."""
+    mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    sharded = [m for m in state.models if isinstance(m, FSDPModule)]
+    return next((m for m in sharded if any(id(p) in mine for p in m.parameters())), None)
+
+
+def _full_states(state: RankState) -> tuple[dict[int, Any], dict[int, Any]]:
+    """The whole state of FSDP models and their optimizers, by index; every rank joins the gathers."""
+    models = {
+        i: get_model_state_dict(m, options=_FULL)
+        for i, m in enumerate(state.models)
+        if isinstance(m, FSDPModule)
+    }
+    optims = {
+        i: get_optimizer_state_dict(owner, o, options=_FULL)
+        for i, o in enumerate(state.optimizers)
+        if (owner := _sharded_owner(state, o)) is not None
+    }
+    return models, optims
+
+
 def save(state: RankState, loop_state: dict[str, Any]) -> Path | None:
     """Write a checkpoint of everything the trial registered on ``ctx``; return its path (rank 0)."""
+    full_models, full_optims = _full_states(state)
     rngs: list[Any] = [None] * state.world_size
     dist.all_gather_object(rngs, _rng_state(state.device))
     path = run_directory(state) / f"step-{loop_state['step']:08d}.pt"
@@ -163,8 +197,13 @@ def save(state: RankState, loop_state: dict[str, Any]) -> Path | None:
             "run": run_name(state),
             "loop": loop_state,
             "rng": rngs,
-            "models": [_module(m).state_dict() for m in state.models],
-            "optimizers": [o.state_dict() for o in state.optimizers],
+            "models": [
+                full_models[i] if i in full_models else _module(m).state_dict()
+                for i, m in enumerate(state.models)
+            ],
+            "optimizers": [
+                full_optims[i] if i in full_optims else o.state_dict() for i, o in enumerate(state.optimizers)
+            ],
             "schedulers": [s.state_dict() for s in state.schedulers],
             "scaler": state.scaler.state_dict() if state.scaler is not None else None,
             "gns": state.gns_state.state_dict() if state.gns_state is not None else None,
@@ -376,10 +415,18 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
             f"checkpoint {path} was written by {payload['world_size']} ranks, this cluster has {state.world_size}: "
             f"resume on the same world size"
         )
+    whole = StateDictOptions(full_state_dict=True)  # every rank read the whole state: each keeps its shards
     for m, sd in zip(state.models, payload["models"], strict=False):
-        _module(m).load_state_dict(sd)
+        if isinstance(m, FSDPModule):
+            set_model_state_dict(m, sd, options=whole)
+        else:
+            _module(m).load_state_dict(sd)
     for o, sd in zip(state.optimizers, payload["optimizers"], strict=False):
-        o.load_state_dict(sd)  # moves the state to each parameter's device
+        owner = _sharded_owner(state, o)
+        if owner is not None:
+            set_optimizer_state_dict(owner, o, sd, options=whole)
+        else:
+            o.load_state_dict(sd)  # moves the state to each parameter's device
     for s, sd in zip(state.schedulers, payload["schedulers"], strict=False):
         s.load_state_dict(sd)
     if state.scaler is not None and payload["scaler"] is not None:

@@ -198,25 +198,72 @@ class Context:
 
     # -- helpers (implemented beside this module) --------------------------------------------
 
-    def wrap(self, model: torch.nn.Module, *, gns: bool | None = None, **ddp_kwargs: Any) -> torch.nn.Module:
-        """Move ``model`` to this rank's device and wrap it in DDP as the config asks."""
+    def wrap(
+        self,
+        model: torch.nn.Module,
+        *,
+        gns: bool | None = None,
+        strategy: str | None = None,
+        fsdp_blocks: tuple[type[torch.nn.Module], ...] = (),
+        reshard_after_forward: bool = True,
+        offload: bool = False,
+        tp_plan: dict[str, Any] | None = None,
+        **ddp_kwargs: Any,
+    ) -> torch.nn.Module:
+        """Move ``model`` to this rank's device and wrap it as the config asks: in DDP, or with
+        ``strategy="fsdp"`` (or ``optimizations.strategy: fsdp``) sharded with FSDP2 (``fsdp_blocks``:
+        the block classes to shard one by one; ``offload``: parameters and optimizer state on the CPU;
+        ``tp_plan``: a tensor-parallel plan applied on ``ctx.mesh``'s tp dimension, FSDP on its dp)."""
         from torch.nn.parallel import DistributedDataParallel
 
         from dtwork.runtime.autotune import tune_before_wrap
         from dtwork.runtime.ddp import wrap_model
+        from dtwork.runtime.fsdp import check_strategy, is_sharded, shard_model
 
-        if isinstance(model, DistributedDataParallel):
+        if isinstance(model, DistributedDataParallel) or is_sharded(model):
             raise DtworkError(
-                "ctx.wrap got a model that is already wrapped in DistributedDataParallel: "
+                "ctx.wrap got a model that is already wrapped (DistributedDataParallel or FSDP): "
                 "use it as it is, or wrap the plain model (model.module) once"
             )
         if not isinstance(model, torch.nn.Module):
             raise DtworkError(f"ctx.wrap takes a torch.nn.Module, got {type(model).__name__}")
         self.require_all_ranks("ctx.wrap", arrive=True)
-        tune_before_wrap(self.state, model)  # optimizations.auto_tune_tensor_fusion, once per config
-        wrapped = wrap_model(self.state, model, gns=gns, **ddp_kwargs)
+        how = strategy or ("fsdp" if tp_plan else self.state.config.optimizations.strategy)
+        check_strategy(how)
+        if tp_plan and how != "fsdp":
+            raise DtworkError(
+                "tp_plan shards with FSDP over ctx.mesh's dp dimension: use strategy='fsdp' with it"
+            )
+        if how == "fsdp":
+            if gns or (gns is None and self.state.config.gns.enabled):
+                raise DtworkError(
+                    "the gradient noise scale is not measured under strategy='fsdp' yet: use gns=False or ddp"
+                )
+            if ddp_kwargs:
+                raise DtworkError(
+                    f"strategy='fsdp' takes no DDP options ({', '.join(sorted(ddp_kwargs))}): drop them"
+                )
+            wrapped = shard_model(
+                self.state,
+                model,
+                blocks=fsdp_blocks,
+                reshard_after_forward=reshard_after_forward,
+                offload=offload,
+                tp_plan=tp_plan,
+            )
+        else:
+            tune_before_wrap(self.state, model)  # optimizations.auto_tune_tensor_fusion, once per config
+            wrapped = wrap_model(self.state, model, gns=gns, **ddp_kwargs)
         self.register("models", wrapped)
         return wrapped
+
+    def mesh(self, dp: int | None = None, tp: int = 1) -> Any:
+        """A (dp, tp) DeviceMesh over the warm ranks (dims named "dp", "tp"); ``ctx.wrap(model,
+        tp_plan={...})`` then splits layers over tp and shards with FSDP over dp."""
+        from dtwork.runtime.fsdp import make_mesh
+
+        self.require_all_ranks("ctx.mesh", arrive=True)
+        return make_mesh(self.state, dp, tp)
 
     def loader(
         self, dataset: Any, batch_size: int | None = None, **kwargs: Any

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from dtwork.errors import DtworkError
 from dtwork.records import make_perf_record
@@ -106,6 +107,7 @@ class StepLoop:
         self._setup_precision()
         self._setup_gns()
         resume_state = self._load_resume() if self.resume else None
+        gc.collect()  # held below for the whole loop: models that earlier cells replaced must be gone first
         self._models = state.models
         for m in self._models:  # a failed cell may have left counts on one rank: start clean
             s = measure_state(m)
@@ -186,7 +188,10 @@ class StepLoop:
     def _one(self, batch: Any, data_time: float) -> Iterator[tuple[int, Any]]:
         self.is_last_micro = (self.micro + 1) % self.k == 0
         for m in self._models:
-            m.require_backward_grad_sync = self.is_last_micro  # type: ignore[assignment]
+            if isinstance(m, FSDPModule):  # reduce-scatter at the last micro-batch only, as DDP's no_sync
+                m.set_requires_gradient_sync(self.is_last_micro)
+            else:
+                m.require_backward_grad_sync = self.is_last_micro  # type: ignore[assignment]
         batch = to_device(batch, self.state.device)
         n = batch_len(batch)
         self._micro_len = n

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from dtwork.analysis.schedules import decay_factor, lars_trust_ratio, scaled_lr, warmup_factor
 
@@ -116,7 +117,10 @@ def clip_grad_norm(
         for opt in optimizers:
             if any(id(p) in mine for g in opt.param_groups for p in g["params"]):
                 _unscale_once(scaler, opt)
-    return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+    if isinstance(norm, DTensor):  # over FSDP shards: the total norm, replicated; a plain tensor to log
+        norm = norm.full_tensor()
+    return norm
 
 
 def _unscale_once(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:

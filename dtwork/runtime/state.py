@@ -70,6 +70,7 @@ class RankState:
     fusion_tuned_for: ExperimentConfig | None = None  # the config the bucket size was tuned for
     cell: int = 0  # counts the cells this rank ran (pre_execute), to tell what a cell used
     used: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
+    mesh: Any = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.rank)
