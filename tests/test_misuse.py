@@ -121,7 +121,7 @@ def test_a_collective_that_one_rank_skips_fails_in_seconds_not_the_group_timeout
 def test_wrapping_a_wrapped_model_is_refused(fresh_run) -> None:
     c = fresh_run
     c.run(SETUP, quiet=True)
-    _fails(c, "ctx.wrap(net)", r"already wrapped in DistributedDataParallel: use it as it is")
+    _fails(c, "ctx.wrap(net)", r"already wrapped \(DistributedDataParallel or FSDP\): use it as it is")
 
 
 def test_steps_over_a_dataset_iterate_its_loader_with_a_note() -> None:
