@@ -651,3 +651,11 @@ def test_adaptive_batch_size() -> None:
         {**base, "optimizations": {"adaptive_batch_size": bad}}
     )
     assert "decide_every" in message({"optimizations": {"adaptive_batch_size": {"decide_every": 0}}})
+
+
+@pytest.mark.parametrize("name", ["\x85", "a\u2028b", "\u2029", "名前 x"])
+def test_names_with_yaml_line_breaks_round_trip(name: str) -> None:
+    """NEL and the Unicode line and paragraph separators are YAML line breaks: a plain or single-quoted
+    scalar folds them into a space (hypothesis found a hyperparameter named '\\x85' read back as ' ')."""
+    cfg = load_config({"hyperparameters": {name: name}})
+    assert load_config(cfg.to_yaml()) == cfg

@@ -88,6 +88,17 @@ def _tune_resolvers(cls: type[yaml.SafeLoader] | type[yaml.SafeDumper], base: An
 _tune_resolvers(Loader, yaml.SafeLoader)
 _tune_resolvers(Dumper, yaml.SafeDumper)
 
+_LINE_BREAKS = ("\x85", "\u2028", "\u2029")  # YAML line breaks that a plain or single-quoted scalar folds
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # Double quotes escape these breaks (\N, \L, \P); any other style reads them back changed.
+    style = '"' if any(c in value for c in _LINE_BREAKS) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+Dumper.add_representer(str, _represent_str)
+
 
 def parse_yaml(text: str, label: str) -> Any:
     """YAML text -> Python data, or a one-line ConfigError (syntax, size, alias expansion)."""
