@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -134,6 +135,18 @@ for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=4):
 """
 
 
+def _interrupt_once_it_exists(mark: Path) -> None:
+    """Press the stop button (SIGINT to this kernel) once a rank has written ``mark``: inside step 1."""
+
+    def wait_and_interrupt() -> None:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=wait_and_interrupt, daemon=True).start()
+
+
 def test_one_interrupt_of_slow_steps_stops_at_that_step_and_keeps_every_name(
     cluster, tmp_path, capsys
 ) -> None:
@@ -142,13 +155,7 @@ def test_one_interrupt_of_slow_steps_stops_at_that_step_and_keeps_every_name(
     pids = [info["pid"] for info in cluster.rank_info]
     mark = tmp_path / "in-step-1"
 
-    def interrupt_in_step_1() -> None:
-        deadline = time.monotonic() + 120
-        while not mark.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt_in_step_1, daemon=True).start()
+    _interrupt_once_it_exists(mark)
     result = cluster.run(f"MARK = {str(mark)!r}\n" + SLOW_LOOP, quiet=True)
     err = capsys.readouterr().err
     assert result.status == "interrupted", err
@@ -172,13 +179,7 @@ def test_a_grace_run_out_only_says_so_and_a_second_interrupt_is_the_only_abort(
     pids = [info["pid"] for info in cluster.rank_info]
     mark = tmp_path / "in-step-1"
 
-    def interrupt_in_step_1() -> None:
-        deadline = time.monotonic() + 120
-        while not mark.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt_in_step_1, daemon=True).start()
+    _interrupt_once_it_exists(mark)
     cell = f"MARK = {str(mark)!r}\n" + SLOW_LOOP.replace("time.sleep(6)", "time.sleep(3)")
     result = cluster.run(cell, quiet=True)
     err = capsys.readouterr().err
