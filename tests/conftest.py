@@ -66,3 +66,13 @@ def fresh_run(cluster: object) -> Iterator[object]:
     """Give each test its own run in the store and default config on every rank."""
     cluster.configure(None)  # type: ignore[attr-defined]
     yield cluster
+
+
+@pytest.fixture()
+def ip(cluster: Any) -> Iterator[Any]:
+    """An IPython shell whose %dtrain drives the shared cluster."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "dtwork")
+    yield shell

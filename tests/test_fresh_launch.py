@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +53,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (folder / "model.py").write_text(EDITED)
     torchrun(folder / "train.py", [str(folder / "ref.pt")], folder)
     return _weights(folder / "ref.pt")
-
-
-@pytest.fixture()
-def ip(cluster: Any) -> Iterator[Any]:
-    """An IPython shell whose %dtrain drives the shared cluster."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "dtwork")
-    yield shell
 
 
 def _weights(path: Path) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,6 @@ from torchrun_ref import torchrun
 from dtwork.errors import RankFailure
 
 TUTORIAL = Path(__file__).parent / "fixtures" / "ddp_tutorial.py"
-
-
-@pytest.fixture()
-def ip(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """An IPython shell whose %dtrain drives the shared cluster."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "dtwork")
-    yield shell
 
 
 def _params(path: Path) -> dict[str, Any]:
