@@ -328,6 +328,20 @@ class SrunEngineSetLauncher(MPIEngineSetLauncher):  # type: ignore[misc]
         return list(self.engine_cmd)  # no --mpi: ranks come from SLURM_PROCID, not mpi4py
 
 
+# Open MPI settings for engines that all run here (a value already in the environment wins).
+_ONE_HOST_MCA = {
+    # Shared memory only: the TCP transport listens on 0.0.0.0 and :: even between local ranks.
+    "OMPI_MCA_btl": "self,vader",
+    # mpiexec's out-of-band contact address: loopback only. Its listener still binds 0.0.0.0 and ::
+    # (Open MPI 4.1 hard-codes the wildcard in create_listen; no parameter moves it).
+    "OMPI_MCA_oob_tcp_if_include": "127.0.0.0/8",
+}
+
+
+def _one_host_mca() -> dict[str, str]:
+    return {k: v for k, v in _ONE_HOST_MCA.items() if k not in os.environ}
+
+
 class MPILauncher(Launcher):
     """Engines started by ``mpiexec -n N`` (Open MPI or MPICH); ranks from the MPI environment."""
 
@@ -359,6 +373,8 @@ class MPILauncher(Launcher):
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             # Open MPI refuses root unless told twice; a container's root user is the common case.
             env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        if interface is None and self.other_hosts() is None:
+            env.update(_one_host_mca())
         cfg = Config({"MPIEngineSetLauncher": {"environment": env}})
         if self.options.hosts:
             cfg.MPIEngineSetLauncher.mpi_args = ["--host", self.options.hosts]

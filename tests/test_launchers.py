@@ -345,15 +345,25 @@ def test_a_launch_that_needs_other_hosts_without_an_interface_fails_at_once(monk
 
 def _listening(pid: int) -> list[str]:
     """The addresses a process and its children listen on (TCP)."""
+    return [ip for _, ip in _listeners(pid)]
+
+
+def _listeners(pid: int) -> list[tuple[str, str]]:
+    """(process name, address) of every TCP socket a process and its children listen on."""
     proc = psutil.Process(pid)
     out = []
     for p in [proc, *proc.children(recursive=True)]:
-        out += [c.laddr.ip for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+        out += [
+            (p.name(), c.laddr.ip) for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN
+        ]
     return out
 
 
+LOOPBACK_IPS = {"127.0.0.1", "::1"}
+
+
 @pytest.mark.usefixtures("openmpi")
-def test_mpi_controller_listens_on_loopback_only(no_cluster: None) -> None:
+def test_mpi_cluster_listens_on_loopback_only(no_cluster: None) -> None:
     with dtwork.start(n=2, launcher="mpi", backend="gloo") as c:
         entry = json.loads(registry.entry_path(c.cluster_id).read_text())
         controllers = [
@@ -364,3 +374,20 @@ def test_mpi_controller_listens_on_loopback_only(no_cluster: None) -> None:
         assert len(controllers) == 1, entry["processes"]
         addresses = _listening(controllers[0])  # the hub and its schedulers: a dozen sockets
         assert len(addresses) >= 4 and set(addresses) == {"127.0.0.1"}, addresses
+
+        # mpiexec, the engines it started (MPI's TCP transport would listen there) and their nannies.
+        (mpiexec,) = {psutil.Process(r["pid"]).ppid() for r in c.rank_info}
+        assert psutil.Process(mpiexec).name() == "mpiexec"
+        found = _listeners(mpiexec)
+        engines = [ip for name, ip in found if name != "mpiexec"]
+        assert len(engines) >= 4 and set(engines) <= LOOPBACK_IPS, found
+        # mpiexec's out-of-band listener binds the wildcard whatever it is told (Open MPI 4.1
+        # hard-codes INADDR_ANY/in6addr_any): only that pair may be wider, and it hands the
+        # engines a loopback contact address only.
+        wide = sorted(ip for name, ip in found if name == "mpiexec" and ip not in LOOPBACK_IPS)
+        assert wide in ([], ["0.0.0.0"], ["0.0.0.0", "::"]), found
+        uri = psutil.Process(c.rank_info[0]["pid"]).environ().get("OMPI_MCA_orte_hnp_uri", "")
+        contacts = {
+            ip for hosts in re.findall(r"tcp6?://\[?(.+?)\]?:\d+(?:;|$)", uri) for ip in hosts.split(",")
+        }
+        assert contacts and contacts <= LOOPBACK_IPS, uri
