@@ -199,9 +199,12 @@ def in_notebook() -> bool:
     """Whether this process is a Jupyter kernel (widgets can be shown), not a script or a terminal."""
     try:
         from ipykernel.zmqshell import ZMQInteractiveShell
+        from IPython import get_ipython
     except ImportError:
         return False
-    return bool(ZMQInteractiveShell.initialized())
+    # The shell's own class is asked: a plain InteractiveShell (a test, a terminal) makes
+    # ``ZMQInteractiveShell.initialized()`` true too, through the singleton it shares.
+    return isinstance(get_ipython(), ZMQInteractiveShell)
 
 
 @contextlib.contextmanager
