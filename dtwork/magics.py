@@ -42,7 +42,7 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   wait | attach   bring a background (--bg) cell back: live view, wait for its end
   scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape C,H,W] [--batch B] MODEL_EXPR
                   throughput and scaling efficiency on synthetic data, by world size
-  throughput --data LOADER_EXPR [--steps K] MODEL_EXPR
+  throughput --data LOADER_EXPR [--steps K] [--rounds N] MODEL_EXPR
                   real batches against synthetic ones: is data loading the bottleneck?
   tune [--sizes 1,4,16] [--shape ...] MODEL_EXPR
                   sweep DDP bucket sizes, write the best into the config
@@ -177,6 +177,7 @@ def _throughput_parser() -> _Parser:
     p = _parser("throughput")
     p.add_argument("--data", required=True)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=8)
     p.add_argument("model", nargs="+")
     return p
 
@@ -444,7 +445,8 @@ class DtrainMagics(Magics):
         from dtwork import measure
 
         ns = _throughput_parser().parse_args(argv)
-        measure.throughput(current(), " ".join(ns.model), ns.data, steps=ns.steps)
+        rounds = (min(3, ns.rounds), ns.rounds)
+        measure.throughput(current(), " ".join(ns.model), ns.data, steps=ns.steps, rounds=rounds)
         return None
 
     def _sub_tune(self, argv: list[str]) -> Any:

@@ -10,8 +10,9 @@ Scaling efficiency E(n) = T(n) / (n T(1)) with T in samples/s (``analysis.scalin
 
 from __future__ import annotations
 
+import functools
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dtwork import batch
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from dtwork.analysis.gns import BatchAdvice
+    from dtwork.analysis.loading import Interval
     from dtwork.analysis.scaling import ScalingResult
     from dtwork.cluster import Cluster
     from dtwork.config import ExperimentConfig
@@ -123,12 +125,23 @@ def _run_bench(
     loader_expr: str | None = None,
     synthetic: bool = True,
     bucket_mb: float | None = None,
+    loader_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Call the engine-side measurement on every rank; return rank 0's numbers (world-wide)."""
     if not isinstance(model_expr, str) or not model_expr.strip():
         raise DtworkError("give a model expression such as Net() (defined in a %%dtrain cell)")
     out = cluster.run(
-        _bench, model_expr, world, per_slot, steps, warmup, shape, loader_expr, synthetic, bucket_mb
+        _bench,
+        model_expr,
+        world,
+        per_slot,
+        steps,
+        warmup,
+        shape,
+        loader_expr,
+        synthetic,
+        bucket_mb,
+        loader_settings,
     )
     mine = [r for r in out[:world] if r is not None]
     errors = [r["error"] for r in mine if "error" in r]
@@ -248,6 +261,31 @@ def scaling(
 # -- data loading -------------------------------------------------------------------------------
 
 
+def _paired_rounds(
+    first: Callable[[], float],
+    second: Callable[[], float],
+    rounds: tuple[int, int],
+    decided: Callable[[Interval, int], bool],
+) -> tuple[Interval, list[float], list[float]]:
+    """Time ``first`` and ``second`` once a round, for ``rounds[0]`` to ``rounds[1]`` rounds until
+    ``decided``; return the paired ratio first / second with its interval, and both timings."""
+    from dtwork.analysis import loading
+
+    a: list[float] = []
+    b: list[float] = []
+    least = max(2, min(rounds))
+    while True:
+        # Alternate which goes first, so a machine slowing down or warming up favours neither.
+        for which in (0, 1) if len(a) % 2 == 0 else (1, 0):
+            (b if which else a).append(second() if which else first())
+        try:
+            ratio = loading.paired(a, b)
+        except ValueError as exc:
+            raise DtworkError(str(exc)) from None
+        if len(a) >= max(least, rounds[1]) or (len(a) >= least and decided(ratio, least)):
+            return ratio, a, b
+
+
 def throughput(
     cluster: Cluster,
     model_expr: str,
@@ -255,21 +293,31 @@ def throughput(
     *,
     steps: int = 10,
     warmup: int = 2,
+    rounds: tuple[int, int] = (3, 8),
+    advise: bool = True,
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Compare real batches from ``loader_expr`` with synthetic ones of the same shape.
 
-    Returns ``{"real", "synthetic" (samples/s over all ranks), "ratio", "bottleneck", "sentence"}``;
-    the loader is the bottleneck when real / synthetic < 0.9 (``analysis.scaling.data_bottleneck``).
+    One real and one synthetic timing per round, interleaved (``analysis.loading``), for
+    ``rounds[0]`` to ``rounds[1]`` rounds, until the ratio's 95% interval gives a verdict. When
+    loading is the bottleneck (and ``advise``), each candidate loader setting is timed against the
+    current loader in paired rounds the same way and the best measurably faster one is advised. Returns
+    ``{"real", "synthetic" (mean samples/s over all ranks), "ratio", "low", "high", "rounds",
+    "verdict", "bottleneck", "sentence", "advice"}``.
     """
-    from dtwork.analysis.scaling import data_bottleneck
+    from dtwork.analysis import loading
 
     if not loader_expr:
         raise DtworkError("throughput needs a loader: --data LOADER_EXPR (e.g. --data ctx.loader(ds))")
+    if steps < 1:
+        raise DtworkError(f"--steps must be at least 1, got {steps}")
+    if rounds[1] < 2:
+        raise DtworkError(f"--rounds must be at least 2 (an interval needs two), got {rounds[1]}")
     world = cluster.world_size
-    # The same model on the loader's batches, then on synthetic batches of their shape.
-    real, synth = (
-        _run_bench(
+
+    def timed(synthetic: bool, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        return _run_bench(
             cluster,
             model_expr,
             world,
@@ -279,19 +327,43 @@ def throughput(
             shape=None,
             loader_expr=loader_expr,
             synthetic=synthetic,
+            loader_settings=settings,
         )
-        for synthetic in (False, True)
+
+    facts: dict[str, Any] = {}
+
+    def real_one(settings: dict[str, Any] | None = None) -> float:
+        nonlocal facts
+        r = timed(False, settings)
+        facts = r.get("loader") or facts
+        return float(r["world_samples_per_s"])
+
+    ratio, real, synth = _paired_rounds(
+        real_one, lambda: float(timed(True)["world_samples_per_s"]), rounds, loading.decided
     )
-    try:
-        slow, ratio, sentence = data_bottleneck(real["world_samples_per_s"], synth["world_samples_per_s"])
-    except ValueError as exc:
-        raise DtworkError(str(exc)) from None
-    out = {
-        "real": real["world_samples_per_s"],
-        "synthetic": synth["world_samples_per_s"],
-        "ratio": ratio,
-        "bottleneck": slow,
+    kind = loading.verdict(ratio)
+    mean_real, mean_synth = statistics.fmean(real), statistics.fmean(synth)
+    sentence = loading.headline(kind, ratio, mean_real, mean_synth)
+    advice = None
+    if kind == "bottleneck" and advise:
+        tried = []
+        for setting in loading.candidates(facts):
+            changed = functools.partial(real_one, setting)
+            gain, _, _ = _paired_rounds(changed, real_one, rounds, loading.decided_gain)
+            tried.append((setting, gain))
+        advice = loading.advise(tried)
+    out: dict[str, Any] = {
+        "real": mean_real,
+        "synthetic": mean_synth,
+        "ratio": ratio.mean,
+        "low": ratio.low,
+        "high": ratio.high,
+        "rounds": ratio.rounds,
+        "verdict": kind,
+        "bottleneck": kind == "bottleneck",
         "sentence": sentence,
+        "advice": advice.to_dict() if advice else None,
+        "advice_sentence": advice.sentence() if advice else None,
         "world_size": world,
         "model": model_expr,
         "loader": loader_expr,
@@ -302,9 +374,11 @@ def throughput(
 
         from dtwork.plots import loading_figure
 
-        display(loading_figure(out["real"], out["synthetic"], sentence.split(":")[0]))
+        display(loading_figure(mean_real, mean_synth, sentence.split(":")[0]))
     if not quiet:
         print(f"dtwork: {sentence}")
+        if advice is not None:
+            print(f"dtwork: advice: {advice.sentence()}")
     return out
 
 

@@ -61,6 +61,45 @@ def _agree(ok: bool, group: Any, device: torch.device) -> bool:
     return float(flag.item()) == 0.0
 
 
+def loader_facts(loader: Any) -> dict[str, Any]:
+    """What the loader advice needs to know about a rank's loader (``analysis.loading.candidates``)."""
+    data = getattr(loader, "dataset", None)
+    return {
+        "torch": isinstance(loader, torch.utils.data.DataLoader),
+        "iterable": isinstance(data, torch.utils.data.IterableDataset),
+        "num_workers": getattr(loader, "num_workers", 0),
+        "prefetch_factor": getattr(loader, "prefetch_factor", None),
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "cores": torch.get_num_threads(),  # this rank's share of the host's cores (set at start)
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+def with_settings(loader: torch.utils.data.DataLoader, settings: dict[str, Any]) -> Any:
+    """The same batches from the same dataset and sampler, loaded with ``settings`` changed."""
+    kwargs: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    if loader.batch_sampler is not None:
+        kwargs["batch_sampler"] = loader.batch_sampler
+    else:  # batching off: one sample at a time
+        kwargs.update(batch_size=None, sampler=loader.sampler)
+    kwargs.update(settings)
+    if kwargs["num_workers"] == 0:  # these two need workers
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    return torch.utils.data.DataLoader(loader.dataset, **kwargs)
+
+
 def measure(
     model_expr: str,
     world: int,
@@ -71,12 +110,14 @@ def measure(
     loader_expr: str | None,
     synthetic: bool,
     bucket_mb: float | None,
+    loader_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Time ``steps`` DDP steps of ``eval(model_expr)`` on ranks 0..world-1.
 
     Returns (ranks < world) ``{"world", "rank", "samples_per_s" (this rank), "world_samples_per_s",
-    "step_time", "comm_time", "per_slot", "shape"}`` or ``{"error": "Name: message"}`` when the
-    model (or loader) expression fails on some rank; ranks >= world return None.
+    "step_time", "comm_time", "per_slot", "shape", "loader" (its facts)}`` or ``{"error": "Name:
+    message"}`` when the model (or loader) expression fails on some rank; ranks >= world return
+    None. ``loader_settings`` rebuilds the loader with those DataLoader arguments changed.
     """
     group = _group(world)
     rank = dist.get_rank()
@@ -93,6 +134,10 @@ def measure(
             raise TypeError(f"{model_expr} is a {type(model).__name__}, not a torch.nn.Module")
         if loader_expr:
             loader = eval(loader_expr, ns)  # noqa: S307
+            if loader_settings:
+                if not isinstance(loader, torch.utils.data.DataLoader):
+                    raise TypeError(f"{loader_expr} is a {type(loader).__name__}, not a DataLoader")
+                loader = with_settings(loader, loader_settings)
     except Exception as exc:  # reported once, by the kernel
         error = f"{type(exc).__name__}: {exc}"
     if not _agree(error is None, group, device):
@@ -161,6 +206,9 @@ def measure(
         synchronize(device)
         return time.perf_counter() - t0, state.exposed_comm(), int(inp.shape[0])
 
+    if loader is not None and not synthetic and getattr(loader, "num_workers", 0) > 0:
+        # Workers fill their queue while the model is set up: time the steady state, not that.
+        warmup = max(warmup, loader.num_workers * (loader.prefetch_factor or 2) + 1)
     for _ in range(warmup):
         one_step()
     dist.barrier(group=group)
@@ -190,4 +238,5 @@ def measure(
         "step_time": sum(step_times) / max(1, len(step_times)),
         "comm_time": sum(comm_times) / max(1, len(comm_times)),
         "elapsed": world_elapsed,
+        "loader": loader_facts(loader) if loader is not None else None,
     }
