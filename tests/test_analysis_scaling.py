@@ -12,7 +12,6 @@ from dtwork.analysis import (
     ScalingPoint,
     ScalingResult,
     best_bucket,
-    data_bottleneck,
     efficiency,
     plan_sizes,
     speedup,
@@ -118,19 +117,3 @@ def test_best_bucket():
     assert best_bucket({100.0: 0.2, 10.0: 0.2, 50.0: 0.25}) == 10.0
     with pytest.raises(ValueError, match="No bucket-size measurements"):
         best_bucket({})
-
-
-def test_data_bottleneck_sentences():
-    slow, ratio, text = data_bottleneck(120.0, 286.0)
-    assert slow is True
-    assert ratio == pytest.approx(120 / 286)
-    assert text == (
-        "Data loading is the bottleneck: real batches reach 0.42x of synthetic throughput (120 vs 286 samples/s)."
-    )
-    slow, ratio, text = data_bottleneck(280.0, 286.0)
-    assert slow is False
-    assert text.startswith("Data loading is not the bottleneck: real batches reach 0.98x")
-    assert data_bottleneck(85.0, 100.0, threshold=0.8)[0] is False
-    assert data_bottleneck(85.0, 100.0)[0] is True
-    with pytest.raises(ValueError, match="Synthetic throughput must be positive"):
-        data_bottleneck(1.0, 0.0)

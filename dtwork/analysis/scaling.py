@@ -203,30 +203,6 @@ def best_bucket(results: Mapping[float, float]) -> float:
     return min(results, key=lambda mb: (results[mb], mb))
 
 
-def data_bottleneck(
-    real_throughput: float, synthetic_throughput: float, threshold: float = 0.9
-) -> tuple[bool, float, str]:
-    """Return (is_bottleneck, ratio, sentence) with ratio = real / synthetic throughput.
-
-    Data loading is the bottleneck when the ratio is below ``threshold``.
-    """
-    if synthetic_throughput <= 0:
-        raise ValueError(f"Synthetic throughput must be positive, got {synthetic_throughput}.")
-    if real_throughput < 0:
-        raise ValueError(f"Real throughput must be >= 0, got {real_throughput}.")
-    ratio = real_throughput / synthetic_throughput
-    slow = ratio < threshold
-    detail = (
-        f"real batches reach {ratio:.2f}x of synthetic throughput "
-        f"({real_throughput:.0f} vs {synthetic_throughput:.0f} samples/s)."
-    )
-    if slow:
-        sentence = f"Data loading is the bottleneck: {detail}"
-    else:
-        sentence = f"Data loading is not the bottleneck: {detail}"
-    return slow, ratio, sentence
-
-
 def mean_interval(samples: Sequence[float]) -> tuple[float, float | None, float | None]:
     """Return (mean, low, high): the mean and its two-sided 95% Student t interval (None with one sample).
 
