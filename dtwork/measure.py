@@ -396,6 +396,34 @@ def _left_out_text(store: RunStore, run_id: int) -> str | None:
     return "; ".join(parts) + ": the estimate and this advice use the finite steps only"
 
 
+def _adaptive_text(store: RunStore, run_id: int) -> list[str]:
+    """Why the adaptive batch is what it is: its last decision and its last change; [] without one."""
+    rows = store.metrics(run_id, "global_batch")
+    if not rows:
+        return []
+    step = rows[-1]["step"]
+    last = {
+        n: _latest(store, run_id, n) for n in ("per_slot_batch", "accumulation", "lr_factor", "threshold")
+    }
+    gain, eff = _latest(store, run_id, "predicted_gain"), _latest(store, run_id, "efficiency")
+    thr = 100 * (last["threshold"] or 0.0)
+    out = [
+        f"adaptive batch: global batch {rows[-1]['value']:.0f} = {last['per_slot_batch'] or 0:.0f} per slot x "
+        f"{last['accumulation'] or 1:.0f} accumulated, LR x{last['lr_factor'] or 1:.3g} (decision at step {step})"
+    ]
+    if gain is None:
+        out.append("  no settled GNS interval yet: the batch stays where it started")
+    else:
+        eff_text = f", efficiency E = {eff:.2f} against the starting batch" if eff is not None else ""
+        out.append(
+            f"  best predicted goodput gain {100 * gain:.1f}% (a switch needs more than {thr:.0f}%){eff_text}"
+        )
+    changes = store.events(run_id, kind="batch")
+    if changes:
+        out.append(f"  last change: {changes[-1]['message']}")
+    return out
+
+
 def _interval_text(store: RunStore, run_id: int) -> str:
     """The latest estimate's 95% interval, and "not yet settled" until it is narrow enough to act on."""
     rows = store.metrics(run_id, "b_simple")
@@ -462,6 +490,8 @@ def gns_advice(
             print(f"  {line}")
         if (left := _left_out_text(store, rid)) is not None:
             print(f"  note: {left}")
+        for line in _adaptive_text(store, rid):
+            print(f"  {line}")
     if _in_ipython():
         from IPython.display import display
 

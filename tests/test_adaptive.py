@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from dtwork import measure, plots
+from dtwork.report import helpers
+from dtwork.report.build import COLUMNS
+
 CONFIG = {"global_batch_size": 16, "seed": 3, "gns": {"enabled": True, "ema_decay": 0.98}}
 DATA = """
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -51,7 +55,7 @@ def _exactly_once(seen: list[dict[int, list[int]]], n: int, complete: set[int]) 
 
 
 def test_steps_loop_grows_the_batch_sees_each_sample_once_scales_the_lr_and_resumes(
-    cluster, tmp_path
+    cluster, tmp_path, capsys
 ) -> None:
     cluster.configure({**CONFIG, "checkpoint": {"directory": str(tmp_path)}})
     code = DATA + STEPS.replace("MAX", "800").replace("CKPT", "40").replace("RESUME", "False")
@@ -75,6 +79,18 @@ def test_steps_loop_grows_the_batch_sees_each_sample_once_scales_the_lr_and_resu
     rows = store.metrics(rid, "global_batch")
     assert rows and rows[-1]["value"] == batches[-1] and rows[-1]["rank"] is None
     assert any("global batch" in e["message"] for e in store.events(rid, kind="batch"))
+    # %dtrain gns says why; the report lists the trajectory; the dashboard draws it
+    capsys.readouterr()
+    measure.gns_advice(cluster, quiet=False)
+    said = capsys.readouterr().out
+    assert f"adaptive batch: global batch {batches[-1]} = " in said and "a switch needs more than 5%" in said
+    rows = store.metrics(rid, rank="all")
+    data = {"columns": COLUMNS, "rows": [[r[c] for c in COLUMNS] for r in rows]}
+    trajectory = helpers.adaptive_trajectory(data)
+    changes = [b for i, b in enumerate(batches) if i == 0 or b != batches[i - 1]]
+    assert [int(line.split("global batch ")[1].split()[0]) for line in trajectory] == changes
+    traces = plots.AdaptiveSeries().add(rows).traces()
+    assert [t.name for t in traces][:2] == ["global_batch", "lr_factor"] and traces[0].y[-1] == batches[-1]
 
     # a new cell resumes: the same batch, accumulation and sampler place; the epoch completes once
     end = cluster.pull("end")[0]

@@ -363,6 +363,7 @@ class AdaptiveBatch:
             "accumulation": float(self.split.accumulation),
             "lr_factor": self.factor,
             "progress": self.progress,
+            "threshold": THRESHOLD,
         }
         for name, value in (
             ("efficiency", d.efficiency),
