@@ -222,7 +222,8 @@ class AdaptiveBatch:
     def start(self, accumulation: int) -> None:
         """At a loop's start: the split it runs, published on the rank state."""
         self.check()
-        self.split = goodput.Split(self.loader.per_slot_batch_size, accumulation, self.state.world_size)
+        k = self.split.accumulation if self.steps else accumulation  # a later loop goes on with it
+        self.split = goodput.Split(self.loader.per_slot_batch_size, k, self.state.world_size)
         self._publish_split()
         self._t_last = 0.0
         self._window = []
@@ -244,18 +245,27 @@ class AdaptiveBatch:
     # -- every step --------------------------------------------------------------------------------
 
     def after_step(self, comm: float = 0.0, max_accumulation: int = MAX_ACCUMULATION) -> bool:
-        """At an optimizer step's end (every rank): measure, decide when due, set the LR.
-        Return whether the split changed (the caller's accumulation follows ``split``)."""
+        """At an optimizer step's end (every rank): ``measure``, then ``decide``."""
+        self.measure(comm)
+        return self.decide(max_accumulation)
+
+    def measure(self, comm: float) -> None:
+        """Count the step just taken: its seconds and communication, and the samples trained."""
         now = time.perf_counter()
         if self._t_last:
             self._window.append((now - self._t_last, comm))
+        self._t_last = now
         self.steps += 1
         self._trained = self.loader.sampler.served
+
+    def decide(self, max_accumulation: int = MAX_ACCUMULATION) -> bool:
+        """Decide when due and set the LR; return whether the split changed (the caller's
+        accumulation follows ``split``)."""
         changed = False
         if self.steps % self.decide_every == 0:
             changed = self._decide(max_accumulation)
+            self._t_last = time.perf_counter()  # the decision's collectives are no step's time
         self.apply_lr()
-        self._t_last = time.perf_counter()
         return changed
 
     def hand_step(self) -> None:

@@ -374,14 +374,19 @@ class StepLoop:
                     exchanged = True
                 s.reset()
         self._perf_tick(comm, exchanged)
-        if self.adaptive is not None and self.adaptive.after_step(comm):
-            self.k, self.micro = self.adaptive.split.accumulation, 0  # the next step's micro-batches
+        if self.adaptive is not None:
+            self.adaptive.measure(comm)  # the progress that _done() reads
         self._drain()  # launched a step ago or more; may stop the loop at this step
         self._record_step(norms)
         if self.sync.due() or self._done():
             self.sync.launch()
             if self.sync.waits_now:  # slow steps: agree at this step, so a stop leaves at its end
                 self._drain()
+        if self.adaptive is not None and self.adaptive.decide():
+            if self.sync.unsent:  # the steps at the old batch: their GNS norms read with its sizes
+                self.sync.launch()
+            self._drain()
+            self.k, self.micro = self.adaptive.split.accumulation, 0  # the next step's micro-batches
         self._arm_gns()
         if self.check_every and self.step % self.check_every == 0:
             guards.check_replicas(list(self._trained.values()), self.step, state.device)
