@@ -120,9 +120,79 @@ def test_a_hand_loop_decides_in_ctx_step_with_the_linear_rule(cluster) -> None:
     cluster.configure(CONFIG)
     cluster.run(DATA + HAND, quiet=True)
     traj, seen = cluster.pull("traj"), cluster.pull("seen")
+    _exactly_once(seen, 4096, {0, 1})
     assert traj[0] == traj[1]
     assert traj[0][-1][2] > 16, traj[0][-1]
     for _, lr, m, _ in traj[0]:  # linear: M / M0 on the LR it started with
         assert lr == pytest.approx(0.01 * m / 16, rel=1e-9)
-    _exactly_once(seen, 4096, {0, 1})
     assert sum(n for *_, n in traj[0]) * 2 == 2 * 4096
+
+
+def _state(world_size: int = 1, rank: int = 0, per_slot: int = 4):
+    import torch
+
+    from dtwork.config import load_config
+    from dtwork.runtime.state import RankState
+
+    state = RankState(rank, world_size, 0, torch.device("cpu"), "gloo", load_config(None))
+    state.per_slot_batch_size, state.global_batch_size = per_slot, per_slot * world_size
+    return state
+
+
+def test_the_sampler_neither_repeats_nor_skips_when_the_batch_changes_between_micro_batches() -> None:
+    """Two ranks' samplers, the per-slot batch changed at random between micro-batches (the same on
+    both, as the broadcast decision makes it); an odd dataset leaves out one sample per epoch."""
+    import random
+
+    from dtwork.runtime.adaptive import AdaptiveSampler
+
+    size, pick = 1001, random.Random(0)
+    samplers = [AdaptiveSampler(size, 2, r, per_slot=3, seed=5) for r in (0, 1)]
+    for epoch in range(3):
+        for s in samplers:
+            s.begin()
+        its = [iter(s) for s in samplers]
+        taken: list[int] = []
+        while True:
+            parts = [next(it, None) for it in its]
+            if parts[0] is None:
+                assert parts[1] is None
+                break
+            assert len(parts[0]) == len(parts[1])  # every rank takes as many: DDP's steps stay equal
+            taken += parts[0] + parts[1]
+            per_slot = pick.choice([1, 2, 7, 30])
+            for s in samplers:
+                s.per_slot = per_slot
+        assert len(taken) == len(set(taken)) == size - 1, epoch
+        assert samplers[0].epoch == epoch + 1 and samplers[0].served == (epoch + 1) * (size - 1)
+
+
+def test_a_lambda_schedule_runs_on_progress_and_the_factor_multiplies_it() -> None:
+    """One rank, no collective: a batch twice the starting one advances the schedule two steps a step."""
+    import torch
+
+    from dtwork.analysis.goodput import Split
+    from dtwork.runtime.adaptive import make_adaptive_loader
+
+    state = _state(per_slot=4)
+    data = torch.utils.data.TensorDataset(torch.arange(64.0))
+    loader = make_adaptive_loader(state, data, max_global_batch=64, decide_every=1000)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda p: 1.0 / (1.0 + p))
+    state.register("optimizers", opt)
+    state.register("schedulers", sched)
+    ab = loader.adaptive
+    ab.start(1)
+    it = iter(loader)
+    next(it)
+    ab.after_step()  # one step at the starting batch: progress 1
+    assert ab.progress == 1 and opt.param_groups[0]["lr"] == pytest.approx(0.1 / 2)
+    ab.split, ab.factor = Split(8, 1, 1), 2.0  # what a decision for batch 8 under "linear" leaves
+    loader.set_batch(8)
+    assert len(next(it)[0]) == 8
+    opt.step()
+    sched.step()  # as ctx.step does; the adaptive LR then replaces the raw step's value
+    ab.after_step()
+    assert ab.progress == 3 and opt.param_groups[0]["lr"] == pytest.approx(0.1 / 4 * 2.0)
+    assert sched.last_epoch == 3 and sched.get_last_lr() == [opt.param_groups[0]["lr"]]
