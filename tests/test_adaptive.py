@@ -196,3 +196,4 @@ def test_a_lambda_schedule_runs_on_progress_and_the_factor_multiplies_it() -> No
     ab.after_step()
     assert ab.progress == 3 and opt.param_groups[0]["lr"] == pytest.approx(0.1 / 4 * 2.0)
     assert sched.last_epoch == 3 and sched.get_last_lr() == [opt.param_groups[0]["lr"]]
+    assert ab.steps_total(2, 7) == 2 + 2  # progress 4 left at 2 per step: the progress bar's total

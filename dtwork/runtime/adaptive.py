@@ -206,6 +206,11 @@ class AdaptiveBatch:
         """Training progress in optimizer steps at the starting global batch (samples / M0)."""
         return goodput.progress_steps(self._trained, self.start_batch)
 
+    def steps_total(self, step: int, max_progress: int) -> int:
+        """The optimizer steps a loop at ``step`` takes to ``max_progress``, at the current batch."""
+        left = max(0.0, max_progress - self.progress) * self.start_batch / self.split.global_batch
+        return step + math.ceil(left)
+
     def check(self) -> None:
         """Refuse settings a decision cannot run with (at a loop's start)."""
         if self.max_global_batch is None:

@@ -522,4 +522,6 @@ class StepLoop:
 
     def _progress(self, phase: str) -> None:
         total = self.max_steps
+        if self.adaptive is not None and total is not None:  # in optimizer steps, as `step`
+            total = self.adaptive.steps_total(self.step, total)
         self.state.publisher.progress(step=self.step, total=total, phase=phase, epoch=self.epoch)
