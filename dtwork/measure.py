@@ -398,18 +398,16 @@ def _left_out_text(store: RunStore, run_id: int) -> str | None:
 
 def _adaptive_text(store: RunStore, run_id: int) -> list[str]:
     """Why the adaptive batch is what it is: its last decision and its last change; [] without one."""
-    rows = store.metrics(run_id, "global_batch")
+    rows = [r for r in store.metrics(run_id) if r["kind"] == "adaptive"]  # not a logged metric's name
     if not rows:
         return []
     step = rows[-1]["step"]
-    last = {
-        n: _latest(store, run_id, n) for n in ("per_slot_batch", "accumulation", "lr_factor", "threshold")
-    }
-    gain, eff = _latest(store, run_id, "predicted_gain"), _latest(store, run_id, "efficiency")
-    thr = 100 * (last["threshold"] or 0.0)
+    last = {r["name"]: r["value"] for r in rows if r["step"] == step}
+    gain, eff, thr = last.get("predicted_gain"), last.get("efficiency"), 100 * (last.get("threshold") or 0.0)
     out = [
-        f"adaptive batch: global batch {rows[-1]['value']:.0f} = {last['per_slot_batch'] or 0:.0f} per slot x "
-        f"{last['accumulation'] or 1:.0f} accumulated, LR x{last['lr_factor'] or 1:.3g} (decision at step {step})"
+        f"adaptive batch: global batch {last.get('global_batch') or 0:.0f} = {last.get('per_slot_batch') or 0:.0f} "
+        f"per slot x {last.get('accumulation') or 1:.0f} accumulated, LR x{last.get('lr_factor') or 1:.3g} "
+        f"(decision at step {step})"
     ]
     if gain is None:
         out.append("  no settled GNS interval yet: the batch stays where it started")

@@ -186,6 +186,9 @@ class AdaptiveSeries(MetricsSeries):
     def __init__(self) -> None:
         super().__init__(ADAPTIVE_NAMES)
 
+    def _add(self, row: Mapping[str, Any]) -> bool:
+        return row["kind"] == "adaptive" and super()._add(row)  # a logged "efficiency" is the user's
+
 
 class GnsSeries(Series):
     """B_simple against step with its interval as a band (when the records carry one), the global
