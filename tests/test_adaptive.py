@@ -167,7 +167,7 @@ def test_the_sampler_neither_repeats_nor_skips_when_the_batch_changes_between_mi
         assert samplers[0].epoch == epoch + 1 and samplers[0].served == (epoch + 1) * (size - 1)
 
 
-def test_a_lambda_schedule_runs_on_progress_and_the_factor_multiplies_it() -> None:
+def test_a_lambda_schedule_runs_on_progress_and_the_factor_multiplies_it(capsys) -> None:
     """One rank, no collective: a batch twice the starting one advances the schedule two steps a step."""
     import torch
 
@@ -183,7 +183,8 @@ def test_a_lambda_schedule_runs_on_progress_and_the_factor_multiplies_it() -> No
     state.register("optimizers", opt)
     state.register("schedulers", sched)
     ab = loader.adaptive
-    ab.start(1)
+    assert ab.begin(1, None) == 1
+    assert "the adaptive batch stays at 4 without a gradient noise scale" in capsys.readouterr().out
     it = iter(loader)
     next(it)
     ab.after_step()  # one step at the starting batch: progress 1

@@ -237,6 +237,11 @@ class AdaptiveBatch:
         """At ``ctx.steps``' start: the split to run (the checkpoint's on a resume) and its LR;
         return the accumulation the loop runs with."""
         self.start(accumulation)
+        if self.state.gns_state is None and self.state.rank == 0:  # decisions rest on the GNS interval
+            print(
+                f"dtwork: the adaptive batch stays at {self.split.global_batch} without a gradient noise "
+                "scale: ctx.wrap(model, gns=True) (or gns.enabled in the config)"
+            )
         if resume_state is not None and resume_state.get("adaptive"):
             self.load_state_dict(resume_state["adaptive"])
         self.apply_lr()
