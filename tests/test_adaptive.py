@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from dtwork import measure, plots
+from dtwork.errors import DtworkError
 from dtwork.report import helpers
 from dtwork.report.build import COLUMNS
 
@@ -198,3 +199,9 @@ def test_a_lambda_schedule_runs_on_progress_and_the_factor_multiplies_it(capsys)
     assert ab.progress == 3 and opt.param_groups[0]["lr"] == pytest.approx(0.1 / 4 * 2.0)
     assert sched.last_epoch == 3 and sched.get_last_lr() == [opt.param_groups[0]["lr"]]
     assert ab.steps_total(2, 7) == 2 + 2  # progress 4 left at 2 per step: the progress bar's total
+    assert ab.rule() == "adascale"  # SGD; an Adam-like optimizer takes the square root of the gain
+    adam = torch.optim.Adam(model.parameters())
+    state.register("optimizers", adam)
+    assert ab.rule() == "sqrt"
+    with pytest.raises(DtworkError, match="lr_rule must be one of adascale, sqrt, linear, sqrt-batch"):
+        ab.configure(lr_rule="cube")
