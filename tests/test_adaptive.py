@@ -205,3 +205,22 @@ def test_a_lambda_schedule_runs_on_progress_and_the_factor_multiplies_it(capsys)
     assert ab.rule() == "sqrt"
     with pytest.raises(DtworkError, match="lr_rule must be one of adascale, sqrt, linear, sqrt-batch"):
         ab.configure(lr_rule="cube")
+
+
+def test_misuse_gets_one_line_that_says_what_to_do() -> None:
+    import torch
+
+    from dtwork.runtime.adaptive import adaptive_for, make_adaptive_loader
+
+    state = _state(per_slot=4)
+    data = torch.utils.data.TensorDataset(torch.arange(64.0))
+    with pytest.raises(DtworkError, match=r"pass loader = ctx.loader\(dataset, adaptive=True\)"):
+        adaptive_for(torch.utils.data.DataLoader(data), True, 64, None, None, None)
+    with pytest.raises(DtworkError, match="go with adaptive=True: add it"):
+        adaptive_for(make_adaptive_loader(state, data), False, 64, None, None, None)
+    with pytest.raises(DtworkError, match="adaptive batch needs a cap: max_global_batch=M"):
+        adaptive_for(make_adaptive_loader(state, data), True, None, None, None, None)
+    with pytest.raises(DtworkError, match="below the starting global batch 4: raise it"):
+        adaptive_for(make_adaptive_loader(state, data), True, 2, None, None, None)
+    with pytest.raises(DtworkError, match="drop num_workers"):
+        make_adaptive_loader(state, data, num_workers=2)
