@@ -470,6 +470,32 @@ def _left_out_text(store: RunStore, run_id: int) -> str | None:
     return "; ".join(parts) + ": the estimate and this advice use the finite steps only"
 
 
+def _adaptive_text(store: RunStore, run_id: int) -> list[str]:
+    """Why the adaptive batch is what it is: its last decision and its last change; [] without one."""
+    rows = [r for r in store.metrics(run_id) if r["kind"] == "adaptive"]  # not a logged metric's name
+    if not rows:
+        return []
+    step = rows[-1]["step"]
+    last = {r["name"]: r["value"] for r in rows if r["step"] == step}
+    gain, eff, thr = last.get("predicted_gain"), last.get("efficiency"), 100 * (last.get("threshold") or 0.0)
+    out = [
+        f"adaptive batch: global batch {last.get('global_batch') or 0:.0f} = {last.get('per_slot_batch') or 0:.0f} "
+        f"per slot x {last.get('accumulation') or 1:.0f} accumulated, LR x{last.get('lr_factor') or 1:.3g} "
+        f"(decision at step {step})"
+    ]
+    if gain is None:
+        out.append("  no settled GNS interval yet: the batch stays where it started")
+    else:
+        eff_text = f", efficiency E = {eff:.2f} against the starting batch" if eff is not None else ""
+        out.append(
+            f"  best predicted goodput gain {100 * gain:.1f}% (a switch needs more than {thr:.0f}%){eff_text}"
+        )
+    changes = store.events(run_id, kind="batch")
+    if changes:
+        out.append(f"  last change: {changes[-1]['message']}")
+    return out
+
+
 def _interval_text(store: RunStore, run_id: int) -> str:
     """The latest estimate's 95% interval, and "not yet settled" until it is narrow enough to act on."""
     rows = store.metrics(run_id, "b_simple")
@@ -536,6 +562,8 @@ def gns_advice(
             print(f"  {line}")
         if (left := _left_out_text(store, rid)) is not None:
             print(f"  note: {left}")
+        for line in _adaptive_text(store, rid):
+            print(f"  {line}")
     if _in_ipython():
         from IPython.display import display
 

@@ -12,6 +12,11 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 EXPECTED = {
     "scaling.ipynb": ["efficient, 95% interval", "weak scaling", "strong scaling"],
     "gns.ipynb": ["B_simple", "Critical batch size"],
+    "adaptive.ipynb": [
+        "from step 0: global batch 16",
+        "adaptive batch: global batch",
+        "a switch needs more than 5%",
+    ],
 }
 QUICKSTART = ["trained 120 steps", "% scaling efficiency", "test accuracy", "wrote run 1's report"]
 

@@ -33,6 +33,7 @@ from dtwork.plots.figures import (
     tradeoff_figure,
 )
 from dtwork.plots.series import (
+    ADAPTIVE_NAMES,
     EFFICIENCY_NAME,
     GNS_INTERVAL,
     GNS_NAMES,
@@ -40,6 +41,7 @@ from dtwork.plots.series import (
     LOG_SPAN,
     PERF_NAMES,
     STEP_PARTS,
+    AdaptiveSeries,
     GnsSeries,
     GpuSeries,
     MetricsSeries,
@@ -53,6 +55,8 @@ from dtwork.plots.series import (
 )
 
 __all__ = [
+    "ADAPTIVE_NAMES",
+    "AdaptiveSeries",
     "EFFICIENCY_NAME",
     "GNS_INTERVAL",
     "GNS_NAMES",

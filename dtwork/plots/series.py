@@ -36,6 +36,8 @@ if TYPE_CHECKING:  # typing.Self is Python 3.11+; annotations are not evaluated 
     from typing_extensions import Self
 
 __all__ = [
+    "ADAPTIVE_NAMES",
+    "AdaptiveSeries",
     "EFFICIENCY_NAME",
     "GNS_INTERVAL",
     "GNS_NAMES",
@@ -57,6 +59,8 @@ __all__ = [
 ]
 
 GNS_NAMES = ("b_simple", "g2", "trace_sigma")
+# an adaptive-batch decision's values drawn over time (runtime/adaptive.py records them)
+ADAPTIVE_NAMES = ("global_batch", "lr_factor", "efficiency", "goodput_predicted", "goodput_current")
 EFFICIENCY_NAME = "scaling_efficiency"  # a "scaling" row the session writes; shown beside throughput
 PERF_NAMES = ("samples_per_s", "step_time", "compute_time", "comm_time", "data_time")
 GPU_NAMES = ("utilization", "memory_used_mb", "memory_total_mb")
@@ -171,6 +175,19 @@ class MetricsSeries(Series):
         low = min(float(v.min()) for v in values)
         high = max(float(v.max()) for v in values)
         return {"type": "log" if low > 0 and high / low > LOG_SPAN else "linear"}
+
+
+class AdaptiveSeries(MetricsSeries):
+    """The adaptive batch's decisions against step: the global batch, the LR factor, the
+    efficiency and the predicted and measured goodput (a log axis spans their scales)."""
+
+    title, y_title = "Adaptive batch", "value"
+
+    def __init__(self) -> None:
+        super().__init__(ADAPTIVE_NAMES)
+
+    def _add(self, row: Mapping[str, Any]) -> bool:
+        return row["kind"] == "adaptive" and super()._add(row)  # a logged "efficiency" is the user's
 
 
 class GnsSeries(Series):

@@ -21,6 +21,7 @@ from dtwork.analysis.scaling import ScalingResult
 
 __all__ = [
     "PLOTLY_MIME",
+    "adaptive_trajectory",
     "advice",
     "analyses",
     "b_simple",
@@ -100,6 +101,29 @@ def analyses(data: dict[str, Any]) -> list[Item]:
     if adv:
         out.append(plots.gns_figure(rows(data), adv.global_batch))
         out.append(plots.tradeoff_figure(b_simple(data), adv.global_batch))
+    if trajectory := adaptive_trajectory(data):
+        out.append("\n".join(["Adaptive batch (the decisions that changed it):", *trajectory]))
+        out.append(plots.series_figure(plots.AdaptiveSeries().add(rows(data))))
+    return out
+
+
+def adaptive_trajectory(data: dict[str, Any]) -> list[str]:
+    """One line per change of the adaptive batch: step, global batch = split, LR factor, efficiency."""
+    by_step: dict[int, dict[str, float]] = {}
+    for r in rows(data):
+        if r["kind"] == "adaptive":
+            by_step.setdefault(r["step"], {})[r["name"]] = r["value"]
+    out, last = [], None
+    for step, v in sorted(by_step.items()):
+        batch = v.get("global_batch")
+        if batch is None or batch == last:
+            continue
+        eff = f", efficiency {v['efficiency']:.2f}" if "efficiency" in v else ""
+        out.append(
+            f"  step {step}: global batch {batch:.0f} = {v.get('per_slot_batch', 0):.0f} per slot x "
+            f"{v.get('accumulation', 1):.0f} accumulated, LR x{v.get('lr_factor', 1):.3g}{eff}"
+        )
+        last = batch
     return out
 
 

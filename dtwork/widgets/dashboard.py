@@ -55,8 +55,14 @@ ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
 DRAWER_IDLE_CHECK = 0.1  # seconds: how soon a drawer that found nothing new looks again
 DRAWER_JOIN_SECONDS = 5.0  # the most a finishing cell waits for its drawer's last redraw
 BASE_FIGURES = ("metrics", "throughput", "step_time")
-KIND_FIGURES = ("gpu", "gns")  # shown once they have data, in this order
-KIND_SERIES = {"log": ("metrics",), "perf": ("throughput", "step_time"), "gpu": ("gpu",), "gns": ("gns",)}
+KIND_FIGURES = ("gpu", "gns", "adaptive")  # shown once they have data, in this order
+KIND_SERIES = {
+    "log": ("metrics",),
+    "perf": ("throughput", "step_time"),
+    "gpu": ("gpu",),
+    "gns": ("gns",),
+    "adaptive": ("adaptive",),
+}
 STATUS_WORDS = {"ok": "finished", "error": "failed", "interrupted": "interrupted", "running": "running"}
 
 
@@ -127,6 +133,7 @@ class Dashboard(widgets.VBox):
             "step_time": plots.StepTimeSeries(),
             "gpu": plots.GpuSeries(),
             "gns": plots.GnsSeries(global_batch),
+            "adaptive": plots.AdaptiveSeries(),
         }
         self._last_step: int | None = None  # of the last row fed
         self.efficiency: float | None = None  # the session's live scaling-efficiency estimate

@@ -1,0 +1,226 @@
+"""Adaptive batch size by goodput on 2 real gloo ranks: ctx.steps and a hand loop, and a resume.
+
+The workload is a multi-output linear regression started far from its optimum: its gradient
+noise lives in many dimensions, so 2 ranks settle the GNS interval within ~150 steps, and on
+this CPU the step time hardly grows with the batch, so goodput asks for larger batches.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dtwork import measure, plots
+from dtwork.errors import DtworkError
+from dtwork.report import helpers
+from dtwork.report.build import COLUMNS
+
+CONFIG = {"global_batch_size": 16, "seed": 3, "gns": {"enabled": True, "ema_decay": 0.98}}
+DATA = """
+import torch, torch.nn as nn, torch.nn.functional as F
+from dtwork.analysis import goodput
+g = torch.Generator().manual_seed(3)
+N, D, K = 4096, 32, 4
+X = torch.randn(N, D, generator=g)
+Y = X @ (3 * torch.randn(D, K, generator=g)) + 0.5 * torch.randn(N, K, generator=g)
+data = torch.utils.data.TensorDataset(X, Y, torch.arange(N))
+torch.manual_seed(0)
+model = ctx.wrap(nn.Linear(D, K))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = ctx.loader(data, adaptive=True)
+seen, traj, lrs = {}, [], []
+"""
+
+# every step: the indices each epoch took, the batch, and (rank 0) the LR against AdaScale's gain
+STEPS = """
+for step, (x, y, i) in ctx.steps(loader, adaptive=True, max_global_batch=256, decide_every=20,
+                                  max_steps=MAX, checkpoint_every=CKPT, resume=RESUME):
+    seen.setdefault(ctx.epoch, []).extend(i.tolist())
+    if not traj:
+        first = (ctx.global_batch_size, ctx.per_slot_batch_size, ctx.accumulation, loader.sampler.position)
+    ctx.backward(F.mse_loss(model(x), y)); ctx.step(opt)
+    traj.append((step, ctx.epoch, ctx.global_batch_size))
+    d = ctx.state.adaptive.decision
+    if d is not None and d.efficiency is not None:
+        lrs.append((opt.param_groups[0]["lr"], ctx.global_batch_size, d.efficiency))
+split = ctx.state.adaptive.split  # as the last step's end left it
+end = (split.global_batch, split.accumulation, loader.sampler.epoch, loader.sampler.position)
+"""
+
+
+def _exactly_once(seen: list[dict[int, list[int]]], n: int, complete: set[int]) -> None:
+    for epoch in seen[0]:
+        both = seen[0][epoch] + seen[1][epoch]
+        assert len(both) == len(set(both)), f"epoch {epoch} repeated a sample"
+        if epoch in complete:
+            assert sorted(both) == list(range(n)), f"epoch {epoch} skipped a sample"
+
+
+def test_steps_loop_grows_the_batch_sees_each_sample_once_scales_the_lr_and_resumes(
+    cluster, tmp_path, capsys
+) -> None:
+    cluster.configure({**CONFIG, "checkpoint": {"directory": str(tmp_path)}})
+    code = DATA + STEPS.replace("MAX", "800").replace("CKPT", "40").replace("RESUME", "False")
+    cluster.run(code, quiet=True)
+    traj, seen, lrs = cluster.pull("traj"), cluster.pull("seen"), cluster.pull("lrs")[0]
+    assert traj[0] == traj[1]  # both ranks ran the same batches at the same steps
+    batches = [b for _, _, b in traj[0]]
+    # the step time hardly grows with the batch here: the batch grows (timing noise may step it back)
+    assert batches[0] == 16 and max(batches) >= 64, sorted(set(batches))
+    changed_in = {
+        e for (_, e, b1), (_, e2, b2) in zip(traj[0], traj[0][1:], strict=False) if e == e2 and b1 != b2
+    }
+    last = traj[0][-1][1]
+    assert changed_in - {last}, "no batch change inside a complete epoch"
+    _exactly_once(seen, 4096, set(range(last)))
+    # SGD: AdaScale's gain r = S E(M) on the LR it started with, S = M / M0
+    assert lrs, "no decision on a settled interval"
+    for lr, m, eff in lrs:
+        assert lr == pytest.approx(0.01 * m / 16 * eff, rel=1e-9)
+    store, rid = cluster.session.store, cluster.session.run_id
+    rows = store.metrics(rid, "global_batch")
+    assert rows and rows[-1]["value"] == batches[-1] and rows[-1]["rank"] is None
+    assert any("global batch" in e["message"] for e in store.events(rid, kind="batch"))
+    # %dtrain gns says why; the report lists the trajectory; the dashboard draws it
+    capsys.readouterr()
+    measure.gns_advice(cluster, quiet=False)
+    said = capsys.readouterr().out
+    assert f"adaptive batch: global batch {batches[-1]} = " in said and "a switch needs more than 5%" in said
+    rows = store.metrics(rid, rank="all")
+    data = {"columns": COLUMNS, "rows": [[r[c] for c in COLUMNS] for r in rows]}
+    trajectory = helpers.adaptive_trajectory(data)
+    changes = [b for i, b in enumerate(batches) if i == 0 or b != batches[i - 1]]
+    assert [int(line.split("global batch ")[1].split()[0]) for line in trajectory] == changes
+    traces = plots.AdaptiveSeries().add(rows).traces()
+    assert [t.name for t in traces][:2] == ["global_batch", "lr_factor"] and traces[0].y[-1] == batches[-1]
+
+    # a new cell resumes: the same batch, accumulation and sampler place; the epoch completes once
+    end = cluster.pull("end")[0]
+    code = DATA + STEPS.replace("MAX", "1100").replace("CKPT", "0").replace("RESUME", "True")
+    cluster.run(code.replace("seen, traj, lrs = {}, [], []", "traj, lrs = [], []"), quiet=True)
+    first = cluster.pull("first")[0]
+    assert (first[0], first[2], first[3]) == (end[0], end[1], end[3] + first[1] * 2), (first, end)
+    seen = cluster.pull("seen")
+    _exactly_once(seen, 4096, {end[2]})
+    assert len(seen[0][end[2]]) * 2 == 4096
+
+
+HAND = """
+loader = ctx.loader(data, adaptive=True, max_global_batch=128, decide_every=20, lr_rule="linear")
+steps = 0
+while ctx.epoch < 2:
+    epoch = ctx.epoch
+    for x, y, i in loader:
+        seen.setdefault(epoch, []).extend(i.tolist())
+        model.zero_grad(); F.mse_loss(model(x), y).backward(); ctx.step(opt)
+        steps += 1
+        traj.append((steps, opt.param_groups[0]["lr"], ctx.global_batch_size, len(x)))
+"""
+
+
+def test_a_hand_loop_decides_in_ctx_step_with_the_linear_rule(cluster) -> None:
+    cluster.configure(CONFIG)
+    cluster.run(DATA + HAND, quiet=True)
+    traj, seen = cluster.pull("traj"), cluster.pull("seen")
+    _exactly_once(seen, 4096, {0, 1})
+    assert traj[0] == traj[1]
+    assert traj[0][-1][2] > 16, traj[0][-1]
+    for _, lr, m, _ in traj[0]:  # linear: M / M0 on the LR it started with
+        assert lr == pytest.approx(0.01 * m / 16, rel=1e-9)
+    assert sum(n for *_, n in traj[0]) * 2 == 2 * 4096
+
+
+def _state(world_size: int = 1, rank: int = 0, per_slot: int = 4):
+    import torch
+
+    from dtwork.config import load_config
+    from dtwork.runtime.state import RankState
+
+    state = RankState(rank, world_size, 0, torch.device("cpu"), "gloo", load_config(None))
+    state.per_slot_batch_size, state.global_batch_size = per_slot, per_slot * world_size
+    return state
+
+
+def test_the_sampler_neither_repeats_nor_skips_when_the_batch_changes_between_micro_batches() -> None:
+    """Two ranks' samplers, the per-slot batch changed at random between micro-batches (the same on
+    both, as the broadcast decision makes it); an odd dataset leaves out one sample per epoch."""
+    import random
+
+    from dtwork.runtime.adaptive import AdaptiveSampler
+
+    size, pick = 1001, random.Random(0)
+    samplers = [AdaptiveSampler(size, 2, r, per_slot=3, seed=5) for r in (0, 1)]
+    for epoch in range(3):
+        for s in samplers:
+            s.begin()
+        its = [iter(s) for s in samplers]
+        taken: list[int] = []
+        while True:
+            parts = [next(it, None) for it in its]
+            if parts[0] is None:
+                assert parts[1] is None
+                break
+            assert len(parts[0]) == len(parts[1])  # every rank takes as many: DDP's steps stay equal
+            taken += parts[0] + parts[1]
+            per_slot = pick.choice([1, 2, 7, 30])
+            for s in samplers:
+                s.per_slot = per_slot
+        assert len(taken) == len(set(taken)) == size - 1, epoch
+        assert samplers[0].epoch == epoch + 1 and samplers[0].served == (epoch + 1) * (size - 1)
+
+
+def test_a_lambda_schedule_runs_on_progress_and_the_factor_multiplies_it(capsys) -> None:
+    """One rank, no collective: a batch twice the starting one advances the schedule two steps a step."""
+    import torch
+
+    from dtwork.analysis.goodput import Split
+    from dtwork.runtime.adaptive import make_adaptive_loader
+
+    state = _state(per_slot=4)
+    data = torch.utils.data.TensorDataset(torch.arange(64.0))
+    loader = make_adaptive_loader(state, data, max_global_batch=64, decide_every=1000)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda p: 1.0 / (1.0 + p))
+    state.register("optimizers", opt)
+    state.register("schedulers", sched)
+    ab = loader.adaptive
+    assert ab.begin(1, None) == 1
+    assert "the adaptive batch stays at 4 without a gradient noise scale" in capsys.readouterr().out
+    it = iter(loader)
+    next(it)
+    ab.after_step()  # one step at the starting batch: progress 1
+    assert ab.progress == 1 and opt.param_groups[0]["lr"] == pytest.approx(0.1 / 2)
+    ab.split, ab.factor = Split(8, 1, 1), 2.0  # what a decision for batch 8 under "linear" leaves
+    loader.set_batch(8)
+    assert len(next(it)[0]) == 8
+    opt.step()
+    sched.step()  # as ctx.step does; the adaptive LR then replaces the raw step's value
+    ab.after_step()
+    assert ab.progress == 3 and opt.param_groups[0]["lr"] == pytest.approx(0.1 / 4 * 2.0)
+    assert sched.last_epoch == 3 and sched.get_last_lr() == [opt.param_groups[0]["lr"]]
+    assert ab.steps_total(2, 7) == 2 + 2  # progress 4 left at 2 per step: the progress bar's total
+    assert ab.rule() == "adascale"  # SGD; an Adam-like optimizer takes the square root of the gain
+    adam = torch.optim.Adam(model.parameters())
+    state.register("optimizers", adam)
+    assert ab.rule() == "sqrt"
+    with pytest.raises(DtworkError, match="lr_rule must be one of adascale, sqrt, linear, sqrt-batch"):
+        ab.configure(lr_rule="cube")
+
+
+def test_misuse_gets_one_line_that_says_what_to_do() -> None:
+    import torch
+
+    from dtwork.runtime.adaptive import adaptive_for, make_adaptive_loader
+
+    state = _state(per_slot=4)
+    data = torch.utils.data.TensorDataset(torch.arange(64.0))
+    with pytest.raises(DtworkError, match=r"pass loader = ctx.loader\(dataset, adaptive=True\)"):
+        adaptive_for(torch.utils.data.DataLoader(data), True, 64, None, None, None)
+    with pytest.raises(DtworkError, match="go with adaptive=True: add it"):
+        adaptive_for(make_adaptive_loader(state, data), False, 64, None, None, None)
+    with pytest.raises(DtworkError, match="adaptive batch needs a cap: max_global_batch=M"):
+        adaptive_for(make_adaptive_loader(state, data), True, None, None, None, None)
+    with pytest.raises(DtworkError, match="below the starting global batch 4: raise it"):
+        adaptive_for(make_adaptive_loader(state, data), True, 2, None, None, None)
+    with pytest.raises(DtworkError, match="drop num_workers"):
+        make_adaptive_loader(state, data, num_workers=2)
