@@ -24,7 +24,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from dtwork import plots
 from dtwork.errors import DtworkError
-from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, is_own
+from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, is_own, segment_text
 from dtwork.report import helpers
 from dtwork.report.scrub import SCRUBBED, Scrubber
 from dtwork.store import RunStore
@@ -178,6 +178,14 @@ def _optimizer_lr(settings: dict[int, dict[str, Any]]) -> float | None:
     return None
 
 
+def _segments(segs: list[dict[str, Any]]) -> str:
+    """Where each training cell began on the run's one step axis (marked on the metrics figure)."""
+    if len(segs) < 2:
+        return ""
+    items = "\n".join(f"- {escape(segment_text(seg))}" for seg in segs)
+    return f"\n\n### Segments\n\nEach training cell went on with the run's steps (dotted lines on the metrics figure):\n\n{items}"
+
+
 def _what_ran(settings: dict[int, dict[str, Any]]) -> str:
     """The effective settings of each cell that trained: the config may say otherwise (a cell can
     pass ``gns=True`` to ``ctx.wrap``, or make its optimizer with its own learning rate)."""
@@ -262,6 +270,10 @@ def _recorded(store: RunStore, run: dict[str, Any], lr: dict[str, Any]) -> dict[
         "global_batch_size": run["global_batch_size"],
         "lr": lr,
         "results": [{"kind": r["kind"], "data": r["data"]} for r in store.results(rid)],
+        "segments": [
+            {"first_step": seg["first_step"], "cell_seq": seg["cell_seq"], "changed": seg["changed"]}
+            for seg in store.segments(rid)
+        ],
         "columns": COLUMNS,
         "rows": [[r[c] for c in COLUMNS] for r in store.metrics(rid, rank="all")],
     }
@@ -298,7 +310,7 @@ def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
         _code_cell(ANALYSIS_CELL, helpers.analyses(data)),
         new_markdown_cell("## Events\n\n" + (table(events, ("kind", "message")) if events else "None.")),
         new_markdown_cell(_environment(env, config["seed"])),
-        new_markdown_cell(_what_ran(settings)),
+        new_markdown_cell(_what_ran(settings) + _segments(data["segments"])),
         *rerun,
     ]
     items = "\n".join(f"- {code_span(f)}" for f in scrub.found) or "- nothing looked like a secret"

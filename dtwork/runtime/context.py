@@ -255,6 +255,7 @@ class Context:
             tune_before_wrap(self.state, model)  # optimizations.auto_tune_tensor_fusion, once per config
             wrapped = wrap_model(self.state, model, gns=gns, **ddp_kwargs)
         self.register("models", wrapped)
+        self.state.fresh_wrap = True  # a new model: its first training loop starts a new run
         return wrapped
 
     def mesh(self, dp: int | None = None, tp: int = 1) -> Any:
@@ -328,6 +329,9 @@ class Context:
 
         - ``check_replicas_every``: compare the replicas every N steps too (one all-reduce each), to
           name the first step where they differ.
+        - ``new_run``: the run's one step axis. By default (None) a loop after a new ``ctx.wrap``
+          starts a new run at step 0, and a loop over the same wrapped model goes on from the run's
+          last step (``max_steps`` more); True starts a new run anyway, False goes on anyway.
 
         At the loop's end the ranks compare a checksum of the wrapped models' weights: replicas that
         differ (a plain ``opt.step()``, a rank that skipped a step) fail the cell, naming the step.

@@ -317,10 +317,15 @@ def set_auto_resume(on: bool) -> None:
     runtime.current().auto_resume = on
 
 
-def set_run_id(run_id: int, store: str | None = None) -> None:
-    """Name the run the rank trains in, and its store (a run folder of checkpoints is theirs)."""
+def set_run_id(run_id: int, store: str | None = None, new_axis: bool = True) -> None:
+    """Name the run the rank trains in, and its store (a run folder of checkpoints is theirs);
+    ``new_axis``: the kernel began it (not a rank's training loop), so its steps start at 0."""
+    from dtwork.runtime import segments
+
     ctx = runtime.current()
     ctx.run_id, ctx.run_store = run_id, store
+    if new_axis:
+        segments.new_axis(ctx.state)
 
 
 def repair_group() -> str | None:

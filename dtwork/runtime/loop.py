@@ -21,7 +21,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from dtwork.errors import DtworkError
 from dtwork.records import make_perf_record
-from dtwork.runtime import checkpoint, control, guards
+from dtwork.runtime import checkpoint, control, guards, segments
 from dtwork.runtime.data import batch_len, to_device
 from dtwork.runtime.hooks import measure_state
 from dtwork.runtime.sync import StepHead, StepSync, SyncedStep
@@ -48,6 +48,7 @@ class StepLoop:
         validate: Callable[[], Mapping[str, Any] | None] | None = None,
         validate_every: int | None = None,
         check_replicas_every: int | None = None,
+        new_run: bool | None = None,
     ) -> None:
         cfg = state.config
         self.state = state
@@ -73,7 +74,9 @@ class StepLoop:
                 "ctx.steps(validate=fn) needs a period: min_validation_period in the config, or validate_every=N"
             )
         self._saved_step: int | None = None  # the step of the last checkpoint taken or resumed from
+        self.new_run = new_run  # None: a new run after a new ctx.wrap, else go on (segments.begin)
         self.step = 0
+        self.first = 0  # the run's step this loop began at: max_steps counts from it
         self.epoch = 0
         self.micro = 0  # micro-batches seen in this epoch
         self.is_last_micro = True
@@ -106,6 +109,7 @@ class StepLoop:
             raise DtworkError("ctx.steps is already running: nested training loops are not supported")
         self._setup_precision()
         self._setup_gns()
+        self.first = self.step = segments.begin(state, self.new_run, "ctx.steps", max_steps=self.max_steps)
         resume_state = self._load_resume() if self.resume else None
         gc.collect()  # held below for the whole loop: models that earlier cells replaced must be gone first
         self._models = state.models
@@ -147,6 +151,7 @@ class StepLoop:
             self._publish_unsynced()
             self._publish_gns(force=True)
             control.exit_loop()
+            segments.end(state, self.step)
             state.loop = None
             self._progress("done")
             state.publisher.flush()
@@ -155,6 +160,7 @@ class StepLoop:
         skip = 0
         if resume_state is not None:
             self.step, self.epoch, skip = resume_state["step"], resume_state["epoch"], resume_state["micro"]
+            self.first = int(resume_state.get("first", 0))  # the resumed loop's own start
             self._arm_gns()
         if self._done():
             return
@@ -205,7 +211,7 @@ class StepLoop:
             self._end_step()
 
     def _done(self) -> bool:
-        return self.stopped_early or (self.max_steps is not None and self.step >= self.max_steps)
+        return self.stopped_early or (self.max_steps is not None and self.step - self.first >= self.max_steps)
 
     # -- precision ---------------------------------------------------------------------------
 
@@ -466,7 +472,7 @@ class StepLoop:
     # -- checkpoints, progress -------------------------------------------------------------------
 
     def position(self) -> dict[str, Any]:
-        return {"step": self.step, "epoch": self.epoch, "micro": self.micro}
+        return {"step": self.step, "epoch": self.epoch, "micro": self.micro, "first": self.first}
 
     def save_checkpoint(self) -> None:
         gc.collect()  # a checkpoint holds the live models only (not those earlier cells replaced)
@@ -491,5 +497,5 @@ class StepLoop:
         return position
 
     def _progress(self, phase: str) -> None:
-        total = self.max_steps
+        total = None if self.max_steps is None else self.first + self.max_steps
         self.state.publisher.progress(step=self.step, total=total, phase=phase, epoch=self.epoch)

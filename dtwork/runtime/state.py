@@ -71,6 +71,8 @@ class RankState:
     cell: int = 0  # counts the cells this rank ran (pre_execute), to tell what a cell used
     used: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
     mesh: Any = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
+    run_step: int = 0  # the steps the run's step axis holds so far (the next loop's first step)
+    fresh_wrap: bool = False  # a ctx.wrap since the last training loop: the next one starts a new run
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.rank)

@@ -239,6 +239,11 @@ def get_run(root_dir: str, run_id: int) -> dict[str, Any]:
         run["metric_names"] = store.metric_names(run_id)
         run["per_slot_batch_size"] = row.get("per_slot_batch_size")
         run["diverged"] = diverged_text(store, run_id)
+        # one step axis per run: last_step is the run's highest step over all of them
+        run["segments"] = [
+            {k: seg[k] for k in ("seq", "cell_seq", "first_step", "changed")}
+            for seg in store.segments(run_id)
+        ]
         return json_safe({"run": run})
 
 
