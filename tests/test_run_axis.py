@@ -32,6 +32,7 @@ def test_a_continued_run_keeps_one_step_axis_and_a_new_wrap_starts_a_new_run(
     fresh_run, capsys, tmp_path, monkeypatch
 ) -> None:
     import json
+    import re
 
     import nbformat
 
@@ -70,6 +71,9 @@ def test_a_continued_run_keeps_one_step_axis_and_a_new_wrap_starts_a_new_run(
     nb = nbformat.read(rep.path, as_version=4)
     (what,) = [cell.source for cell in nb.cells if cell.source.startswith("## What ran")]
     assert "### Segments" in what and "step 20 (cell" in what and "lr changed" in what, what
+    what = re.sub(r"\\+_", "_", what)  # the effective arguments each cell passed to the ctx helpers
+    assert "ctx.steps(max_steps=20, accumulation=1, precision=none)" in what, what
+    assert "ctx.loader(batch_size=8)" in what and "ctx.wrap(strategy=ddp); ctx.optimizer()" in what, what
     figure = next(o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []) if "data" in o)
     shapes = figure["data"]["application/vnd.plotly.v1+json"]["layout"]["shapes"]
     assert [(s["name"], s["x0"]) for s in shapes] == [("segment", 20)]  # the metrics figure, marked
@@ -104,3 +108,22 @@ def test_new_run_says_otherwise_either_way(fresh_run) -> None:
     assert c.session.run_id == run and _steps(store, run) == list(range(40))
     c.run(TRAIN.replace("max_steps=20", "max_steps=20, new_run=True"), quiet=True)  # the same model, anew
     assert c.session.run_id != run and _steps(store, c.session.run_id) == list(range(20))
+
+
+def test_a_version_2_store_gets_an_empty_segments_table(tmp_path) -> None:
+    import sqlite3
+
+    from dtwork.store import SCHEMA_VERSION, RunStore
+
+    path = tmp_path / "old.sqlite"
+    with RunStore(path) as store:
+        run = store.create_run(world_size=2, backend="gloo")
+        store.add_metrics(run, [{"step": 0, "name": "loss", "value": 1.0}])
+    conn = sqlite3.connect(path)
+    conn.executescript("DROP TABLE segments; PRAGMA user_version = 2;")
+    conn.close()
+    with RunStore(path) as store:  # upgraded on open, its rows kept
+        assert store.segments(run) == [] and len(store.metrics(run)) == 1
+        store.add_segment(run, cell_seq=1, first_step=0, changed=["lr"], data={"lr": [[0.1]]})
+        assert [(s["first_step"], s["changed"]) for s in store.segments(run)] == [(0, ["lr"])]
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3

@@ -191,7 +191,7 @@ def _what_ran(settings: dict[int, dict[str, Any]]) -> str:
     pass ``gns=True`` to ``ctx.wrap``, or make its optimizer with its own learning rate)."""
     rows = []
     for seq, s in sorted(settings.items()):
-        if not s.get("optimizers") and not s.get("models"):
+        if not s.get("optimizers") and not s.get("models") and not s.get("calls"):
             continue
         gns = ", ".join("on" if m.get("gns") else "off" for m in s.get("models", [])) or "no wrapped model"
         opts = "; ".join(
@@ -199,7 +199,12 @@ def _what_ran(settings: dict[int, dict[str, Any]]) -> str:
             + " / ".join(", ".join(f"{k} {_plain(v)}" for k, v in g.items()) for g in o["groups"])
             for o in s.get("optimizers", [])
         )
-        rows.append((f"cell {seq}", escape(f"GNS {gns}; {opts or 'no optimizer'}")))
+        calls = "; ".join(
+            f"{helper}({', '.join(f'{k}={_plain(v)}' for k, v in args.items())})"
+            for helper, args in (s.get("calls") or {}).items()
+        )
+        text = f"GNS {gns}; {opts or 'no optimizer'}" + (f"; {calls}" if calls else "")
+        rows.append((f"cell {seq}", escape(text)))
     return "## What ran\n\n" + (table(rows, ("", "as the cell left it")) if rows else "No cell trained.")
 
 

@@ -22,6 +22,7 @@ from dtwork import batch as _batch
 from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError, DtworkWarning
 from dtwork.runtime import args as _args
+from dtwork.runtime import called as _called
 from dtwork.runtime import control
 from dtwork.runtime import loop as _loop  # the steps loop (ctx.loop is the running one)
 from dtwork.runtime import train as _train
@@ -255,6 +256,7 @@ class Context:
             tune_before_wrap(self.state, model)  # optimizations.auto_tune_tensor_fusion, once per config
             wrapped = wrap_model(self.state, model, gns=gns, **ddp_kwargs)
         self.register("models", wrapped)
+        _called.note(self.state, "ctx.wrap", gns=gns, strategy=how, offload=offload or None, **ddp_kwargs)
         self.state.fresh_wrap = True  # a new model: its first training loop starts a new run
         return wrapped
 

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from dtwork import runtime
+from dtwork.runtime import called
 
 _watching: set[int] = set()  # the kernel PIDs a watcher thread watches already
 
@@ -296,7 +297,7 @@ def cell_settings() -> dict[str, Any]:
         {"class": type(opt).__name__, "groups": [_plain_settings(g) for g in opt.param_groups]}
         for opt in state.used_now("optimizers")
     ]
-    return {"models": models, "optimizers": optimizers}
+    return {"models": models, "optimizers": optimizers, "calls": called.of_cell(state)}
 
 
 def _plain_settings(group: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from dtwork.errors import DtworkError
 from dtwork.records import make_perf_record
-from dtwork.runtime import checkpoint, control, guards, segments
+from dtwork.runtime import called, checkpoint, control, guards, segments
 from dtwork.runtime.data import batch_len, to_device
 from dtwork.runtime.hooks import measure_state
 from dtwork.runtime.sync import StepHead, StepSync, SyncedStep
@@ -65,6 +65,19 @@ class StepLoop:
         if self.every:  # before training: a folder another store's run owns is refused now
             checkpoint.check_owner(state)
         self.validate = validate
+        called.note(
+            state,
+            "ctx.steps",
+            max_steps=self.max_steps,
+            max_epochs=self.max_epochs,
+            resume=resume or None,
+            checkpoint_every=self.every,
+            validate=validate,
+            check_replicas_every=check_replicas_every,
+            new_run=new_run,
+            accumulation=self.k,
+            precision=cfg.mixed_precision,
+        )
         self.check_every = check_replicas_every  # steps between replica checks; else at the end only
         self.validate_every = validate_every or cfg.steps_in(
             cfg.min_validation_period, state.global_batch_size

@@ -73,6 +73,7 @@ class RankState:
     mesh: Any = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
     run_step: int = 0  # the steps the run's step axis holds so far (the next loop's first step)
     fresh_wrap: bool = False  # a ctx.wrap since the last training loop: the next one starts a new run
+    calls: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict, repr=False)  # called.py
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.rank)
