@@ -74,7 +74,9 @@ def test_a_continued_run_keeps_one_step_axis_and_a_new_wrap_starts_a_new_run(
     what = re.sub(r"\\+_", "_", what)  # the effective arguments each cell passed to the ctx helpers
     assert "ctx.steps(max_steps=20, accumulation=1, precision=none)" in what, what
     assert "ctx.loader(batch_size=8)" in what and "ctx.wrap(strategy=ddp); ctx.optimizer()" in what, what
-    figure = next(o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []) if "data" in o)
+    figure = next(
+        o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []) if "data" in o
+    )
     shapes = figure["data"]["application/vnd.plotly.v1+json"]["layout"]["shapes"]
     assert [(s["name"], s["x0"]) for s in shapes] == [("segment", 20)]  # the metrics figure, marked
 
