@@ -129,3 +129,18 @@ def test_a_version_2_store_gets_an_empty_segments_table(tmp_path) -> None:
         store.add_segment(run, cell_seq=1, first_step=0, changed=["lr"], data={"lr": [[0.1]]})
         assert [(s["first_step"], s["changed"]) for s in store.segments(run)] == [(0, ["lr"])]
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+
+
+def test_the_runs_list_route_says_where_a_run_diverged(tmp_path, monkeypatch) -> None:
+    from dtwork.records import DIVERGED
+    from dtwork.server import data as server_data
+    from dtwork.store import RunStore
+
+    path = tmp_path / "runs.sqlite"
+    with RunStore(path) as store:
+        calm = store.create_run(world_size=2, backend="gloo")
+        wild = store.create_run(world_size=2, backend="gloo")
+        store.add_event(wild, DIVERGED, "loss is nan at step 3", {"step": 3, "name": "loss", "value": "nan"})
+    monkeypatch.setenv("DTWORK_STORE", str(path))
+    runs = {r["id"]: r for r in server_data.list_runs(str(tmp_path))["runs"]}
+    assert runs[wild]["diverged"] == "diverged at step 3 (loss nan)" and runs[calm]["diverged"] is None
