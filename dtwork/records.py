@@ -22,6 +22,7 @@ __all__ = [
     "AGGREGATED_KINDS",
     "CELL_SETTINGS",
     "DIVERGED",
+    "FOLLOWS",
     "SEGMENT",
     "TRAINING_KINDS",
     "Kind",
@@ -54,6 +55,7 @@ class Kind(str, Enum):
 
 DIVERGED = "diverged"  # the event of a run's first non-finite logged value
 SEGMENT = "segment"  # the event of a training loop's start: a segment of its run's step axis
+FOLLOWS = "follows"  # in a run's first segment: {"run", "cell"} it followed on from (a new ctx.wrap)
 CELL_SETTINGS = "cell_settings"  # the stored result of what a cell ran with: its options, optimizers, GNS
 AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value, Kind.SCALING.value})
 # What a re-run of the same code on the same data reproduces: not the timings.

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dtwork.errors import DtworkError
+from dtwork.records import FOLLOWS
 from dtwork.store_schema import (
     SCHEMA_VERSION,
     check_version,
@@ -562,6 +563,20 @@ class RunStore:
             row["changed"] = [c for c in (row["changed"] or "").split(",") if c]
             row["data"] = _loads(row.pop("data_json"), {})
         return rows
+
+    def history(self, run_id: int | str) -> list[dict[str, Any]]:
+        """The cells that came before a run that a new model began mid-notebook (its first segment
+        follows on from an earlier run's cell): the earlier runs' cells before it, oldest first;
+        [] for a run that began at a cell of its own. Re-running them rebuilds what the run used."""
+        out: list[dict[str, Any]] = []
+        rid = self._run_id(run_id)
+        while True:
+            first = self.segments(rid)[:1]
+            link = first[0]["data"].get(FOLLOWS) if first else None
+            if not isinstance(link, dict) or not isinstance(link.get("run"), int) or link["run"] >= rid:
+                return out  # earlier runs only: a damaged link cannot loop
+            rid = link["run"]
+            out[:0] = [c for c in self.cells(rid) if c["seq"] < int(link.get("cell", 0))]
 
     def metrics(
         self, run_id: int | str, name: str | None = None, *, rank: RankSelector = "aggregated"

@@ -89,6 +89,12 @@ def test_a_continued_run_keeps_one_step_axis_and_a_new_wrap_starts_a_new_run(
     assert [cell["source"] for cell in store.cells(new)][0] == TRAIN  # the cell that trained it
     assert store.get_run(run)["status"] == "completed" and _steps(store, run) == list(range(40))
     assert [s["first_step"] for s in store.segments(new)] == [0]
+    # its report re-runs the cells before it too (the data, the wrap), then its own
+    history = store.history(new)
+    assert history[0]["source"] == DATA and history[-1]["source"] == WRAP and history[-1]["run_id"] == run
+    nb = nbformat.read(export(new, tmp_path / "n.ipynb", store=store.path).path, as_version=4)
+    rerun = [cell.source.split("\n", 1)[1] for cell in nb.cells if cell.source.startswith("%%dtrain")]
+    assert rerun == [cell["source"] for cell in [*history, *store.cells(new)]]
 
     plot = tmp_path / "compare.html"
     args = ["runs", "compare", str(run), str(new), "--store", str(store.path), "--plot", str(plot), "--json"]

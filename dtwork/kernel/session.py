@@ -35,7 +35,7 @@ from dtwork.kernel.watcher import (
     stopped_by_interrupt,
 )
 from dtwork.perf_rate import PerfThinner
-from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, first_non_finite
+from dtwork.records import CELL_SETTINGS, DIVERGED, FOLLOWS, divergence_text, first_non_finite
 from dtwork.runtime import entry
 from dtwork.store import STORE_ERRORS, RunStore, store_problem
 from dtwork.writer import StoreWriter
@@ -82,6 +82,7 @@ class Session:
         self._source: str | None = None
         self._moved: dict[int, int] = {}
         self._replaying = False
+        self._dropping = False  # replaying an earlier run's cell: its records are not stored again
 
     @property
     def config(self) -> ExperimentConfig:
@@ -157,7 +158,7 @@ class Session:
     def persist(self, records: list[dict[str, Any]], seq: int | None) -> None:
         """Write records to the store (first), as rows and events; the store refusing keeps them.
         A training loop's segment event may start a new run: what follows it goes there."""
-        if self.run_id is not None:
+        if self.run_id is not None and not self._dropping:
             chunk: list[dict[str, Any]] = []
             for rec in records:
                 if segments.is_segment(rec):
@@ -189,35 +190,40 @@ class Session:
         (a new ctx.wrap); then the segment, with what changed since the run's previous one."""
         if self._replaying or self.run_id is None:  # a replay re-runs segments already stored
             return
+        follows = None
         if rec.get("new_run") and self.run_id in self._last_segment and seq is not None:
-            self._begin_run_of_loop(seq, int(rec.get("step") or 0))
+            follows = self._begin_run_of_loop(seq, int(rec.get("step") or 0))
         now = segments.settings(rec, self._source)
         what = segments.changed(self._last_segment.get(self.run_id), now)
         self._last_segment[self.run_id] = now
-        self.writer.segment(self.run_id, self.cell_seq(seq), int(rec.get("step") or 0), what, now)
+        data = now if follows is None else {**now, FOLLOWS: follows}
+        self.writer.segment(self.run_id, self.cell_seq(seq), int(rec.get("step") or 0), what, data)
 
-    def _begin_run_of_loop(self, seq: int, first: int) -> None:
-        """End the current run and go on in a new one from this cell on (its loop trains a new model)."""
+    def _begin_run_of_loop(self, seq: int, first: int) -> dict[str, int] | None:
+        """End the current run and go on in a new one from this cell on (its loop trains a new
+        model); return where it follows on: the old run, and this cell's seq there."""
         old = self.run_id
         assert old is not None  # the caller checked
+        before = self.cell_seq(seq) or seq
         try:
             self.writer.run_status(old, "completed")
             self.writer.flush(force=True)
             self.run_id = None
             new = self.ensure_run()
-            self._moved[seq] = self.store.move_cell(old, self.cell_seq(seq) or seq, new)
+            self._moved[seq] = self.store.move_cell(old, before, new)
         except STORE_ERRORS as exc:
             self.run_id = self.run_id or old
             print(
                 f"dtwork: the new model trains in run {self.run_id}: {store_problem(exc, self.writer.path)}"
             )
-            return
+            return None
         self._loop_runs.add(new)
         self.restarts_used = 0
         print(
             f"dtwork: a newly wrapped model: run {new} begins at step {first} "
             f"(run {old} ended; ctx.steps(..., new_run=False) would have gone on with it)"
         )
+        return {"run": old, "cell": before}
 
     def _watch_divergence(self, records: list[dict[str, Any]]) -> None:
         """The run's first NaN or infinite logged value: an event, and one line in the cell."""
@@ -457,24 +463,37 @@ class Session:
             f"dtwork: restart {self.restarts_used} of {limit}: replaying the run from its last checkpoint",
             file=sys.stderr,
         )
-        self.engines.call(entry.set_auto_resume, (True,), {})
-        self._tell_ranks(self.run_id)
         self._moved, self._replaying = {}, True
+        resuming = False
         try:
             result = None
-            for cell in self.store.cells(self.run_id):
+            # A run a new model began mid-notebook replays the earlier runs' cells first (they set up
+            # what it used), in their own run folders, from scratch, their records not stored again.
+            for cell in self.store.history(self.run_id) + self.store.cells(self.run_id):
+                ours = cell["run_id"] == self.run_id
+                if ours and not resuming:
+                    self.engines.call(entry.set_auto_resume, (True,), {})
+                    resuming = True
+                self._tell_ranks(cell["run_id"])
+                self._dropping = not ours
                 ar = self.engines.view().execute(cell["source"], silent=False, block=False)
                 replay = CellWatcher(
-                    self, ar, list(range(self.engines.world_size)), seq=cell["seq"], rank0=False, quiet=True
+                    self,
+                    ar,
+                    list(range(self.engines.world_size)),
+                    seq=cell["seq"] if ours else None,
+                    rank0=False,
+                    quiet=True,
                 )
                 result = replay.wait()
                 if result.errors:
                     return self._conclude(replay, result)
-                self.writer.finish_cell(self.run_id, cell["seq"], "ok")
+                if ours:
+                    self.writer.finish_cell(self.run_id, cell["seq"], "ok")
             return result
         finally:
-            self._replaying = False
-            if self.engines.state == "running":
+            self._replaying = self._dropping = False
+            if self.engines.state == "running" and resuming:
                 self.engines.call(entry.set_auto_resume, (False,), {})
 
     def _live_efficiency(self, run_id: int, n: int) -> LiveEfficiency | None:

@@ -238,11 +238,22 @@ def _rerun_cells(
         ),
         new_code_cell(f"%load_ext dtwork\n{start} --store {store_name}"),
     ]
-    settings = _cell_settings(store, run["id"])
+    settings = {run["id"]: _cell_settings(store, run["id"])}
+    earlier = {c["run_id"] for c in cells} - {run["id"]}
+    if earlier:  # a new model began this run mid-notebook: what came before it is re-run too
+        runs = ", ".join(map(str, sorted(earlier)))
+        out.append(
+            new_markdown_cell(f"The first cells below are run(s) {runs}'s: they set up what this run used.")
+        )
     for cell in cells:
+        if cell["run_id"] not in settings:
+            settings[cell["run_id"]] = _cell_settings(store, cell["run_id"])
+        ran = settings[cell["run_id"]].get(cell["seq"], {})
         flags = f" --ranks {','.join(map(str, cell['ranks']))}" if cell["ranks"] is not None else ""
-        flags += " --rank0" if settings.get(cell["seq"], {}).get("rank0") else ""  # the cell's options, kept
-        meta: dict[str, Any] = {"dtwork": {"seq": cell["seq"], "status": cell["status"]}}
+        flags += " --rank0" if ran.get("rank0") else ""  # the cell's options, kept
+        meta: dict[str, Any] = {
+            "dtwork": {"run": cell["run_id"], "seq": cell["seq"], "status": cell["status"]}
+        }
         if cell["status"] not in ("ok", "running", None):  # nbclient goes on past a tagged cell
             meta["tags"] = ["raises-exception"]
             error = scrub.text(cell["error"] or "", f"cell {cell['seq']} error")
@@ -294,7 +305,8 @@ def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
     config, config_yaml, lr = _config(run, scrub)
     settings = _cell_settings(store, run_id)
     lr["base"] = _optimizer_lr(settings) or lr["base"]  # the advice scales what the optimizer used
-    rerun = _rerun_cells(store, run, store.cells(run_id), path, scrub, config, config_yaml)
+    cells = store.history(run_id) + store.cells(run_id)
+    rerun = _rerun_cells(store, run, cells, path, scrub, config, config_yaml)
     events = [
         (escape(e["kind"]), scrub.text(e["message"] or "", f"event {e['id']}")) for e in store.events(run_id)
     ]
