@@ -104,7 +104,15 @@ def test_a_continued_run_keeps_one_step_axis_and_a_new_wrap_starts_a_new_run(
     assert plot.read_text().count('"name":"segment"') == 1  # run a's second segment, in its panel
 
 
-def test_new_run_says_otherwise_either_way(fresh_run) -> None:
+HAND = """
+for i, (x, y) in enumerate(ctx.loader(data)):
+    if i == 10:
+        break
+    loss = F.mse_loss(net(x), y); loss.backward(); ctx.step(opt); ctx.log(loss=loss)
+"""
+
+
+def test_new_run_says_otherwise_either_way_and_a_hand_loop_goes_on_too(fresh_run) -> None:
     c = fresh_run
     c.configure({"global_batch_size": 16})
     c.run(DATA, quiet=True)
@@ -116,6 +124,9 @@ def test_new_run_says_otherwise_either_way(fresh_run) -> None:
     assert c.session.run_id == run and _steps(store, run) == list(range(40))
     c.run(TRAIN.replace("max_steps=20", "max_steps=20, new_run=True"), quiet=True)  # the same model, anew
     assert c.session.run_id != run and _steps(store, c.session.run_id) == list(range(20))
+    c.run(HAND, quiet=True)  # a hand loop over the same model goes on with the run
+    assert _steps(store, c.session.run_id) == list(range(30))
+    assert [seg["first_step"] for seg in store.segments(c.session.run_id)] == [0, 20]
 
 
 def test_a_version_2_store_gets_an_empty_segments_table(tmp_path) -> None:

@@ -78,8 +78,7 @@ class HandLoop:
         if not self._in_segment:  # the run's step axis: a new run after a new ctx.wrap, else go on
             self._in_segment = True
             self.step = segments.begin(state, None, "ctx.step")
-            if self.step == 0:
-                state.log_step = -1  # ctx.log without step= counts from the run's first step too
+            state.log_step = self.step - 1  # ctx.log without step= logs on the run's step axis too
         self.step += 1
         segments.end(state, self.step)
         # the watchdog names the rank that stops first
