@@ -120,9 +120,9 @@ class StepLoop:
         state = self.state
         if state.loop is not None:
             raise DtworkError("ctx.steps is already running: nested training loops are not supported")
-        self._setup_precision()
-        self._setup_gns()
         self.first = self.step = segments.begin(state, self.new_run, "ctx.steps", max_steps=self.max_steps)
+        self._setup_precision()
+        self._setup_gns()  # arms the GNS hooks for the first step: after the step is known
         resume_state = self._load_resume() if self.resume else None
         gc.collect()  # held below for the whole loop: models that earlier cells replaced must be gone first
         self._models = state.models
