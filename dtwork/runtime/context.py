@@ -333,7 +333,8 @@ class Context:
           name the first step where they differ.
         - ``new_run``: the run's one step axis. By default (None) a loop after a new ``ctx.wrap``
           starts a new run at step 0, and a loop over the same wrapped model goes on from the run's
-          last step (``max_steps`` more); True starts a new run anyway, False goes on anyway.
+          last step (``max_steps`` more); True starts a new run anyway, False goes on anyway;
+          ``resume=True`` goes on with the run it resumes.
 
         At the loop's end the ranks compare a checksum of the wrapped models' weights: replicas that
         differ (a plain ``opt.step()``, a rank that skipped a step) fail the cell, naming the step.

@@ -120,7 +120,9 @@ class StepLoop:
         state = self.state
         if state.loop is not None:
             raise DtworkError("ctx.steps is already running: nested training loops are not supported")
-        self.first = self.step = segments.begin(state, self.new_run, "ctx.steps", max_steps=self.max_steps)
+        self.first = self.step = segments.begin(
+            state, self.new_run, "ctx.steps", resuming=self.resume is True, max_steps=self.max_steps
+        )
         self._setup_precision()
         self._setup_gns()  # arms the GNS hooks for the first step: after the step is known
         resume_state = self._load_resume() if self.resume else None

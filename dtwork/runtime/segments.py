@@ -18,14 +18,17 @@ if TYPE_CHECKING:
     from dtwork.runtime.state import RankState
 
 
-def begin(state: RankState, new_run: bool | None, loop: str, **settings: Any) -> int:
-    """Open a segment for a training loop; return its first step (0 for a new run)."""
+def begin(
+    state: RankState, new_run: bool | None, loop: str, *, resuming: bool = False, **settings: Any
+) -> int:
+    """Open a segment for a training loop; return its first step (0 for a new run). A loop that
+    resumes this run's checkpoint (``resuming``) goes on with the run, even after a new wrap."""
     if new_run is not None and not isinstance(new_run, bool):
         raise DtworkError(
             f"{loop}(new_run=...) takes True (start a new run at step 0), False (go on with this "
             f"run's steps) or None (a new run after a new ctx.wrap); got {new_run!r}"
         )
-    new = state.fresh_wrap if new_run is None else new_run
+    new = (state.fresh_wrap and not resuming) if new_run is None else new_run
     state.fresh_wrap = False
     if new:
         state.run_step = 0
