@@ -27,7 +27,7 @@ from typing import Any
 
 from dtwork.errors import DtworkError, did_you_mean
 from dtwork.export import run_result
-from dtwork.records import DIVERGED, Kind, divergence_text, is_own
+from dtwork.records import DIVERGED, Kind, divergence_text, is_own, segment_text
 from dtwork.store import STORE_ERRORS, RunStore, store_path, store_problem
 
 __all__ = ["main", "printable", "run_notebook", "runs_table"]
@@ -89,6 +89,7 @@ def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:
         "scaling": [r["data"] for r in store.results(rid, kind="scaling")],
         "events": len(store.events(rid)),
         "diverged": next((e["data"] for e in store.events(rid, DIVERGED)), None),
+        "segments": store.segments(rid),
         "notebook": run.get("notebook"),
     }
 
@@ -195,6 +196,8 @@ def _cmd_show(store: RunStore, ns: argparse.Namespace) -> str:
         lines.append(f"  measured  {measured}")
     if s["diverged"]:
         lines.append(f"  {divergence_text(s['diverged']).replace('diverged', 'diverged ', 1)}")
+    if len(s["segments"]) > 1:  # one step axis: where each training cell began on it
+        lines.append(f"  segments  {'; '.join(segment_text(seg) for seg in s['segments'])}")
     if s["metrics"]:
         rows = [
             [name, str(m["count"]), _num(m["last"]), str(m["last_step"]), _num(m["min"]), _num(m["max"])]
@@ -230,11 +233,25 @@ def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
     plot = Path(ns.plot or f"runs-{a['id']}-vs-{b['id']}.html").absolute()
     from dtwork.plots import compare_figure
 
-    fig = compare_figure([(a["id"], store.metrics(a["id"])), (b["id"], store.metrics(b["id"]))], names)
+    fig = compare_figure(
+        [(a["id"], store.metrics(a["id"])), (b["id"], store.metrics(b["id"]))],
+        names,
+        [[seg["first_step"] for seg in s["segments"]] for s in (a, b)],
+    )
     plot.parent.mkdir(parents=True, exist_ok=True)
     fig.write_html(str(plot), include_plotlyjs=True)
     if ns.json:
-        keep = ("id", "name", "status", "world_size", "global_batch_size", "steps", "result", "metrics")
+        keep = (
+            "id",
+            "name",
+            "status",
+            "world_size",
+            "global_batch_size",
+            "steps",
+            "segments",
+            "result",
+            "metrics",
+        )
         return json.dumps(
             {"a": {k: a[k] for k in keep}, "b": {k: b[k] for k in keep}, "plot": str(plot)}, default=str
         )
@@ -244,6 +261,7 @@ def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
         ["ranks", _num(a["world_size"]), _num(b["world_size"]), ""],
         ["global batch", _num(a["global_batch_size"]), _num(b["global_batch_size"]), ""],
         ["steps", _num(a["steps"]), _num(b["steps"]), ""],
+        ["segments", _segment_steps(a), _segment_steps(b), ""],
         ["result", _result_text(a["result"]), _result_text(b["result"]), ""],
     ]
     rows = []
@@ -253,6 +271,11 @@ def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
         rows.append([f"{name} (last)", _num(va), _num(vb), change])
     table = _table(("", f"run {a['id']}", f"run {b['id']}", "b vs a"), head + rows, right={1, 2, 3})
     return f"{table}\nplot: {plot}"
+
+
+def _segment_steps(summary: dict[str, Any]) -> str:
+    """Where a run's segments began on its step axis: "0, 20"."""
+    return ", ".join(str(seg["first_step"]) for seg in summary["segments"]) or "-"
 
 
 def _cmd_export(store: RunStore, ns: argparse.Namespace) -> str:

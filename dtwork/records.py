@@ -22,6 +22,8 @@ __all__ = [
     "AGGREGATED_KINDS",
     "CELL_SETTINGS",
     "DIVERGED",
+    "FOLLOWS",
+    "SEGMENT",
     "TRAINING_KINDS",
     "Kind",
     "Record",
@@ -32,6 +34,7 @@ __all__ = [
     "is_own",
     "make_perf_record",
     "make_record",
+    "segment_text",
     "to_rows",
 ]
 
@@ -52,6 +55,8 @@ class Kind(str, Enum):
 
 
 DIVERGED = "diverged"  # the event of a run's first non-finite logged value
+SEGMENT = "segment"  # the event of a training loop's start: a segment of its run's step axis
+FOLLOWS = "follows"  # in a run's first segment: {"run", "cell"} it followed on from (a new ctx.wrap)
 CELL_SETTINGS = "cell_settings"  # the stored result of what a cell ran with: its options, optimizers, GNS
 AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value, Kind.SCALING.value, Kind.ADAPTIVE.value})
 # What a re-run of the same code on the same data reproduces: not the timings.
@@ -180,6 +185,14 @@ def first_non_finite(records: Iterable[Mapping[str, Any]]) -> tuple[int, str, fl
 def divergence_text(data: Mapping[str, Any]) -> str:
     """What a ``DIVERGED`` event's data says: "diverged at step k (loss nan)"."""
     return f"diverged at step {data.get('step')} ({data.get('name')} {data.get('value')})"
+
+
+def segment_text(segment: Mapping[str, Any]) -> str:
+    """One stored segment as the CLI and the report list it: "step 100 (cell 3): lr, code changed"."""
+    what = segment.get("changed") or []
+    cell = segment.get("cell_seq")
+    where = f" (cell {cell})" if cell is not None else ""
+    return f"step {segment.get('first_step')}{where}" + (f": {', '.join(what)} changed" if what else "")
 
 
 def is_own(row: Mapping[str, Any]) -> bool:

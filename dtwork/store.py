@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dtwork.errors import DtworkError
+from dtwork.records import FOLLOWS
 from dtwork.store_schema import (
     SCHEMA_VERSION,
     check_version,
@@ -76,7 +77,7 @@ _RUN_COLUMNS = (
 )
 _METRIC_COLUMNS = ("run_id", "cell_seq", "kind", "step", "rank", "name", "value", "time")
 # A run's rows, table by table, as copy_run carries them (events and results get new ids).
-_RUN_TABLES = ("runs", "cells", "metrics", "events", "environment", "results")
+_RUN_TABLES = ("runs", "cells", "metrics", "events", "environment", "results", "segments")
 
 # What a store that cannot be read or written raises: SQLite's errors (locked, full, read-only,
 # corrupt), the operating system's (a vanished folder, no space for a journal) and the store's own.
@@ -453,6 +454,68 @@ class RunStore:
             )
             return int(cur.lastrowid or 0)
 
+    def add_segment(
+        self,
+        run_id: int | str,
+        *,
+        cell_seq: int | None,
+        first_step: int,
+        changed: Iterable[str] = (),
+        data: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Record that a training loop began a segment of the run's one step axis at ``first_step``
+        (``changed``: what differs from the run's previous segment); returns its number."""
+        rid = self._run_id(run_id)
+        with self._write() as cur:
+            seq = cur.execute(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM segments WHERE run_id = ?", (rid,)
+            ).fetchone()[0]
+            cur.execute(
+                "INSERT INTO segments (run_id, seq, cell_seq, first_step, time, changed, data_json) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    rid,
+                    seq,
+                    _int_or_none(cell_seq),
+                    int(first_step),
+                    time.time(),
+                    ",".join(changed),
+                    _dumps(dict(data or {})),
+                ),
+            )
+            return int(seq)
+
+    def move_cell(self, run_id: int | str, seq: int, into: int | str) -> int:
+        """Give the cell ``seq`` of ``run_id`` to run ``into`` as its newest cell (a cell whose
+        training began a new run); it stays in ``run_id`` too when rows were already stored under
+        it there. Returns its seq in ``into``."""
+        rid, new = self._run_id(run_id), self._run_id(into)
+        with self._write() as cur:
+            row = cur.execute(
+                "SELECT source, started_at, ranks_json FROM cells WHERE run_id = ? AND seq = ?", (rid, seq)
+            ).fetchone()
+            if row is None:
+                raise DtworkError(f"run {rid} has no cell {seq}")
+            to = cur.execute(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM cells WHERE run_id = ?", (new,)
+            ).fetchone()[0]
+            cur.execute(
+                "INSERT INTO cells (run_id, seq, source, started_at, status, ranks_json) "
+                "VALUES (?, ?, ?, ?, 'running', ?)",
+                (new, to, row["source"], row["started_at"], row["ranks_json"]),
+            )
+            used = cur.execute(
+                "SELECT 1 FROM metrics WHERE run_id = ? AND cell_seq = ? LIMIT 1", (rid, seq)
+            ).fetchone()
+            if used is None:
+                cur.execute("DELETE FROM cells WHERE run_id = ? AND seq = ?", (rid, seq))
+            else:
+                cur.execute(
+                    "UPDATE cells SET status = 'ok', ended_at = ? WHERE run_id = ? AND seq = ?",
+                    (time.time(), rid, seq),
+                )
+            return int(to)
+
     # -- reads ------------------------------------------------------------------------------
 
     _RUN_SELECT = (
@@ -487,6 +550,33 @@ class RunStore:
         for row in rows:
             row["ranks"] = _loads(row.pop("ranks_json"))
         return rows
+
+    def segments(self, run_id: int | str) -> list[dict[str, Any]]:
+        """The run's segments in order: ``seq``, ``cell_seq``, ``first_step``, ``time``, ``changed``
+        (a list of what differs from the previous segment: "lr", "batch", "code", ...), ``data``."""
+        rows = self._query(
+            "SELECT seq, cell_seq, first_step, time, changed, data_json FROM segments "
+            "WHERE run_id = ? ORDER BY seq",
+            (self._run_id(run_id),),
+        )
+        for row in rows:
+            row["changed"] = [c for c in (row["changed"] or "").split(",") if c]
+            row["data"] = _loads(row.pop("data_json"), {})
+        return rows
+
+    def history(self, run_id: int | str) -> list[dict[str, Any]]:
+        """The cells that came before a run that a new model began mid-notebook (its first segment
+        follows on from an earlier run's cell): the earlier runs' cells before it, oldest first;
+        [] for a run that began at a cell of its own. Re-running them rebuilds what the run used."""
+        out: list[dict[str, Any]] = []
+        rid = self._run_id(run_id)
+        while True:
+            first = self.segments(rid)[:1]
+            link = first[0]["data"].get(FOLLOWS) if first else None
+            if not isinstance(link, dict) or not isinstance(link.get("run"), int) or link["run"] >= rid:
+                return out  # earlier runs only: a damaged link cannot loop
+            rid = link["run"]
+            out[:0] = [c for c in self.cells(rid) if c["seq"] < int(link.get("cell", 0))]
 
     def metrics(
         self, run_id: int | str, name: str | None = None, *, rank: RankSelector = "aggregated"

@@ -22,10 +22,10 @@ __all__ = [
     "stored_float",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # runs.summary_json is read and written by nothing; it stays so that an older dtwork opens a store
-# of this version (dropping it would need version 3).
+# of this version (dropping it would need a version of its own).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -86,7 +86,20 @@ CREATE TABLE IF NOT EXISTS results (
     data_json TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS results_run_kind ON results (run_id, kind);
+CREATE TABLE IF NOT EXISTS segments (
+    run_id INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    cell_seq INTEGER,
+    first_step INT NOT NULL,
+    time REAL NOT NULL,
+    changed TEXT NOT NULL DEFAULT '',
+    data_json TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (run_id, seq)
+);
 """
+
+# Version 3 added the segments table (each training loop of a run: its cell, first step, what
+# changed); an older store gets it empty from ``_SCHEMA``'s CREATE IF NOT EXISTS.
 
 # Version 1 stored no kind; its rows get the kind their names and ranks imply, once.
 _MIGRATE_1_TO_2 = """

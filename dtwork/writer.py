@@ -33,7 +33,7 @@ RETRY_SECONDS = 1.0  # a refusing store is tried again at most this often (each 
 class _Write:
     """One queued write: what to call on the store, and how many records it carries."""
 
-    what: str  # "rows", "event", "cell", "status"
+    what: str  # "rows", "event", "cell", "status", "segment"
     run_id: int
     args: tuple[Any, ...]
     records: int = 1
@@ -90,6 +90,12 @@ class StoreWriter:
     def event(self, run_id: int, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
         with self._lock:
             self._queue.append(_Write("event", run_id, (kind, message, data)))
+
+    def segment(
+        self, run_id: int, cell_seq: int | None, first_step: int, changed: list[str], data: Mapping[str, Any]
+    ) -> None:
+        with self._lock:
+            self._queue.append(_Write("segment", run_id, (cell_seq, first_step, changed, data)))
 
     def finish_cell(self, run_id: int, seq: int, status: str, error: str | None = None) -> None:
         with self._lock:
@@ -157,6 +163,9 @@ class StoreWriter:
                 store.add_event(w.run_id, *w.args)
             elif w.what == "cell":
                 store.finish_cell(w.run_id, *w.args)
+            elif w.what == "segment":
+                cell_seq, first, changed, data = w.args
+                store.add_segment(w.run_id, cell_seq=cell_seq, first_step=first, changed=changed, data=data)
             else:
                 store.set_run_status(w.run_id, w.args[0], ended=w.args[1])
         # The store refused this write's content (a malformed row, text SQLite cannot encode):

@@ -69,7 +69,9 @@ def test_different_names_fail_on_every_rank_and_the_cluster_stays_usable(
     assert re.search(r"ctx.log names differ across ranks at step \d+ \(" + said, text), text
     assert "log the same names on every rank" in text
     assert re.search(r"rank 1: DtworkError: ctx.log names differ", text), text  # no rank left waiting
-    c.run(STEPS.format(log="ctx.log(loss=loss)"), quiet=True)  # type: ignore[attr-defined]
+    # a new run at step 0 (the same model would go on from where the failed loop left the run's steps)
+    again = STEPS.format(log="ctx.log(loss=loss)").replace("max_steps=4", "max_steps=4, new_run=True")
+    c.run(again, quiet=True)  # type: ignore[attr-defined]
     losses = c.pull("step")  # type: ignore[attr-defined]
     assert losses == [3, 3]
 

@@ -216,7 +216,15 @@ def test_a_moved_store_folder_is_noticed_and_the_run_copied(tmp_path) -> None:
     old.add_metrics(rid, [{"step": 5, "name": "loss", "value": 0.1}])  # into the moved file
     with RunStore(path) as new:
         counts = old.copy_run(rid, new)
-        assert counts == {"runs": 1, "cells": 1, "metrics": 6, "events": 1, "environment": 1, "results": 0}
+        assert counts == {
+            "runs": 1,
+            "cells": 1,
+            "metrics": 6,
+            "events": 1,
+            "environment": 1,
+            "results": 0,
+            "segments": 0,
+        }
         assert [r["step"] for r in new.metrics(rid, "loss")] == list(range(6))
         assert new.get_run(rid)["name"] == "moved" and new.environment(rid) == {"torch": "2"}
         assert new.events(rid)[0]["data"] == {"ranks": 2}

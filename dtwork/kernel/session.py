@@ -24,6 +24,7 @@ from dtwork import batch
 from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
+from dtwork.kernel import segments
 from dtwork.kernel.engines import EngineGroup
 from dtwork.kernel.watcher import (
     POLL_SECONDS,
@@ -34,7 +35,7 @@ from dtwork.kernel.watcher import (
     stopped_by_interrupt,
 )
 from dtwork.perf_rate import PerfThinner
-from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, first_non_finite
+from dtwork.records import CELL_SETTINGS, DIVERGED, FOLLOWS, divergence_text, first_non_finite
 from dtwork.runtime import entry
 from dtwork.store import STORE_ERRORS, RunStore, store_problem
 from dtwork.writer import StoreWriter
@@ -74,6 +75,14 @@ class Session:
         self.autoreload = True  # reload the notebook folder's edited modules on the ranks before a cell
         self._diverged: int | None = None  # the run whose divergence was already told
         self._diverged_text: str | None = None
+        # One step axis per run (kernel/segments.py): each run's last segment settings, the runs a
+        # rank's loop began mid-cell, the running cell's source and its seq in the run it moved to.
+        self._last_segment: dict[int, dict[str, Any]] = {}
+        self._loop_runs: set[int] = set()
+        self._source: str | None = None
+        self._moved: dict[int, int] = {}
+        self._replaying = False
+        self._dropping = False  # replaying an earlier run's cell: its records are not stored again
 
     @property
     def config(self) -> ExperimentConfig:
@@ -147,16 +156,74 @@ class Session:
         return {"error": "failed", "interrupted": "interrupted"}.get(last, "completed")
 
     def persist(self, records: list[dict[str, Any]], seq: int | None) -> None:
-        """Write records to the store (first), as rows and events; the store refusing keeps them."""
-        if self.run_id is not None:
-            self.writer.records(self.run_id, seq, self.perf_rate(records))
-            self._estimate(records, seq, time.monotonic())
-            self._watch_divergence(records)
+        """Write records to the store (first), as rows and events; the store refusing keeps them.
+        A training loop's segment event may start a new run: what follows it goes there."""
+        if self.run_id is not None and not self._dropping:
+            chunk: list[dict[str, Any]] = []
+            for rec in records:
+                if segments.is_segment(rec):
+                    self._write_records(chunk, seq)
+                    chunk = []
+                    self._segment(rec, seq)
+                else:
+                    chunk.append(rec)
+            self._write_records(chunk, seq)
         self.writer.flush()
         if self.run_id is not None and self.config.tensorboard:  # live scalars, after the store
             from dtwork.export.tensorboard import live_tensorboard
 
             live_tensorboard(self.config.tensorboard, self.run_id, self.config.name, records)
+
+    def _write_records(self, records: list[dict[str, Any]], seq: int | None) -> None:
+        if records and self.run_id is not None:
+            seq = self.cell_seq(seq)
+            self.writer.records(self.run_id, seq, self.perf_rate(records))
+            self._estimate(records, seq, time.monotonic())
+            self._watch_divergence(records)
+
+    def cell_seq(self, seq: int | None) -> int | None:
+        """The running cell's seq in the current run (it changed if its training began a new run)."""
+        return None if seq is None else self._moved.get(seq, seq)
+
+    def _segment(self, rec: dict[str, Any], seq: int | None) -> None:
+        """A training loop began: a new run when it asks for one and this run already trained
+        (a new ctx.wrap); then the segment, with what changed since the run's previous one."""
+        if self._replaying or self.run_id is None:  # a replay re-runs segments already stored
+            return
+        follows = None
+        if rec.get("new_run") and self.run_id in self._last_segment and seq is not None:
+            follows = self._begin_run_of_loop(seq, int(rec.get("step") or 0))
+        now = segments.settings(rec, self._source)
+        what = segments.changed(self._last_segment.get(self.run_id), now)
+        self._last_segment[self.run_id] = now
+        data = now if follows is None else {**now, FOLLOWS: follows}
+        self.writer.segment(self.run_id, self.cell_seq(seq), int(rec.get("step") or 0), what, data)
+
+    def _begin_run_of_loop(self, seq: int, first: int) -> dict[str, int] | None:
+        """End the current run and go on in a new one from this cell on (its loop trains a new
+        model); return where it follows on: the old run, and this cell's seq there."""
+        old = self.run_id
+        assert old is not None  # the caller checked
+        before = self.cell_seq(seq) or seq
+        try:
+            self.writer.run_status(old, "completed")
+            self.writer.flush(force=True)
+            self.run_id = None
+            new = self.ensure_run()
+            self._moved[seq] = self.store.move_cell(old, before, new)
+        except STORE_ERRORS as exc:
+            self.run_id = self.run_id or old
+            print(
+                f"dtwork: the new model trains in run {self.run_id}: {store_problem(exc, self.writer.path)}"
+            )
+            return None
+        self._loop_runs.add(new)
+        self.restarts_used = 0
+        print(
+            f"dtwork: a newly wrapped model: run {new} begins at step {first} "
+            f"(run {old} ended; ctx.steps(..., new_run=False) would have gone on with it)"
+        )
+        return {"run": old, "cell": before}
 
     def _watch_divergence(self, records: list[dict[str, Any]]) -> None:
         """The run's first NaN or infinite logged value: an event, and one line in the cell."""
@@ -222,9 +289,11 @@ class Session:
         self.engines.restart(force=force)
 
     def _tell_ranks(self, run_id: int) -> None:
-        """Set ``ctx.run_id`` on the ranks (it names the run's checkpoint folder) when it changed."""
+        """Set ``ctx.run_id`` on the ranks (it names the run's checkpoint folder) when it changed;
+        a run the kernel began (not a rank's loop) starts their step axis at 0."""
         if self._ranks_run != run_id:
-            self.engines.call(entry.set_run_id, (run_id, str(self.store_file)), {})
+            new_axis = run_id not in self._loop_runs
+            self.engines.call(entry.set_run_id, (run_id, str(self.store_file), new_axis), {})
             self._ranks_run = run_id
 
     # -- running cells ---------------------------------------------------------------------
@@ -240,6 +309,7 @@ class Session:
             if self.last is not None and self.last.status == "error":  # the run goes on after a failed cell
                 self.store.set_run_status(run_id, "running")
             seq = self.store.add_cell(run_id, source, ranks=ranks)
+            self._source, self._moved = source, {}
         except STORE_ERRORS as exc:
             raise DtworkError(f"the cell did not start: {store_problem(exc, self.writer.path)}") from None
         self._tell_ranks(run_id)
@@ -304,14 +374,15 @@ class Session:
         err = (
             None if not result.errors or status != "error" else error_line(result.errors[min(result.errors)])
         )
-        if result.seq is not None and self.run_id is not None:
-            self.writer.records(self.run_id, result.seq, self.perf_rate.flush())
-            self._estimate([], result.seq, math.inf)  # the cell's last estimate, however short it was
-            self.writer.finish_cell(self.run_id, result.seq, status, err)
-            self._record_settings(result.seq, watcher.rank0, read=not result.errors)
+        seq = self.cell_seq(result.seq)
+        if seq is not None and self.run_id is not None:
+            self.writer.records(self.run_id, seq, self.perf_rate.flush())
+            self._estimate([], seq, math.inf)  # the cell's last estimate, however short it was
+            self.writer.finish_cell(self.run_id, seq, status, err)
+            self._record_settings(seq, watcher.rank0, read=not result.errors)
             if status == "error":
                 self.writer.run_status(self.run_id, "failed", ended=False)
-                self.event("error", f"cell {result.seq}: {err}")
+                self.event("error", f"cell {seq}: {err}")
             self.writer.flush(force=True)
         self.last = result
         if self.dashboard is not None:
@@ -392,22 +463,37 @@ class Session:
             f"dtwork: restart {self.restarts_used} of {limit}: replaying the run from its last checkpoint",
             file=sys.stderr,
         )
-        self.engines.call(entry.set_auto_resume, (True,), {})
-        self._tell_ranks(self.run_id)
+        self._moved, self._replaying = {}, True
+        resuming = False
         try:
             result = None
-            for cell in self.store.cells(self.run_id):
+            # A run a new model began mid-notebook replays the earlier runs' cells first (they set up
+            # what it used), in their own run folders, from scratch, their records not stored again.
+            for cell in self.store.history(self.run_id) + self.store.cells(self.run_id):
+                ours = cell["run_id"] == self.run_id
+                if ours and not resuming:
+                    self.engines.call(entry.set_auto_resume, (True,), {})
+                    resuming = True
+                self._tell_ranks(cell["run_id"])
+                self._dropping = not ours
                 ar = self.engines.view().execute(cell["source"], silent=False, block=False)
                 replay = CellWatcher(
-                    self, ar, list(range(self.engines.world_size)), seq=cell["seq"], rank0=False, quiet=True
+                    self,
+                    ar,
+                    list(range(self.engines.world_size)),
+                    seq=cell["seq"] if ours else None,
+                    rank0=False,
+                    quiet=True,
                 )
                 result = replay.wait()
                 if result.errors:
                     return self._conclude(replay, result)
-                self.writer.finish_cell(self.run_id, cell["seq"], "ok")
+                if ours:
+                    self.writer.finish_cell(self.run_id, cell["seq"], "ok")
             return result
         finally:
-            if self.engines.state == "running":
+            self._replaying = self._dropping = False
+            if self.engines.state == "running" and resuming:
                 self.engines.call(entry.set_auto_resume, (False,), {})
 
     def _live_efficiency(self, run_id: int, n: int) -> LiveEfficiency | None:
@@ -436,12 +522,15 @@ class Session:
             # Made at the first records: a cell that logs nothing shows no empty dashboard.
             if self.dashboard is None:
                 self.dashboard = Dashboard.for_cell(
-                    run_id, ranks, title=self.config.name, global_batch=self.engines.global_batch_size
+                    self.run_id or run_id,
+                    ranks,
+                    title=self.config.name,
+                    global_batch=self.engines.global_batch_size,
                 )
                 if self.efficiency is not None and self.efficiency.last is not None:
                     self.dashboard.feed([self.efficiency.last])
             self.dashboard.feed(records)
-            if self._diverged == run_id:
+            if self._diverged == self.run_id:
                 self.dashboard.diverged = self._diverged_text
 
         return feed

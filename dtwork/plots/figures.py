@@ -37,6 +37,7 @@ __all__ = [
     "NO_DATA_NAME",
     "bucket_figure",
     "compare_figure",
+    "mark_segments",
     "dashboard_figure",
     "empty_figure",
     "gns_figure",
@@ -412,11 +413,27 @@ COMPARE_PANELS = 12  # metrics drawn by compare_figure, the first by name
 _RUN_COLORS = ("#1f77b4", "#d62728")
 
 
+def mark_segments(fig: go.Figure, starts: Iterable[int], color: str = "#888888") -> go.Figure:
+    """Mark where each later segment of a run began (a training cell that went on with its steps):
+    a dotted vertical line, named "segment", at each first step but the run's first."""
+    try:  # a figure of subplots (compare's panels) gets the line in every panel
+        fig.get_subplot(1, 1)
+        where: dict[str, Any] = {"row": "all", "col": 1}
+    except Exception:
+        where = {}
+    for step in sorted({int(s) for s in starts if s}):
+        fig.add_vline(x=step, line_dash="dot", line_color=color, line_width=1, name="segment", **where)
+    return fig
+
+
 def compare_figure(
-    runs: Sequence[tuple[int, Iterable[Mapping[str, Any]]]], names: Sequence[str]
+    runs: Sequence[tuple[int, Iterable[Mapping[str, Any]]]],
+    names: Sequence[str],
+    segments: Sequence[Iterable[int]] = (),
 ) -> go.Figure:
     """One panel per metric in ``names`` with a curve per run: ``runs`` is ``(run id, its aggregated
-    rows)`` for two runs (``RunStore.metrics(run_id)``); rows without a finite value are skipped."""
+    rows)`` for two runs (``RunStore.metrics(run_id)``); rows without a finite value are skipped.
+    ``segments``: each run's segment first steps (``RunStore.segments``), marked in its color."""
     shown = list(names[:COMPARE_PANELS]) or ["(no metrics)"]
     fig = make_subplots(rows=len(shown), cols=1, subplot_titles=shown, shared_xaxes=True)
     for (run_id, rows), color in zip(runs, _RUN_COLORS, strict=False):
@@ -436,6 +453,8 @@ def compare_figure(
                 line={"color": color},
             )
             fig.add_trace(trace, row=row, col=1)
+    for starts, color in zip(segments, _RUN_COLORS, strict=False):
+        mark_segments(fig, starts, color)
     title = " vs ".join(f"run {run_id}" for run_id, _ in runs)
     fig.update_layout(height=220 * len(shown) + 80, title=title)
     fig.update_xaxes(title_text="step", row=len(shown), col=1)

@@ -24,7 +24,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from dtwork import plots
 from dtwork.errors import DtworkError
-from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, is_own
+from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, is_own, segment_text
 from dtwork.report import helpers
 from dtwork.report.scrub import SCRUBBED, Scrubber
 from dtwork.store import RunStore
@@ -178,12 +178,20 @@ def _optimizer_lr(settings: dict[int, dict[str, Any]]) -> float | None:
     return None
 
 
+def _segments(segs: list[dict[str, Any]]) -> str:
+    """Where each training cell began on the run's one step axis (marked on the metrics figure)."""
+    if len(segs) < 2:
+        return ""
+    items = "\n".join(f"- {escape(segment_text(seg))}" for seg in segs)
+    return f"\n\n### Segments\n\nEach training cell went on with the run's steps (dotted lines on the metrics figure):\n\n{items}"
+
+
 def _what_ran(settings: dict[int, dict[str, Any]]) -> str:
     """The effective settings of each cell that trained: the config may say otherwise (a cell can
     pass ``gns=True`` to ``ctx.wrap``, or make its optimizer with its own learning rate)."""
     rows = []
     for seq, s in sorted(settings.items()):
-        if not s.get("optimizers") and not s.get("models"):
+        if not s.get("optimizers") and not s.get("models") and not s.get("calls"):
             continue
         gns = ", ".join("on" if m.get("gns") else "off" for m in s.get("models", [])) or "no wrapped model"
         opts = "; ".join(
@@ -191,7 +199,12 @@ def _what_ran(settings: dict[int, dict[str, Any]]) -> str:
             + " / ".join(", ".join(f"{k} {_plain(v)}" for k, v in g.items()) for g in o["groups"])
             for o in s.get("optimizers", [])
         )
-        rows.append((f"cell {seq}", escape(f"GNS {gns}; {opts or 'no optimizer'}")))
+        calls = "; ".join(
+            f"{helper}({', '.join(f'{k}={_plain(v)}' for k, v in args.items())})"
+            for helper, args in (s.get("calls") or {}).items()
+        )
+        text = f"GNS {gns}; {opts or 'no optimizer'}" + (f"; {calls}" if calls else "")
+        rows.append((f"cell {seq}", escape(text)))
     return "## What ran\n\n" + (table(rows, ("", "as the cell left it")) if rows else "No cell trained.")
 
 
@@ -225,11 +238,22 @@ def _rerun_cells(
         ),
         new_code_cell(f"%load_ext dtwork\n{start} --store {store_name}"),
     ]
-    settings = _cell_settings(store, run["id"])
+    settings = {run["id"]: _cell_settings(store, run["id"])}
+    earlier = {c["run_id"] for c in cells} - {run["id"]}
+    if earlier:  # a new model began this run mid-notebook: what came before it is re-run too
+        runs = ", ".join(map(str, sorted(earlier)))
+        out.append(
+            new_markdown_cell(f"The first cells below are run(s) {runs}'s: they set up what this run used.")
+        )
     for cell in cells:
+        if cell["run_id"] not in settings:
+            settings[cell["run_id"]] = _cell_settings(store, cell["run_id"])
+        ran = settings[cell["run_id"]].get(cell["seq"], {})
         flags = f" --ranks {','.join(map(str, cell['ranks']))}" if cell["ranks"] is not None else ""
-        flags += " --rank0" if settings.get(cell["seq"], {}).get("rank0") else ""  # the cell's options, kept
-        meta: dict[str, Any] = {"dtwork": {"seq": cell["seq"], "status": cell["status"]}}
+        flags += " --rank0" if ran.get("rank0") else ""  # the cell's options, kept
+        meta: dict[str, Any] = {
+            "dtwork": {"run": cell["run_id"], "seq": cell["seq"], "status": cell["status"]}
+        }
         if cell["status"] not in ("ok", "running", None):  # nbclient goes on past a tagged cell
             meta["tags"] = ["raises-exception"]
             error = scrub.text(cell["error"] or "", f"cell {cell['seq']} error")
@@ -262,6 +286,10 @@ def _recorded(store: RunStore, run: dict[str, Any], lr: dict[str, Any]) -> dict[
         "global_batch_size": run["global_batch_size"],
         "lr": lr,
         "results": [{"kind": r["kind"], "data": r["data"]} for r in store.results(rid)],
+        "segments": [
+            {"first_step": seg["first_step"], "cell_seq": seg["cell_seq"], "changed": seg["changed"]}
+            for seg in store.segments(rid)
+        ],
         "columns": COLUMNS,
         "rows": [[r[c] for c in COLUMNS] for r in store.metrics(rid, rank="all")],
     }
@@ -277,7 +305,8 @@ def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
     config, config_yaml, lr = _config(run, scrub)
     settings = _cell_settings(store, run_id)
     lr["base"] = _optimizer_lr(settings) or lr["base"]  # the advice scales what the optimizer used
-    rerun = _rerun_cells(store, run, store.cells(run_id), path, scrub, config, config_yaml)
+    cells = store.history(run_id) + store.cells(run_id)
+    rerun = _rerun_cells(store, run, cells, path, scrub, config, config_yaml)
     events = [
         (escape(e["kind"]), scrub.text(e["message"] or "", f"event {e['id']}")) for e in store.events(run_id)
     ]
@@ -298,7 +327,7 @@ def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
         _code_cell(ANALYSIS_CELL, helpers.analyses(data)),
         new_markdown_cell("## Events\n\n" + (table(events, ("kind", "message")) if events else "None.")),
         new_markdown_cell(_environment(env, config["seed"])),
-        new_markdown_cell(_what_ran(settings)),
+        new_markdown_cell(_what_ran(settings) + _segments(data["segments"])),
         *rerun,
     ]
     items = "\n".join(f"- {code_span(f)}" for f in scrub.found) or "- nothing looked like a secret"

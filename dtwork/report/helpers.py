@@ -81,8 +81,9 @@ def suggested_batch(adv: BatchAdvice) -> int:
 def figures(data: dict[str, Any]) -> list[Item]:
     """The dashboard's figures drawn from the recorded rows (GPU telemetry only when recorded)."""
     recorded = rows(data)
+    starts = [seg["first_step"] for seg in data.get("segments", [])]  # each training cell's start
     out = [
-        plots.metrics_figure(recorded),
+        plots.mark_segments(plots.metrics_figure(recorded), starts),
         plots.throughput_figure(recorded),
         plots.step_time_figure(recorded),
     ]

@@ -22,6 +22,7 @@ from dtwork import batch as _batch
 from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError, DtworkWarning
 from dtwork.runtime import args as _args
+from dtwork.runtime import called as _called
 from dtwork.runtime import control
 from dtwork.runtime import loop as _loop  # the steps loop (ctx.loop is the running one)
 from dtwork.runtime import train as _train
@@ -255,6 +256,8 @@ class Context:
             tune_before_wrap(self.state, model)  # optimizations.auto_tune_tensor_fusion, once per config
             wrapped = wrap_model(self.state, model, gns=gns, **ddp_kwargs)
         self.register("models", wrapped)
+        _called.note(self.state, "ctx.wrap", gns=gns, strategy=how, offload=offload or None, **ddp_kwargs)
+        self.state.fresh_wrap = True  # a new model: its first training loop starts a new run
         return wrapped
 
     def mesh(self, dp: int | None = None, tp: int = 1) -> Any:
@@ -349,6 +352,10 @@ class Context:
 
         - ``check_replicas_every``: compare the replicas every N steps too (one all-reduce each), to
           name the first step where they differ.
+        - ``new_run``: the run's one step axis. By default (None) a loop after a new ``ctx.wrap``
+          starts a new run at step 0, and a loop over the same wrapped model goes on from the run's
+          last step (``max_steps`` more); True starts a new run anyway, False goes on anyway;
+          ``resume=True`` goes on with the run it resumes.
 
         At the loop's end the ranks compare a checksum of the wrapped models' weights: replicas that
         differ (a plain ``opt.step()``, a rank that skipped a step) fail the cell, naming the step.

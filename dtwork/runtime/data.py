@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from dtwork.errors import DtworkError
+from dtwork.runtime import called
 
 if TYPE_CHECKING:
     from dtwork.runtime.state import RankState
@@ -75,6 +76,15 @@ def make_loader(
         shuffle=shuffle,
         seed=state.config.seed if seed is None else seed,
         drop_last=drop_last,
+    )
+    called.note(
+        state,
+        "ctx.loader",
+        batch_size=bs,
+        shuffle=None if shuffle else False,
+        drop_last=drop_last or None,
+        seed=seed,
+        **kwargs,
     )
     kwargs.setdefault("pin_memory", state.device.type == "cuda")
     return DataLoader(dataset, batch_size=bs, sampler=sampler, **kwargs)

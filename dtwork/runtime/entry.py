@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from dtwork import runtime
+from dtwork.runtime import called
 
 _watching: set[int] = set()  # the kernel PIDs a watcher thread watches already
 
@@ -296,7 +297,7 @@ def cell_settings() -> dict[str, Any]:
         {"class": type(opt).__name__, "groups": [_plain_settings(g) for g in opt.param_groups]}
         for opt in state.used_now("optimizers")
     ]
-    return {"models": models, "optimizers": optimizers}
+    return {"models": models, "optimizers": optimizers, "calls": called.of_cell(state)}
 
 
 def _plain_settings(group: dict[str, Any]) -> dict[str, Any]:
@@ -317,10 +318,15 @@ def set_auto_resume(on: bool) -> None:
     runtime.current().auto_resume = on
 
 
-def set_run_id(run_id: int, store: str | None = None) -> None:
-    """Name the run the rank trains in, and its store (a run folder of checkpoints is theirs)."""
+def set_run_id(run_id: int, store: str | None = None, new_axis: bool = True) -> None:
+    """Name the run the rank trains in, and its store (a run folder of checkpoints is theirs);
+    ``new_axis``: the kernel began it (not a rank's training loop), so its steps start at 0."""
+    from dtwork.runtime import segments
+
     ctx = runtime.current()
     ctx.run_id, ctx.run_store = run_id, store
+    if new_axis:
+        segments.new_axis(ctx.state)
 
 
 def repair_group() -> str | None:

@@ -27,6 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from dtwork.records import make_perf_record
+from dtwork.runtime import segments
 from dtwork.runtime.hooks import measure_state
 from dtwork.runtime.timing import PERF_SECONDS, steps_per_sync
 
@@ -56,6 +57,7 @@ class HandLoop:
         """Between cells: the time until the next step is not training time."""
         self._perf = {"t": 0.0, "steps": 0, "samples": 0, "comm": 0.0}
         self._last_sync = 0.0
+        self._in_segment = False  # each cell's first training step opens a segment of the run
 
     def on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """After an optimizer step: count it, publish throughput, keep (and sum) the norms."""
@@ -75,7 +77,12 @@ class HandLoop:
         for s in states:
             s.reset()
             s.measuring = True  # a steps loop that sampled every Nth step may have left it off
+        if not self._in_segment:  # the run's step axis: a new run after a new ctx.wrap, else go on
+            self._in_segment = True
+            self.step = segments.begin(state, None, "ctx.step")
+            state.log_step = self.step - 1  # ctx.log without step= logs on the run's step axis too
         self.step += 1
+        segments.end(state, self.step)
         # the watchdog names the rank that stops first
         state.publisher.progress(step=self.step, phase="train")
         self._perf_tick(samples, comm)

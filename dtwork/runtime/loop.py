@@ -21,7 +21,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from dtwork.errors import DtworkError
 from dtwork.records import make_perf_record
-from dtwork.runtime import checkpoint, control, guards
+from dtwork.runtime import called, checkpoint, control, guards, segments
 from dtwork.runtime.adaptive import adaptive_for
 from dtwork.runtime.data import batch_len, to_device
 from dtwork.runtime.hooks import measure_state
@@ -54,6 +54,7 @@ class StepLoop:
         min_per_slot_batch: int | None = None,
         decide_every: int | None = None,
         lr_rule: str | None = None,
+        new_run: bool | None = None,
     ) -> None:
         cfg = state.config
         self.state = state
@@ -70,6 +71,19 @@ class StepLoop:
         if self.every:  # before training: a folder another store's run owns is refused now
             checkpoint.check_owner(state)
         self.validate = validate
+        called.note(
+            state,
+            "ctx.steps",
+            max_steps=self.max_steps,
+            max_epochs=self.max_epochs,
+            resume=resume or None,
+            checkpoint_every=self.every,
+            validate=validate,
+            check_replicas_every=check_replicas_every,
+            new_run=new_run,
+            accumulation=self.k,
+            precision=cfg.mixed_precision,
+        )
         self.check_every = check_replicas_every  # steps between replica checks; else at the end only
         self.validate_every = validate_every or cfg.steps_in(
             cfg.min_validation_period, state.global_batch_size
@@ -79,7 +93,9 @@ class StepLoop:
                 "ctx.steps(validate=fn) needs a period: min_validation_period in the config, or validate_every=N"
             )
         self._saved_step: int | None = None  # the step of the last checkpoint taken or resumed from
+        self.new_run = new_run  # None: a new run after a new ctx.wrap, else go on (segments.begin)
         self.step = 0
+        self.first = 0  # the run's step this loop began at: max_steps counts from it
         self.epoch = 0
         self.micro = 0  # micro-batches seen in this epoch
         self.is_last_micro = True
@@ -114,8 +130,11 @@ class StepLoop:
         state = self.state
         if state.loop is not None:
             raise DtworkError("ctx.steps is already running: nested training loops are not supported")
+        self.first = self.step = segments.begin(
+            state, self.new_run, "ctx.steps", resuming=self.resume is True, max_steps=self.max_steps
+        )
         self._setup_precision()
-        self._setup_gns()
+        self._setup_gns()  # arms the GNS hooks for the first step: after the step is known
         resume_state = self._load_resume() if self.resume else None
         gc.collect()  # held below for the whole loop: models that earlier cells replaced must be gone first
         self._models = state.models
@@ -157,6 +176,7 @@ class StepLoop:
             self._publish_unsynced()
             self._publish_gns(force=True)
             control.exit_loop()
+            segments.end(state, self.step)
             state.loop = None
             self._progress("done")
             state.publisher.flush()
@@ -165,6 +185,7 @@ class StepLoop:
         skip = 0
         if resume_state is not None:
             self.step, self.epoch, skip = resume_state["step"], resume_state["epoch"], resume_state["micro"]
+            self.first = int(resume_state.get("first", 0))  # the resumed loop's own start
             self._arm_gns()
         if self.adaptive is not None:
             self.k = self.adaptive.begin(self.k, resume_state)
@@ -224,8 +245,9 @@ class StepLoop:
         return self.stopped_early or done
 
     def _progress_steps(self) -> float:
-        """Optimizer steps, or with an adaptive batch the progress in steps at the starting batch."""
-        return self.step if self.adaptive is None else self.adaptive.progress
+        """This loop's optimizer steps, or with an adaptive batch the loader's progress in steps at the
+        starting batch."""
+        return self.step - self.first if self.adaptive is None else self.adaptive.progress
 
     # -- precision ---------------------------------------------------------------------------
 
@@ -493,7 +515,12 @@ class StepLoop:
     # -- checkpoints, progress -------------------------------------------------------------------
 
     def position(self) -> dict[str, Any]:
-        pos: dict[str, Any] = {"step": self.step, "epoch": self.epoch, "micro": self.micro}
+        pos: dict[str, Any] = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "micro": self.micro,
+            "first": self.first,
+        }
         if self.adaptive is not None:
             pos["adaptive"] = self.adaptive.state_dict()
         return pos
@@ -521,7 +548,7 @@ class StepLoop:
         return position
 
     def _progress(self, phase: str) -> None:
-        total = self.max_steps
-        if self.adaptive is not None and total is not None:  # in optimizer steps, as `step`
-            total = self.adaptive.steps_total(self.step, total)
+        total = None if self.max_steps is None else self.first + self.max_steps
+        if self.adaptive is not None and self.max_steps is not None:  # in optimizer steps, as `step`
+            total = self.adaptive.steps_total(self.step, self.max_steps)
         self.state.publisher.progress(step=self.step, total=total, phase=phase, epoch=self.epoch)

@@ -8,6 +8,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from dtwork.analysis.schedules import decay_factor, lars_trust_ratio, scaled_lr, warmup_factor
+from dtwork.runtime import called
 
 if TYPE_CHECKING:
     from dtwork.runtime.state import RankState
@@ -68,6 +69,7 @@ def configured_lr(state: RankState) -> float:
 def make_optimizer(state: RankState, params: Any, **overrides: Any) -> torch.optim.Optimizer:
     """Build the optimizer named by ``config.optimizer`` with the scaled LR; kwargs override."""
     o = state.config.optimizer
+    called.note(state, "ctx.optimizer", **overrides)
     lr = overrides.pop("lr", configured_lr(state))
     kind = overrides.pop("type", o.type)
     if kind == "sgd":

@@ -74,6 +74,9 @@ class RankState:
     used: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
     mesh: Any = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
     adaptive: Any = None  # the AdaptiveBatch of the last ctx.loader(adaptive=True) (runtime.adaptive)
+    run_step: int = 0  # the steps the run's step axis holds so far (the next loop's first step)
+    fresh_wrap: bool = False  # a ctx.wrap since the last training loop: the next one starts a new run
+    calls: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict, repr=False)  # called.py
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.rank)

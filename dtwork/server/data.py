@@ -216,6 +216,7 @@ def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: 
         "b_simple": _pick(B_SIMPLE_NAMES, last),
         "loss": _pick((LOSS_NAME,), last),
         "sparkline": spark,
+        "diverged": _cached(store, row, "diverged", lambda: diverged_text(store, row["id"])),
     }
 
 
@@ -238,7 +239,11 @@ def get_run(root_dir: str, run_id: int) -> dict[str, Any]:
         run["last_metrics"] = store.last_metrics(run_id)
         run["metric_names"] = store.metric_names(run_id)
         run["per_slot_batch_size"] = row.get("per_slot_batch_size")
-        run["diverged"] = diverged_text(store, run_id)
+        # one step axis per run: last_step is the run's highest step over all of them
+        run["segments"] = [
+            {k: seg[k] for k in ("seq", "cell_seq", "first_step", "changed")}
+            for seg in store.segments(run_id)
+        ]
         return json_safe({"run": run})
 
 

@@ -167,6 +167,9 @@ function runCard(run: IRunSummary, onReport: (r: IRunSummary) => void): HTMLElem
       stat('loss', formatLoss(run.loss)),
       stat('ranks', ranks)
     ),
+    run.diverged
+      ? el('div', { className: 'dtwork-Diverged', text: run.diverged, attrs: { role: 'status' } })
+      : null,
     sparkline(run.sparkline)
   );
 }

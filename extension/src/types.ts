@@ -74,6 +74,8 @@ export interface IRunSummary {
   b_simple: number | null;
   loss: number | null;
   sparkline: SparkPoint[];
+  /** "diverged at step k (loss nan)" after the run's first non-finite logged value, else null */
+  diverged?: string | null;
 }
 
 /** matches GET /dtwork/runs */
@@ -90,6 +92,7 @@ export interface IRunReply {
     metric_names: string[];
     per_slot_batch_size: number | null;
     diverged: string | null; // "diverged at step k (loss nan)", or null
+    segments: { seq: number; cell_seq: number | null; first_step: number; changed: string[] }[];
   };
 }
 

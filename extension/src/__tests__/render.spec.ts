@@ -72,6 +72,21 @@ describe('rendering', () => {
     expect(onReport).toHaveBeenCalledWith(expect.objectContaining({ id: 3 }));
   });
 
+  it('says where a run diverged, and nothing for one that did not', () => {
+    const node = renderRuns(
+      {
+        store_exists: true,
+        total: 2,
+        runs: [run(5, { diverged: 'diverged at step 300 (loss nan)' }), run(4)]
+      },
+      vi.fn()
+    );
+    const said = node.querySelector('[data-run-id="5"] .dtwork-Diverged');
+    expect(said?.textContent).toBe('diverged at step 300 (loss nan)');
+    expect(said?.getAttribute('role')).toBe('status');
+    expect(node.querySelector('[data-run-id="4"] .dtwork-Diverged')).toBeNull();
+  });
+
   it('caps the runs shown and counts the rest', () => {
     const runs = Array.from({ length: 12 }, (_, i) => run(12 - i));
     const node = renderRuns({ store_exists: true, total: 12, runs }, vi.fn());

@@ -1,0 +1,45 @@
+"""The kernel's side of one step axis per run: which records open a segment, and what changed.
+
+A rank's training loop sends a ``SEGMENT`` event when it starts (``runtime/segments.py``); the
+session starts a new run when it asks for one and the current run already trained, and stores
+each segment with what differs from the run's previous one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from dtwork.records import SEGMENT, Kind
+
+# What a segment can change, and the settings that say it.
+_WHAT = {
+    "lr": ("lr",),
+    "batch": ("global_batch_size", "per_slot_batch_size", "accumulation"),
+    "precision": ("precision",),
+    "code": ("code",),
+}
+
+
+def is_segment(rec: Any) -> bool:
+    """Whether ``rec`` is a training loop's segment event."""
+    return isinstance(rec, Mapping) and rec.get("kind") == Kind.EVENT.value and rec.get("event") == SEGMENT
+
+
+def code_hash(source: str | None) -> str:
+    """A short hash of a cell's source: two segments of one code hash alike."""
+    return hashlib.sha256((source or "").encode("utf-8", "replace")).hexdigest()[:12]
+
+
+def settings(rec: Mapping[str, Any], source: str | None) -> dict[str, Any]:
+    """What the segment trains with: the rank's settings and the cell's code hash."""
+    sent = rec.get("settings")
+    return {**(dict(sent) if isinstance(sent, Mapping) else {}), "code": code_hash(source)}
+
+
+def changed(prev: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[str]:
+    """What differs between a run's previous segment and this one ([] for its first)."""
+    if prev is None:
+        return []
+    return [what for what, keys in _WHAT.items() if any(prev.get(k) != now.get(k) for k in keys)]
