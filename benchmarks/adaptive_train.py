@@ -226,10 +226,9 @@ class Book:
     def _evaluate(self, model: nn.Module) -> None:
         loss = val_loss(model, self.data["val"], CHAIN["order"])
         self.curve.append([self.samples, self.steps, self.seconds, loss])
-        if self.spec.get("probe") and dist.get_rank() == 0:
-            self.probes.append(
-                {"samples": self.samples, **b_simple_probe(model, self.data["probe"], CHAIN["order"], 32)}
-            )
+        if self.probe and dist.get_rank() == 0:
+            probe = b_simple_probe(model, self.data["probe"], CHAIN["order"], PROBE_GROUP)
+            self.probes.append({"samples": self.samples, **probe})
         self.next_eval += self.spec["eval_every"]
         if loss <= self.spec["target"] and not self.reached:
             self.reached, self.at = (

@@ -79,18 +79,19 @@ class Plan:
 # adaptive arm's start (the grid's smallest batch at its middle learning rate: no sweep), the target
 # (a margin above the entropy rate), the sample cap of a run that does not reach it, the data
 ADAPTIVE: dict[str, Any] = dict(
-    batches=(32, 64, 128, 256, 512, 1024),
+    batches=(64, 128, 256, 512, 1024, 2048),  # 32 took 40% of a seed's grid under load: left out
     lrs=(1e-3, 3e-3, 1e-2),
     seeds=5,
-    start_batch=32,
+    start_batch=64,
     start_lr=3e-3,
-    max_global_batch=1024,
-    lr_rule="adascale_sqrt",
-    margin=0.02,
-    cap_samples=65536,
-    eval_every=2048,
+    max_global_batch=2048,
+    lr_rule="adascale_sqrt",  # Adam: the square root of AdaScale's gain
+    margin=0.02,  # nats above the entropy rate
+    cap_samples=65536,  # a run that has not reached the target by then counts as not reached
+    eval_every=2048,  # samples
     train_sequences=65536,
     val_sequences=2048,
+    probe_sequences=2048,
     probe_batch=128,
     probe_lr=3e-3,
     timeout_s=1800,
@@ -99,10 +100,13 @@ ADAPTIVE_SMOKE: dict[str, Any] = dict(
     batches=(32, 64),
     lrs=(3e-3,),
     seeds=1,
+    start_batch=32,
+    max_global_batch=64,
     cap_samples=1024,
     eval_every=512,
     train_sequences=2048,
     val_sequences=128,
+    probe_sequences=256,
     probe_batch=32,
     timeout_s=300,
 )
