@@ -297,7 +297,7 @@ def test_the_adaptive_phase_runs_both_arms_of_one_script_and_writes_its_table(tm
     assert a["floor"]["entropy_rate"] == pytest.approx(a["target"] - plan["margin"])
     assert [t["id"] for t in r["targets"]] == ["36-bsimple"]  # no run reached the target: no gates
     page = doc.read_text().split("<!-- generated: adaptive -->")[1].split("<!-- end: adaptive -->")[0]
-    assert "| adaptive from 32 (max 1024) | 0.003 | 0/1 | not reached |" in page
+    assert "| adaptive from 32 (max 64) | 0.003 | 0/1 | not reached |" in page
     assert "| 64 | 0.003 | 0/1 | not reached |" in page and "grows at least 30x" in page
 
 
