@@ -45,6 +45,7 @@ class Kind(str, Enum):
     GPU = "gpu"  # a rank's NVML telemetry
     EVENT = "event"  # something that happened on a rank (a warning, a checkpoint)
     SCALING = "scaling"  # the kernel's estimate of the run's scaling efficiency, from the perf records
+    ADAPTIVE = "adaptive"  # an adaptive-batch decision: batch, LR factor, efficiency, goodput (rank 0's)
 
     def __str__(self) -> str:
         return self.value
@@ -52,7 +53,7 @@ class Kind(str, Enum):
 
 DIVERGED = "diverged"  # the event of a run's first non-finite logged value
 CELL_SETTINGS = "cell_settings"  # the stored result of what a cell ran with: its options, optimizers, GNS
-AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value, Kind.SCALING.value})
+AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value, Kind.SCALING.value, Kind.ADAPTIVE.value})
 # What a re-run of the same code on the same data reproduces: not the timings.
 TRAINING_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value})
 

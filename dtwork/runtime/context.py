@@ -266,12 +266,33 @@ class Context:
         return make_mesh(self.state, dp, tp)
 
     def loader(
-        self, dataset: Any, batch_size: int | None = None, **kwargs: Any
-    ) -> torch.utils.data.DataLoader:
-        """DataLoader over this rank's shard (DistributedSampler) with the per-slot batch size."""
+        self, dataset: Any, batch_size: int | None = None, adaptive: bool = False, **kwargs: Any
+    ) -> Any:
+        """DataLoader over this rank's shard (DistributedSampler) with the per-slot batch size.
+
+        ``adaptive=True``: a loader whose batch ``ctx.steps(loader, adaptive=True)`` or ``ctx.step``
+        changes by goodput (``runtime/adaptive.py``; options ``max_global_batch``,
+        ``min_per_slot_batch``, ``decide_every``, ``lr_rule`` as in ``ctx.steps``)."""
+        if adaptive:
+            from dtwork.runtime.adaptive import make_adaptive_loader
+
+            return make_adaptive_loader(self.state, dataset, batch_size=batch_size, **kwargs)
         from dtwork.runtime.data import make_loader
 
         return make_loader(self.state, dataset, batch_size=batch_size, **kwargs)
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per optimizer step now (an adaptive batch changes it)."""
+        loop = self.state.loop
+        return loop.k if loop is not None else self.config.optimizations.aggregation_frequency
+
+    @property
+    def epoch(self) -> int:
+        """The current pass over the data: the running loop's, else the adaptive loader's, else 0."""
+        if self.state.loop is not None:
+            return self.state.loop.epoch
+        return self.state.adaptive.loader.epoch if self.state.adaptive is not None else 0
 
     def synthetic(self, *shapes: Any, size: int = 1024, **kwargs: Any) -> torch.utils.data.Dataset:
         """A synthetic dataset of given shapes (see ``runtime.data.SyntheticDataset``)."""

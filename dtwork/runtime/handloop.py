@@ -44,6 +44,7 @@ class HandLoop:
     def reset(self) -> None:
         """Start over (a new ``ctx.wrap``): a new estimate, a new step count."""
         self.step = 0
+        self.comm = 0.0  # exposed communication seconds of the last step
         self.every = 1  # steps per all-reduce of the norms; the same on every rank
         self._meta: list[float] = []  # per step: examples, measured (1 or 0)
         self._norms: list[torch.Tensor] = []  # per step: local |G_small|^2, share of |G_big|^2
@@ -66,6 +67,7 @@ class HandLoop:
             return
         samples = max(s.samples for s in states)
         comm = sum(s.exposed_comm() for s in states)
+        self.comm = comm  # the adaptive batch's throughput fit reads it after the step
         gns = [s for s in states if s.gns]
         norms = [s.norms() for s in gns]
         measured = [n for n in norms if n is not None]
@@ -164,6 +166,11 @@ _handle: RemovableHandle | None = None
 def _on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     if _current is not None:
         _current.on_step(optimizer, args, kwargs)
+
+
+def last_comm() -> float:
+    """The exposed communication seconds of the last hand-loop step (0 before any)."""
+    return _current.comm if _current is not None else 0.0
 
 
 def _flush_after_cell() -> None:

@@ -22,6 +22,7 @@ from torch.distributed.fsdp import FSDPModule
 from dtwork.errors import DtworkError
 from dtwork.records import make_perf_record
 from dtwork.runtime import checkpoint, control, guards
+from dtwork.runtime.adaptive import adaptive_for
 from dtwork.runtime.data import batch_len, to_device
 from dtwork.runtime.hooks import measure_state
 from dtwork.runtime.sync import StepHead, StepSync, SyncedStep
@@ -48,6 +49,11 @@ class StepLoop:
         validate: Callable[[], Mapping[str, Any] | None] | None = None,
         validate_every: int | None = None,
         check_replicas_every: int | None = None,
+        adaptive: bool = False,
+        max_global_batch: int | None = None,
+        min_per_slot_batch: int | None = None,
+        decide_every: int | None = None,
+        lr_rule: str | None = None,
     ) -> None:
         cfg = state.config
         self.state = state
@@ -93,6 +99,10 @@ class StepLoop:
         self._last_gpu = 0.0
         self._models: list[torch.nn.Module] = []
         self._trained: dict[int, torch.nn.Module] = {}  # the wrapped models this loop trained
+        # adaptive batch: the loader's decisions (runtime/adaptive.py); max_steps then counts progress
+        self.adaptive = adaptive_for(
+            loader, adaptive, max_global_batch, min_per_slot_batch, decide_every, lr_rule
+        )
 
     @property
     def sync_every(self) -> int:
@@ -156,6 +166,9 @@ class StepLoop:
         if resume_state is not None:
             self.step, self.epoch, skip = resume_state["step"], resume_state["epoch"], resume_state["micro"]
             self._arm_gns()
+        if self.adaptive is not None:
+            self.k = self.adaptive.begin(self.k, resume_state)
+            skip = 0  # the loader resumes at its own place
         if self._done():
             return
         while True:
@@ -164,6 +177,8 @@ class StepLoop:
                 set_epoch(self.epoch)
             it = iter(self.loader)
             self.micro = 0
+            if self.adaptive is not None:  # the loader counts its passes, also over a resume
+                self.epoch = self.adaptive.loader.epoch
             for _ in range(skip):
                 next(it)
                 self.micro += 1
@@ -205,7 +220,12 @@ class StepLoop:
             self._end_step()
 
     def _done(self) -> bool:
-        return self.stopped_early or (self.max_steps is not None and self.step >= self.max_steps)
+        done = self.max_steps is not None and self._progress_steps() >= self.max_steps
+        return self.stopped_early or done
+
+    def _progress_steps(self) -> float:
+        """Optimizer steps, or with an adaptive batch the progress in steps at the starting batch."""
+        return self.step if self.adaptive is None else self.adaptive.progress
 
     # -- precision ---------------------------------------------------------------------------
 
@@ -354,6 +374,8 @@ class StepLoop:
                     exchanged = True
                 s.reset()
         self._perf_tick(comm, exchanged)
+        if self.adaptive is not None and self.adaptive.after_step(comm):
+            self.k, self.micro = self.adaptive.split.accumulation, 0  # the next step's micro-batches
         self._drain()  # launched a step ago or more; may stop the loop at this step
         self._record_step(norms)
         if self.sync.due() or self._done():
@@ -466,7 +488,10 @@ class StepLoop:
     # -- checkpoints, progress -------------------------------------------------------------------
 
     def position(self) -> dict[str, Any]:
-        return {"step": self.step, "epoch": self.epoch, "micro": self.micro}
+        pos: dict[str, Any] = {"step": self.step, "epoch": self.epoch, "micro": self.micro}
+        if self.adaptive is not None:
+            pos["adaptive"] = self.adaptive.state_dict()
+        return pos
 
     def save_checkpoint(self) -> None:
         gc.collect()  # a checkpoint holds the live models only (not those earlier cells replaced)

@@ -33,6 +33,8 @@ class RunningLoop(Protocol):
     k: int  # micro-batches per optimizer step
     is_last_micro: bool
     stepped: bool  # whether the last ``ctx.step`` stepped (the fp16 scaler may skip one)
+    step: int  # optimizer steps taken
+    epoch: int  # the current pass over the data
 
     def add_log(self, scalars: dict[str, Any]) -> None: ...
 
@@ -71,6 +73,7 @@ class RankState:
     cell: int = 0  # counts the cells this rank ran (pre_execute), to tell what a cell used
     used: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
     mesh: Any = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
+    adaptive: Any = None  # the AdaptiveBatch of the last ctx.loader(adaptive=True) (runtime.adaptive)
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.rank)

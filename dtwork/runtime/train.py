@@ -61,6 +61,8 @@ def optimizer_step(state: RankState, optimizer: torch.optim.Optimizer) -> bool:
                 sched.step()
     if loop is not None:
         loop.stepped = stepped
+    elif state.adaptive is not None:  # a hand loop over ctx.loader(adaptive=True): decide, set the LR
+        state.adaptive.hand_step()
     return stepped
 
 
