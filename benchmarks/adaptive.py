@@ -39,6 +39,7 @@ def spec(plan: Plan, runs: list[dict[str, Any]], out: Path, target: float) -> di
     """The training script's spec: the runs, the data, the evaluation and the stop (the same for all)."""
     p = plan.adaptive
     keys = "train_sequences val_sequences probe_sequences eval_every cap_samples max_global_batch lr_rule"
+    keys += " decide_every"
     return {"runs": runs, "out": str(out), "target": target, **{k: p[k] for k in keys.split()}}
 
 
@@ -89,6 +90,8 @@ def measure(plan: Plan, cluster: Cluster) -> dict[str, Any]:
     out |= {"fixed": [], "adaptive": []}
     with tempfile.TemporaryDirectory(prefix="dtwork-bench-adaptive-") as name:
         folder = Path(name)
+        with silenced():  # the ranks' GNS horizon, for runs of a few hundred steps
+            cluster.configure({"gns": {"ema_decay": p["gns_ema_decay"]}})
         on_dtwork = partial(_on_dtwork, cluster=cluster)
         probe = {"batch": p["probe_batch"], "lr": p["probe_lr"], "seed": 0, "probe": True}
         for seed in range(p["seeds"]):

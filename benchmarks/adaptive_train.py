@@ -174,19 +174,25 @@ def train_adaptive(run: dict, data: dict, spec: dict) -> dict:
 
     ctx = dtwork.ctx()
     torch.manual_seed(run["seed"])
-    model = ctx.wrap(TinyLM(CHAIN["vocab"], **MODEL))
+    model = ctx.wrap(TinyLM(CHAIN["vocab"], **MODEL), gns=True)
     opt = torch.optim.Adam(model.parameters(), lr=run["lr"])
     world = dist.get_world_size()
     dataset = torch.utils.data.TensorDataset(data["train"])
     loader = ctx.loader(dataset, batch_size=run["batch"] // world, adaptive=True, seed=run["seed"])
     book = Book(spec, data, _inner(model))
-    micro = 0
-    how = dict(adaptive=True, max_global_batch=spec["max_global_batch"], lr_rule=spec["lr_rule"])
-    for _step, (x,) in ctx.steps(loader, max_steps=spec["cap_samples"] // run["batch"], **how):
+    micro, last = 0, None
+    how = {k: spec[k] for k in ("max_global_batch", "decide_every", "lr_rule")}
+    # max_steps counts progress (samples / the starting batch): the same sample cap as the fixed arm
+    for _step, (x,) in ctx.steps(loader, adaptive=True, max_steps=spec["cap_samples"] // run["batch"], **how):
         loss = lm_loss(model, x, CHAIN["order"])
         ctx.backward(loss)
         micro += x.shape[0] * world
         if ctx.step(opt):
+            decision = ctx.state.adaptive.decision  # rank 0's: the goodput prediction and its reason
+            if decision is not None and decision is not last:
+                why = [book.samples + micro, decision.efficiency, decision.predicted_gain, decision.reason]
+                book.decisions.append(why)
+                last = decision
             lr = opt.param_groups[0]["lr"]
             if book.stepped(micro, _inner(model), batch=ctx.global_batch_size, lr=lr):
                 break
@@ -208,6 +214,7 @@ class Book:
         self.curve: list[list[float]] = []
         self.batches: list[list[float]] = []  # (samples, global batch, lr) at every change
         self.probes: list[dict[str, float]] = []
+        self.decisions: list[list] = []  # the adaptive arm's: (samples, efficiency, predicted gain, why)
         self._evaluate(model)
         dist.barrier()
         self.t0 = time.perf_counter()
@@ -240,6 +247,7 @@ class Book:
 
     def result(self) -> dict:
         out = {"reached": self.reached, "curve": self.curve, "batches": self.batches, "probes": self.probes}
+        out["decisions"] = self.decisions
         out |= {"total_seconds": self.seconds, "total_steps": self.steps, "total_samples": self.samples}
         return out | (self.at if self.reached else {"seconds": None, "steps": None, "samples": None})
 

@@ -85,7 +85,11 @@ ADAPTIVE: dict[str, Any] = dict(
     start_batch=64,
     start_lr=3e-3,
     max_global_batch=2048,
-    lr_rule="adascale_sqrt",  # Adam: the square root of AdaScale's gain
+    lr_rule="sqrt",  # Adam: the square root of AdaScale's gain
+    decide_every=20,  # steps: about 300 steps at the start batch reach the target; 100 would allow 3
+    # the GNS horizon, 100 steps: at the default (1000 steps, windows of 50) a run of ~300 steps
+    # never has an interval to decide on (measured: "no GNS interval yet" at all 16 decisions)
+    gns_ema_decay=0.99,
     margin=0.02,  # nats above the entropy rate
     cap_samples=65536,  # a run that has not reached the target by then counts as not reached
     eval_every=2048,  # samples
@@ -102,6 +106,7 @@ ADAPTIVE_SMOKE: dict[str, Any] = dict(
     seeds=1,
     start_batch=32,
     max_global_batch=64,
+    decide_every=4,
     cap_samples=1024,
     eval_every=512,
     train_sequences=2048,
