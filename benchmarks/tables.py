@@ -186,6 +186,12 @@ def _s(x: Any, nd: int = 2) -> str:
     return "not reached" if x == math.inf else fmt(x, nd)
 
 
+def _taken(changes: list[list[float]]) -> str:
+    """The global batches a run took, in order (a change of the LR alone is not a new batch)."""
+    batches = [int(c[1]) for c in changes]
+    return " → ".join(str(b) for i, b in enumerate(batches) if i == 0 or b != batches[i - 1])
+
+
 def adaptive_table(r: dict[str, Any]) -> str:
     """Issue 36: B_simple's growth, the grid of fixed batches, the adaptive arm, and the gates."""
     a, meta = r["adaptive"], r["meta"].get("phases", {}).get("adaptive", r["meta"])
@@ -212,8 +218,9 @@ def adaptive_table(r: dict[str, Any]) -> str:
     head = "global batch | lr | reached | median wall s to target | steps | samples | compute (s, all seeds)"
     text += table(head, rows)
     if a["adaptive"]:
-        per = [[x["seed"], _s(x["seconds"]), _s(x["samples"], 0), " → ".join(str(b[1]) for b in x["batches"])]
-               for x in a["adaptive"]]  # fmt: skip
+        per = [
+            [x["seed"], _s(x["seconds"]), _s(x["samples"], 0), _taken(x["batches"])] for x in a["adaptive"]
+        ]
         text += "\n\n" + table("adaptive seed | wall s | samples | global batches taken", per)
     gates = a["gates"]
     rows = []
