@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks import kernel_scale, windows
+from benchmarks import adaptive, kernel_scale, windows
 from benchmarks import workload as W
 from benchmarks.runners import TORCHRUN, ColdStarts, DtworkRunner, LaunchWorkerRunner, missing
 from benchmarks.runners import RawIpyparallelRunner as Raw
@@ -29,7 +29,8 @@ KINDS = W.KINDS
 OPTIONAL = ("accelerate", "fabric")
 SCRIPT = ROOT / "tests" / "fixtures" / "ddp_tutorial.py"  # the PyTorch DDP tutorial's structure
 PHASES = "cold_start round_trip throughput iteration_latency turns gns_interleaved live_interleaved handloop"
-PHASES += " script_rerun kernel_scale"
+PHASES += " script_rerun kernel_scale adaptive"
+OPT_IN = ("adaptive",)  # 20-25 minutes of its own: run only when named (--only adaptive)
 
 
 def _kinds(mlp: int, convnet: int) -> Any:
@@ -61,6 +62,7 @@ class Plan:
     rerun_epochs: int = 2
     scale_ranks: tuple[int, ...] = (8, 32, 128, 256)
     scale_seconds: float = 30.0
+    adaptive: dict[str, Any] = field(default_factory=lambda: dict(ADAPTIVE))
 
     @classmethod
     def smoke_plan(cls) -> Plan:
@@ -69,7 +71,50 @@ class Plan:
         once = "coldstart_reps throughput_reps latency_reps_inprocess latency_reps_relaunch turn_blocks"
         small = dict(hand_window=2, hand_cycles=2, rerun_epochs=1, scale_ranks=(4,), scale_seconds=1.0)
         small |= dict.fromkeys(per_kind.split(), {"mlp": 2, "convnet": 1})
+        small["adaptive"] = ADAPTIVE | ADAPTIVE_SMOKE
         return cls(True, **dict.fromkeys([*once.split(), "rerun_reps"], 1), round_trips=3, **small)
+
+
+# issue 36's phase (benchmarks/adaptive.py), fixed before it was run: the grid, the seeds, the
+# adaptive arm's start (the grid's smallest batch at its middle learning rate: no sweep), the target
+# (a margin above the entropy rate), the sample cap of a run that does not reach it, the data
+ADAPTIVE: dict[str, Any] = dict(
+    batches=(64, 128, 256, 512, 1024, 2048),  # 32 took 40% of a seed's grid under load: left out
+    lrs=(1e-3, 3e-3, 1e-2),
+    seeds=5,
+    start_batch=64,
+    start_lr=3e-3,
+    max_global_batch=2048,
+    lr_rule="sqrt",  # Adam: the square root of AdaScale's gain
+    decide_every=20,  # steps: about 300 steps at the start batch reach the target; 100 would allow 3
+    # the GNS horizon, 100 steps: at the default (1000 steps, windows of 50) a run of ~300 steps
+    # never has an interval to decide on (measured: "no GNS interval yet" at all 16 decisions)
+    gns_ema_decay=0.99,
+    margin=0.02,  # nats above the entropy rate
+    cap_samples=65536,  # a run that has not reached the target by then counts as not reached
+    eval_every=2048,  # samples
+    train_sequences=65536,
+    val_sequences=2048,
+    probe_sequences=2048,
+    probe_batch=128,
+    probe_lr=3e-3,
+    timeout_s=1800,
+)
+ADAPTIVE_SMOKE: dict[str, Any] = dict(
+    batches=(32, 64),
+    lrs=(3e-3,),
+    seeds=1,
+    start_batch=32,
+    max_global_batch=64,
+    decide_every=4,
+    cap_samples=1024,
+    eval_every=512,
+    train_sequences=2048,
+    val_sequences=128,
+    probe_sequences=256,
+    probe_batch=32,
+    timeout_s=300,
+)
 
 
 def _guarded(errors: dict[str, str], name: str, measure: Callable[[], Any]) -> Any:
@@ -89,7 +134,7 @@ class Suite:
         self.plan, self.dt, self.raw, self.torchrun = plan, DtworkRunner(), Raw(), Torchrun()
         self.optional, self.skipped = dict[str, LaunchWorkerRunner](), dict[str, str]()
 
-    def start(self, raw: bool = True, optional: bool = True) -> None:
+    def start(self, raw: bool = True, optional: bool = True, setup: bool = True) -> None:
         """The clusters at once, to save wall time (cold start is measured apart, in fresh kernels)."""
         log("starting the clusters")
         with ThreadPoolExecutor(2) as pool:
@@ -105,6 +150,8 @@ class Suite:
                 self.skipped[name] = why
                 log(f"{name}: {why}")
         self.relaunchers: dict[str, Any] = {"torchrun": self.torchrun, **self.optional}
+        if not setup:  # the phases asked for bring their own workload
+            return
         log("setup cells (model and data stay on the ranks)")
         self.dt.setup()
         if raw:
@@ -275,6 +322,10 @@ class Suite:
         t, d = s["torchrun"], s["dtwork"]
         return out | {"speedup": ratio(median(t), median(d)), "speedup_ci95": bootstrap_ci(t, d)}
 
+    def adaptive(self) -> dict[str, Any]:
+        assert self.dt.cluster is not None
+        return adaptive.measure(self.plan, self.dt.cluster)
+
     def kernel_scale(self) -> list[dict[str, Any]]:
         p, out = self.plan, []
         with tempfile.TemporaryDirectory(prefix="dtwork-kernel-scale-") as folder, kernel_scale.wired():
@@ -295,7 +346,7 @@ def in_rotation(measure: dict[str, Callable[[], Any]], reps: int) -> dict[str, l
 
 def run(plan: Plan, command: str, only: list[str] | None = None) -> dict[str, Any]:
     """Every phase (``only``: those) and the meta of the run."""
-    phases, t0 = only or PHASES.split(), time.perf_counter()
+    phases, t0 = only or [p for p in PHASES.split() if p not in OPT_IN], time.perf_counter()
     meta = dict(command=command, smoke=plan.smoke, started=now(), dtwork_commit=git_commit())
     meta |= {"machine": machine(), "versions": versions(), "plan": asdict(plan)}
     results: dict[str, Any] = {"meta": meta}
@@ -307,7 +358,8 @@ def run(plan: Plan, command: str, only: list[str] | None = None) -> dict[str, An
                 results["cold_start"] = cold.results()
         if set(phases) - {"cold_start"}:
             raw = {"round_trip", "throughput", "iteration_latency"} & set(phases)
-            suite.start(raw=bool(raw), optional="throughput" in phases)
+            setup = bool(set(phases) - {"cold_start", *OPT_IN})
+            suite.start(raw=bool(raw), optional="throughput" in phases, setup=setup)
         for name in (n for n in phases if n != "cold_start"):
             try:
                 results[name] = getattr(suite, name.removesuffix("_interleaved"))()
@@ -401,6 +453,17 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         what = f"the kernel with {top['ranks']} simulated ranks"
         rows.append(("25-cpu", 25, f"{what}: CPU (share of one core)", top["cpu_share"], "<= 0.10", None))
         rows.append(("25-redraw", 25, f"{what}: redraw (s)", top["redraw_interval_s"], "<= 0.5", None))
+    if (a := r.get("adaptive")) and a.get("gates"):
+        g, best = a["gates"], "the best fixed batch of the grid (an oracle)"
+        what = f"adaptive batch: seeds reaching the target in <= 0.8x the wall time of {best}"
+        rows.append(("36-wall", 36, what, g["wall"]["seeds_met"], ">= 4", None))
+        rows.append(("36-samples", 36, f"adaptive batch: samples to target / {best}'s", g["samples"]["ratio"],
+                     "<= 1.1", None))  # fmt: skip
+        what = "adaptive batch: compute / the whole grid's compute"
+        rows.append(("36-compute", 36, what, g["compute"]["ratio"], "<= 0.333", None))
+    if a and a.get("b_simple"):
+        what = "adaptive benchmark's workload: B_simple growth over the run (x)"
+        rows.append(("36-bsimple", 36, what, a["b_simple"]["growth"], ">= 30", None))
     if "cold_start" in r and "throughput" in r:  # the whole suite
         limit = "< 120" if r["meta"]["smoke"] else "< 900"
         what = "the benchmark's wall time on this machine (s)"

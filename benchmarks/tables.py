@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from benchmarks import adaptive as adaptive_mod
 from benchmarks.util import PACKAGES
 
 KINDS = ("mlp", "convnet")
@@ -181,6 +182,71 @@ def kernel_scale_table(r: dict[str, Any]) -> str:
     return table("ranks | kernel CPU (share of one core) | redraw interval (s) | store (MB per hour)", rows)
 
 
+def _s(x: Any, nd: int = 2) -> str:
+    return "not reached" if x == math.inf else fmt(x, nd)
+
+
+def _taken(changes: list[list[float]]) -> str:
+    """The global batches a run took, in order (a change of the LR alone is not a new batch)."""
+    batches = [int(c[1]) for c in changes]
+    return " → ".join(str(b) for i, b in enumerate(batches) if i == 0 or b != batches[i - 1])
+
+
+def adaptive_table(r: dict[str, Any]) -> str:
+    """Issue 36: B_simple's growth, the grid of fixed batches, the adaptive arm, and the gates."""
+    a, meta = r["adaptive"], r["meta"].get("phases", {}).get("adaptive", r["meta"])
+    p = a["plan"]
+    g = a["b_simple"] or dict(start=None, end=None, end_samples=None, growth=None, ok=False)
+    grows = "**yes**" if g["ok"] else "**no**: the workload does not show what the phase tests"
+    text = f"`{meta['command']}`, started {meta['started']}, dtwork {meta.get('dtwork_commit')}, "
+    text += f"{a['duration_s']:.0f} s. Floor: entropy rate {a['floor']['entropy_rate']:.4f} nats (the "
+    text += f"validation set's own chain loss {fmt(a['floor'].get('val_chain_loss'), 4)}); target "
+    text += f"{a['target']:.4f} (+{p['margin']}). B_simple along a fixed run (batch {p['probe_batch']}, "
+    text += f"lr {p['probe_lr']}): {fmt(g['start'], 1)} at the start, {_s(g['end'], 1)} at "
+    text += f"{g['end_samples']} samples (median of the last three evaluations), x{_s(g['growth'], 1)}; "
+    text += f"grows at least {adaptive_mod.MIN_GROWTH:.0f}x: {grows}.\n\n"
+    best = a.get("best") or {}
+    rows = []
+    for row in a["grid"]:
+        mark = "**" if (row["batch"], row["lr"]) == (best.get("batch"), best.get("lr")) else ""
+        cells = [_s(row["seconds"]), _s(row["steps"], 0), _s(row["samples"], 0), fmt(row["compute_s"], 1)]
+        rows.append([f"{mark}{row['batch']}{mark}", row["lr"], f"{row['reached']}/{row['runs']}", *cells])
+    ad = a["adaptive_summary"]
+    start = f"adaptive from {p['start_batch']} (max {p['max_global_batch']})"
+    cells = [_s(ad.get("seconds")), _s(ad.get("steps"), 0), _s(ad.get("samples"), 0), fmt(ad["compute_s"], 1)]
+    rows.append([start, p["start_lr"], f"{ad['reached']}/{ad['runs']}", *cells])
+    head = "global batch | lr | reached | median wall s to target | steps | samples | compute (s, all seeds)"
+    text += table(head, rows)
+    if a["adaptive"]:
+        per = [
+            [x["seed"], _s(x["seconds"]), _s(x["samples"], 0), _taken(x["batches"])] for x in a["adaptive"]
+        ]
+        text += "\n\n" + table("adaptive seed | wall s | samples | global batches taken", per)
+    gates = a["gates"]
+    rows = []
+    if gates:
+        w = gates["wall"]
+        per = ", ".join(_s(v) for v in w["per_seed"])
+        rows.append(
+            [
+                "wall time ÷ the best fixed batch's median <= 0.8, in >= 4 of 5 seeds",
+                f"{w['seeds_met']} seeds ({per})",
+                "**met**" if w["met"] else "**not met**",
+            ]
+        )
+        for key, what in (
+            ("samples", "samples to target ÷ the best's <= 1.1"),
+            ("compute", "compute ÷ the whole grid's <= 1/3"),
+        ):
+            rows.append([what, fmt(gates[key]["ratio"]), "**met**" if gates[key]["met"] else "**not met**"])
+    else:
+        why = "; ".join(a["errors"])[:600] or "no run reached the target"
+        rows.append(["all gates", "not measured", f"**not run**: {why}"])
+    rows.append([f"B_simple grows >= {adaptive_mod.MIN_GROWTH:.0f}x", f"x{_s(g['growth'], 1)}",
+                 "**met**" if g["ok"] else "**not met**"])  # fmt: skip
+    return text + "\n\n" + table("gate | measured | met", rows)
+
+
 def fill(doc: str, generated: dict[str, str]) -> str:
     """Replace what lies between each block's markers; a block the page lacks is an error."""
     for name, text in generated.items():
@@ -197,7 +263,7 @@ def write_doc(out: Path, doc: Path) -> None:
     makers = {"meta": run_table, "targets": targets_table, "alternatives": alternatives_table,
               "iteration_latency": core_table, "turns": turns_table, "live_interleaved": live_table,
               "gns_interleaved": gns_table, "handloop": handloop_table, "script_rerun": script_rerun_table,
-              "kernel_scale": kernel_scale_table}  # fmt: skip
+              "kernel_scale": kernel_scale_table, "adaptive": adaptive_table}  # fmt: skip
     names = {k: make.__name__.removesuffix("_table").replace("_", "-") for k, make in makers.items()}
     generated = {names[k]: make(r) for k, make in makers.items() if k in r}
     if (out / "live.json").exists():

@@ -273,3 +273,53 @@ def test_the_long_run_drives_a_real_kernel_that_imports_the_benchmarks() -> None
         value, counts = kernel.run(code, timeout=120)
     assert value == 42
     assert counts["stream"] >= 2 and counts["status"] >= 2
+
+
+def test_the_adaptive_phase_runs_both_arms_of_one_script_and_writes_its_table(tmp_path: Path) -> None:
+    """``--only adaptive``: the fixed grid under torchrun, the adaptive arm on warm ranks, the B_simple probe."""
+    out, doc = tmp_path / "bench", tmp_path / "benchmarks.md"
+    shutil.copy(ROOT / "docs" / "benchmarks.md", doc)
+    proc = _run_smoke(out, doc, tmp_path, "--only", "adaptive")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads((out / "results.json").read_text())
+    a, plan = r["adaptive"], r["meta"]["plan"]["adaptive"]
+    assert a["errors"] == [], a["errors"]
+    assert [(x["batch"], x["lr"], x["seed"]) for x in a["fixed"]] == [(b, 0.003, 0) for b in plan["batches"]]
+    assert [(x["adaptive"], x["seed"]) for x in a["adaptive"]] == [(True, 0)]
+    for run in a["fixed"] + a["adaptive"]:  # to the sample cap (the smoke target is out of reach)
+        assert run["total_samples"] >= plan["cap_samples"] and run["total_steps"] > 0, run
+        _positive(run["total_seconds"], "training seconds")
+    # the probe estimated B_simple at every evaluation, from the first to the cap
+    probes = a["b_simple"]["probes"]
+    assert [p[0] for p in probes][:1] == [0] and probes[-1][0] >= plan["cap_samples"]
+    assert len(probes) == plan["cap_samples"] // plan["eval_every"] + 1
+    _positive(a["b_simple"]["start"], "B_simple at the start")
+    assert a["floor"]["entropy_rate"] == pytest.approx(a["target"] - plan["margin"])
+    assert [t["id"] for t in r["targets"]] == ["36-bsimple"]  # no run reached the target: no gates
+    page = doc.read_text().split("<!-- generated: adaptive -->")[1].split("<!-- end: adaptive -->")[0]
+    assert "| adaptive from 32 (max 64) | 0.003 | 0/1 | not reached |" in page
+    assert "| 64 | 0.003 | 0/1 | not reached |" in page and "grows at least 30x" in page
+
+
+def test_the_adaptive_phase_picks_the_best_fixed_batch_after_the_fact_and_judges_the_gates() -> None:
+    from benchmarks.adaptive import summarize
+
+    def run(batch: int, seed: int, seconds: float | None, samples: int = 1000, total: float = 10.0) -> dict:
+        reached = seconds is not None
+        return dict(batch=batch, lr=0.01, seed=seed, reached=reached, seconds=seconds, steps=samples // batch,
+                    samples=samples if reached else None, total_seconds=total)  # fmt: skip
+
+    # batch 64 is fastest in 2 of 5 seeds but misses the target in 3: its median is "not reached"
+    fixed = [run(64, s, 1.0 if s < 2 else None) for s in range(5)]
+    fixed += [run(128, s, 4.0 + s, samples=2000) for s in range(5)]  # median 6.0 s, 2000 samples
+    fixed += [run(256, s, None, total=30.0) for s in range(5)]
+    adaptive = [run(32, s, t, samples=2100, total=5.0) for s, t in enumerate([4.0, 4.5, 4.8, 7.0, 3.0])]
+    for a in adaptive:
+        a["adaptive"] = True
+    s = summarize({"fixed": fixed, "adaptive": adaptive})
+    assert (s["best"]["batch"], s["best"]["seconds"], s["best"]["samples"]) == (128, 6.0, 2000)
+    assert [row["reached"] for row in s["grid"]] == [2, 5, 0] and s["grid"][2]["seconds"] == math.inf
+    wall = s["gates"]["wall"]
+    assert wall["seeds_met"] == 4 and wall["met"]  # <= 0.8 x 6.0 s in four seeds (4.8 just); 7.0 s not
+    assert s["gates"]["samples"]["ratio"] == pytest.approx(1.05) and s["gates"]["samples"]["met"]
+    assert s["gates"]["compute"]["ratio"] == pytest.approx(25.0 / 250.0) and s["gates"]["compute"]["met"]
