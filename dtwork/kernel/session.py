@@ -266,7 +266,7 @@ class Session:
                 print(
                     f"dtwork: reloaded {', '.join(names)} (changed on disk; %dtrain autoreload off to keep them)"
                 )
-        on_records = self._dashboard_feed(run_id, rank_list, quiet)
+        on_records = self._dashboard_feed(run_id, rank_list, quiet, seq)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))
         watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
@@ -422,7 +422,7 @@ class Session:
         return LiveEfficiency(n, sweep_baseline(sweeps, per_slot))
 
     def _dashboard_feed(
-        self, run_id: int, ranks: list[int], quiet: bool
+        self, run_id: int, ranks: list[int], quiet: bool, seq: int | None = None
     ) -> Callable[[list[dict[str, Any]]], None] | None:
         self.dashboard = None  # the last cell's, finished already
         if quiet:
@@ -436,7 +436,11 @@ class Session:
             # Made at the first records: a cell that logs nothing shows no empty dashboard.
             if self.dashboard is None:
                 self.dashboard = Dashboard.for_cell(
-                    run_id, ranks, title=self.config.name, global_batch=self.engines.global_batch_size
+                    run_id,
+                    ranks,
+                    seq=seq,
+                    title=self.config.name,
+                    global_batch=self.engines.global_batch_size,
                 )
                 if self.efficiency is not None and self.efficiency.last is not None:
                     self.dashboard.feed([self.efficiency.last])
