@@ -58,7 +58,7 @@ def cell_view(store: RunStore, run_id: int, seq: int) -> dict[str, Any]:
     cell = next((c for c in store.cells(run_id) if c["seq"] == int(seq)), None)
     if cell is None:
         raise DtworkError(f"run {run_id} has no cell {seq}")
-    rows = [r for r in store.metrics(run_id, rank="all") if r["cell_seq"] == int(seq)]
+    rows = store.metrics(run_id, rank="all", cell=seq)
     series = _series(rows, run.get("global_batch_size"))
     parts = []
     for key in (*FIGURE_KEYS, *DATA_KEYS):
@@ -70,6 +70,8 @@ def cell_view(store: RunStore, run_id: int, seq: int) -> dict[str, Any]:
     steps = [int(r["step"]) for r in rows if r["step"] is not None]
     step = max(steps) if steps else None
     status = str(cell["status"] or "running")
+    if status == "running" and run.get("status") not in (None, "running"):
+        status = str(run["status"])  # the cluster stopped before the cell could say how it ended
     ranks = cell.get("ranks") or []
     title = " · ".join(
         [
