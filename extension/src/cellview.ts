@@ -58,6 +58,7 @@ export class CellView extends Widget implements IRenderMime.IRenderer {
   private readonly _header: Widget;
   private _cell: ICellRef | null = null;
   private _plot: IRenderMime.IRenderer | null = null;
+  private _drawn = ''; // the step and status of the figure on screen
 
   constructor(private readonly _panel: NotebookPanel | null) {
     super();
@@ -121,20 +122,26 @@ export class CellView extends Widget implements IRenderMime.IRenderer {
     if (!live.running) {
       this._poller.stop();
     }
-    await this._draw(live.figure);
+    await this._draw(live);
   }
 
-  private async _draw(figure: ICellLive['figure']): Promise<void> {
-    if (this._plot === null) {
-      const plot = this._renderer(PLOTLY_MIME);
-      if (!plot) {
-        this._header.node.textContent += ' (install plotly in the Jupyter server to see its figure)';
-        return;
-      }
-      this._plot = plot;
-      (this.layout as PanelLayout).addWidget(plot);
+  /** Draw the figure in a new plotly renderer, then drop the old one: plotly's renderer draws
+   * its first model only. Nothing is redrawn while the step and the status stay the same. */
+  private async _draw(live: ICellLive): Promise<void> {
+    const key = `${live.step}/${live.status}`;
+    if (key === this._drawn) {
+      return;
     }
-    await this._plot.renderModel(mimeModel({ [PLOTLY_MIME]: figure }));
+    const plot = this._renderer(PLOTLY_MIME);
+    if (!plot) {
+      this._header.node.textContent += ' (install plotly in the Jupyter server to see its figure)';
+      return;
+    }
+    this._drawn = key;
+    (this.layout as PanelLayout).addWidget(plot);
+    await plot.renderModel(mimeModel({ [PLOTLY_MIME]: live.figure }));
+    this._plot?.dispose();
+    this._plot = plot;
   }
 }
 
