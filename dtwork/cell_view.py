@@ -28,6 +28,7 @@ CELL_MIME = "application/vnd.dtwork.cell+json"
 MAX_POINTS = 1000  # per trace, as the live dashboard draws them
 FIGURE_KEYS = ("metrics", "throughput", "step_time")  # always shown, in this order
 DATA_KEYS = ("gpu", "gns")  # shown once they have data
+ENDED = {"ok": "finished", "error": "failed"}  # a cell's stored status, as the title says it
 
 
 def cell_bundle(run_id: int, seq: int) -> dict[str, Any]:
@@ -80,7 +81,7 @@ def cell_view(store: RunStore, run_id: int, seq: int) -> dict[str, Any]:
             f"cell {seq}",
             f"{len(ranks)} ranks" if ranks else "",
             f"step {step}" if step is not None else "step —",
-            status,
+            ENDED.get(status, status),
         ]
     ).replace(" ·  · ", " · ")
     fig = plots.dashboard_figure(parts, title)

@@ -306,6 +306,7 @@ async def test_cell_view_follows_the_cell_then_shows_its_end(
     body = await get_json(jp_fetch, "runs", str(rid), "cells", str(seq))
     assert body["status"] == "ok" and body["running"] is False and body["step"] == 3
     assert loss(body) == [1.0, 2.0, 3.0, 4.0]
+    assert "step 3 · finished" in body["figure"]["layout"]["title"]["text"]
     with RunStore(dtwork_env["store"]) as s:  # a cell cut short by the cluster's end ends with the run
         third = s.add_cell(rid, "train()")
         s.set_run_status(rid, "stopped", ended=True)
