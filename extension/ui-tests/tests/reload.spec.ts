@@ -22,7 +22,7 @@ function cellView(page: IJupyterLabPageFixture) {
     const loss = plot?.data?.find(t => t.name === 'loss');
     return {
       text: (cell?.querySelector('.jp-OutputArea') as HTMLElement | null)?.innerText ?? '',
-      widget: !!view?.querySelector('.jupyter-widgets'),
+      widget: !!cell?.querySelector('.jupyter-widgets .js-plotly-plot'), // the live widget's figure
       fromStore: !!view?.classList.contains('dtwork-mod-fromStore'),
       status: view?.dataset.status ?? null,
       step: view?.dataset.step ? Number(view.dataset.step) : null,
