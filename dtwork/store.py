@@ -579,15 +579,24 @@ class RunStore:
             out[:0] = [c for c in self.cells(rid) if c["seq"] < int(link.get("cell", 0))]
 
     def metrics(
-        self, run_id: int | str, name: str | None = None, *, rank: RankSelector = "aggregated"
+        self,
+        run_id: int | str,
+        name: str | None = None,
+        *,
+        rank: RankSelector = "aggregated",
+        cell: int | None = None,
     ) -> list[dict[str, Any]]:
         """Metric records ordered by step (then rank, aggregated first, then insertion).
 
         ``rank="aggregated"`` gives the records without a rank, ``"all"`` every record, an
-        int that rank's records. ``value`` is None for a missing value, NaN and infinities as stored.
+        int that rank's records; ``cell`` keeps those of the run's cell with that seq. ``value`` is
+        None for a missing value, NaN and infinities as stored.
         """
         where = ["run_id = ?"]
         params: list[Any] = [self._run_id(run_id)]
+        if cell is not None:
+            where.append("cell_seq = ?")
+            params.append(int(cell))
         if name is not None:
             where.append("name = ?")
             params.append(name)

@@ -360,7 +360,7 @@ def test_for_cell_displays_with_its_title(monkeypatch: pytest.MonkeyPatch) -> No
     shown: list[Any] = []
     monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
     dash = Dashboard.for_cell(12, [0, 1, 2, 3], title="cifar", global_batch=64)
-    assert shown == [dash]
+    assert shown == [dash._repr_mimebundle_()]  # the widget, named by its model
     assert isinstance(dash, widgets.VBox)
     assert (
         "cifar" in dash._header.value and "run 12" in dash._header.value and "ranks 0-3" in dash._header.value

@@ -157,12 +157,14 @@ def test_a_finished_cell_leaves_plotly_json_in_its_output_and_closes_its_widgets
 
     InteractiveShell.instance()
     with capture_output() as captured:
-        dash = Dashboard.for_cell(3, [0, 1])
+        dash = Dashboard.for_cell(3, [0, 1], seq=2)
         dash.feed([log(s, loss=1.0 / (s + 1)) for s in range(10)])
         dash.feed(spiky_gns())
         dash.finish(CellResult(seq=1, ranks=[0, 1], status="ok", seconds=2.0))
     first, *_, last = captured.outputs
-    assert "application/vnd.jupyter.widget-view+json" in first.data
+    assert first.data["application/vnd.jupyter.widget-view+json"]["model_id"]
+    # beside the widget, the run's cell: what a notebook reopened mid-training draws from the store
+    assert first.data["application/vnd.dtwork.cell+json"] == {"run_id": 3, "seq": 2}
     assert last.update and last.transient["display_id"] == first.transient["display_id"]
     spec = last.data["application/vnd.plotly.v1+json"]
     assert {t["name"] for t in spec["data"]} >= {"loss", "B_simple", "off scale"}

@@ -47,7 +47,7 @@ def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., Non
 
 
 # A sample value for each named group of the route patterns (see test_every_route_needs_auth).
-SAMPLE_IDS = {"run_id": "1", "cluster_id": "dtwork-1-abcdef", "rest": "no-such-route"}
+SAMPLE_IDS = {"run_id": "1", "seq": "1", "cluster_id": "dtwork-1-abcdef", "rest": "no-such-route"}
 EXPECTED_ROUTES = {
     ("GET", "/dtwork/health"),
     ("GET", "/dtwork/clusters"),
@@ -55,6 +55,7 @@ EXPECTED_ROUTES = {
     ("GET", "/dtwork/runs"),
     ("GET", "/dtwork/runs/1"),
     ("GET", "/dtwork/runs/1/metrics"),
+    ("GET", "/dtwork/runs/1/cells/1"),
     ("POST", "/dtwork/runs/1/report"),
     ("GET", "/dtwork/gpus"),
 }
@@ -276,6 +277,43 @@ async def test_run_metrics(jp_fetch: Any, store: dict[str, int]) -> None:
     message = await error_of(jp_fetch, "runs", rid, "metrics", params={"name": "accuracy"})
     assert "no metric 'accuracy'" in message and "loss" in message
     assert "malformed metric name" in await error_of(jp_fetch, "runs", rid, "metrics", params={"name": "a b"})
+
+
+@in_loop
+async def test_cell_view_follows_the_cell_then_shows_its_end(
+    jp_fetch: Any, store: dict[str, int], dtwork_env: dict[str, Path]
+) -> None:
+    """What a notebook reopened mid-training polls: the cell's own rows drawn as the dashboard
+    draws them, the figure growing while the cell runs, then its final status."""
+    rid = store["running"]
+    with RunStore(dtwork_env["store"]) as s:
+        first = s.add_cell(rid, "pass")
+        s.add_metrics(rid, [{"step": 0, "name": "loss", "value": 7.0, "cell_seq": first}])
+        s.finish_cell(rid, first, "ok")
+        seq = s.add_cell(rid, "train()", ranks=[0, 1])
+        s.add_metrics(rid, [{"step": i, "name": "loss", "value": 1.0 + i, "cell_seq": seq} for i in range(3)])
+
+    def loss(body: dict[str, Any]) -> list[float]:
+        return next(t["y"] for t in body["figure"]["data"] if t.get("name") == "loss")
+
+    body = await get_json(jp_fetch, "runs", str(rid), "cells", str(seq))
+    assert body["status"] == "running" and body["running"] is True and body["step"] == 2
+    assert loss(body) == [1.0, 2.0, 3.0]  # not the first cell's 7.0
+    assert "cell 2" in body["figure"]["layout"]["title"]["text"]
+    with RunStore(dtwork_env["store"]) as s:
+        s.add_metrics(rid, [{"step": 3, "name": "loss", "value": 4.0, "cell_seq": seq}])
+        s.finish_cell(rid, seq, "ok")
+    body = await get_json(jp_fetch, "runs", str(rid), "cells", str(seq))
+    assert body["status"] == "ok" and body["running"] is False and body["step"] == 3
+    assert loss(body) == [1.0, 2.0, 3.0, 4.0]
+    assert "step 3 · finished" in body["figure"]["layout"]["title"]["text"]
+    with RunStore(dtwork_env["store"]) as s:  # a cell cut short by the cluster's end ends with the run
+        third = s.add_cell(rid, "train()")
+        s.set_run_status(rid, "stopped", ended=True)
+    assert (await get_json(jp_fetch, "runs", str(rid), "cells", str(third)))["status"] == "stopped"
+    assert "no cell 9" in await error_of(jp_fetch, "runs", str(rid), "cells", "9")
+    assert "malformed cell number" in await error_of(jp_fetch, "runs", str(rid), "cells", "x")
+    assert "no run 999" in await error_of(jp_fetch, "runs", "999", "cells", "1")
 
 
 @pytest.mark.parametrize("suffix", [(), ("metrics",), ("report",)])

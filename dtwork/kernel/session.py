@@ -336,7 +336,7 @@ class Session:
                 print(
                     f"dtwork: reloaded {', '.join(names)} (changed on disk; %dtrain autoreload off to keep them)"
                 )
-        on_records = self._dashboard_feed(run_id, rank_list, quiet)
+        on_records = self._dashboard_feed(run_id, rank_list, quiet, seq)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))
         watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
@@ -508,7 +508,7 @@ class Session:
         return LiveEfficiency(n, sweep_baseline(sweeps, per_slot))
 
     def _dashboard_feed(
-        self, run_id: int, ranks: list[int], quiet: bool
+        self, run_id: int, ranks: list[int], quiet: bool, seq: int | None = None
     ) -> Callable[[list[dict[str, Any]]], None] | None:
         self.dashboard = None  # the last cell's, finished already
         if quiet:
@@ -524,6 +524,7 @@ class Session:
                 self.dashboard = Dashboard.for_cell(
                     self.run_id or run_id,
                     ranks,
+                    seq=self.cell_seq(seq),  # the cell's seq in the run it trains (it may have moved)
                     title=self.config.name,
                     global_batch=self.engines.global_batch_size,
                 )

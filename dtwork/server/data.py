@@ -135,6 +135,12 @@ def parse_run_id(text: str) -> int:
     return int(text)
 
 
+def parse_cell_seq(text: str) -> int:
+    if not RUN_ID.fullmatch(text):
+        raise NotFound(f"malformed cell number {text[:40]!r}: cells are numbered 1, 2, ... in their run")
+    return int(text)
+
+
 def _require_run(store: RunStore | None, run_id: int) -> dict[str, Any]:
     if store is None:
         raise NotFound(f"no run {run_id}: the run store is empty (run a %%dtrain cell first)")
@@ -269,6 +275,22 @@ def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> dict[
         return json_safe(
             {"run_id": run_id, "name": name, "total": len(pts), "points": downsample(pts, max_points)}
         )
+
+
+def cell_live(root_dir: str, run_id: int, seq: int) -> dict[str, Any]:
+    """GET /dtwork/runs/<id>/cells/<seq>: the cell's status, last step and figure so far (the view
+    of a notebook reopened while the cell trains, and of its finished figures after)."""
+    from dtwork.cell_view import cell_view  # plotly: loaded by the first reopened view only
+
+    with open_store(root_dir) as store:
+        _require_run(store, run_id)
+        assert store is not None
+        try:
+            return json_safe(cell_view(store, run_id, seq))
+        except DtworkError as exc:
+            raise NotFound(
+                f"{exc}: reopen the notebook that ran it, or list its cells with dtwork runs"
+            ) from None
 
 
 def require_run(root_dir: str, run_id: int) -> None:

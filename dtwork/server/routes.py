@@ -8,6 +8,7 @@ Routes (the wire types are mirrored in ``extension/src/types.ts``):
   GET  /dtwork/runs[?limit=50]            runs, newest first, with a loss sparkline each
   GET  /dtwork/runs/<id>                  one run: summary, latest metrics, loss curve
   GET  /dtwork/runs/<id>/metrics?name=N   one metric's aggregated series
+  GET  /dtwork/runs/<id>/cells/<seq>     one cell's status, last step and figure (plotly JSON)
   POST /dtwork/runs/<id>/report           export the run as a notebook (dtwork.report); the body
                                           may send the kernel's {"environ": {...}} to scrub
   GET  /dtwork/gpus                       NVML inventory and telemetry (CPU mode without)
@@ -144,6 +145,15 @@ class RunMetricsHandler(DtworkHandler):
         await self.answer(lambda: data.run_metrics(self.root_dir, rid, name, max_points))
 
 
+class CellHandler(DtworkHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, run_id: str, seq: str) -> None:
+        await self.answer(
+            lambda: data.cell_live(self.root_dir, data.parse_run_id(run_id), data.parse_cell_seq(seq))
+        )
+
+
 class RunReportHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
@@ -187,6 +197,7 @@ ROUTES: list[tuple[tuple[str, ...], type[DtworkHandler]]] = [
     (("runs",), RunsHandler),
     (("runs", ID.format("run_id")), RunHandler),
     (("runs", ID.format("run_id"), "metrics"), RunMetricsHandler),
+    (("runs", ID.format("run_id"), "cells", ID.format("seq")), CellHandler),
     (("runs", ID.format("run_id"), "report"), RunReportHandler),
     (("gpus",), GpusHandler),
     (("(?P<rest>.*)",), NotFoundHandler),

@@ -34,6 +34,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from dtwork import plots
+from dtwork.cell_view import CELL_MIME, cell_bundle
 from dtwork.perf_rate import PerfThinner
 from dtwork.records import Row, to_rows
 from dtwork.widgets.header import (
@@ -163,17 +164,22 @@ class Dashboard(widgets.VBox):
         run_id: int,
         ranks: list[int],
         *,
+        seq: int | None = None,
         title: str | None = None,
         global_batch: int | None = None,
         display: bool = True,
     ) -> Dashboard:
         """Create the dashboard of a new cell (titled by the experiment's name), display it and
-        start its drawer."""
+        start its drawer. With the cell's ``seq`` its output also names the run's cell, for the
+        view of a notebook reopened before the cell ends (:mod:`dtwork.cell_view`)."""
         dash = cls(run_id, ranks, title=title or "dtwork", global_batch=global_batch)
         if display:
             from IPython.display import display as show
 
-            dash._display = show(dash, display_id=True)  # None outside IPython
+            bundle = dash._repr_mimebundle_()
+            if seq is not None:
+                bundle[CELL_MIME] = cell_bundle(run_id, seq)
+            dash._display = show(bundle, raw=True, display_id=True)  # None outside IPython
         dash.start_drawer()
         return dash
 

@@ -2,6 +2,7 @@ import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyte
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 
+import { registerCellView } from './cellview';
 import { CommandIds, PALETTE_CATEGORY, PANEL_ID, PANEL_TITLE, PLUGIN_ID } from './constants';
 import { dtworkIcon } from './icon';
 import { insertStartCell } from './notebook';
@@ -42,6 +43,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette?.addItem({ command: CommandIds.insertStartCell, category: PALETTE_CATEGORY });
     palette?.addItem({ command: CommandIds.openPanel, category: PALETTE_CATEGORY });
     app.shell.add(panel, 'left', { rank: 950 });
+    // a training cell's output: its live widget, or its figure from the run store (cellview.ts)
+    tracker.forEach(registerCellView);
+    tracker.widgetAdded.connect((_, notebook) => registerCellView(notebook));
     restorer?.add(panel, PANEL_ID);
   }
 };
