@@ -235,10 +235,6 @@ class Context:
                 "tp_plan shards with FSDP over ctx.mesh's dp dimension: use strategy='fsdp' with it"
             )
         if how == "fsdp":
-            if gns or (gns is None and self.state.config.gns.enabled):
-                raise DtworkError(
-                    "the gradient noise scale is not measured under strategy='fsdp' yet: use gns=False or ddp"
-                )
             if ddp_kwargs:
                 raise DtworkError(
                     f"strategy='fsdp' takes no DDP options ({', '.join(sorted(ddp_kwargs))}): drop them"
@@ -250,6 +246,7 @@ class Context:
                 reshard_after_forward=reshard_after_forward,
                 offload=offload,
                 tp_plan=tp_plan,
+                gns=gns,
             )
         else:
             tune_before_wrap(self.state, model)  # optimizations.auto_tune_tensor_fusion, once per config
