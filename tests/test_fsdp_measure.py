@@ -38,3 +38,39 @@ def test_fsdp_gns_with_accumulation_is_refused_in_one_line(fresh_run: Any) -> No
         RankFailure, match="not measured under strategy='fsdp' with aggregation_frequency > 1"
     ):
         fresh_run.run(MODEL + "ctx.wrap(net, strategy='fsdp', gns=True)", quiet=True)
+
+
+WIDE = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+net = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(4)])
+model = ctx.wrap(net, strategy=STRATEGY)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ctx.register("optimizers", opt)
+for step, (x,) in ctx.steps([(torch.randn(8, 256),)] * 2, max_steps=2):
+    ctx.backward(model(x).square().mean())
+    ctx.step(opt)
+held = ctx.memory()
+"""
+
+
+def _held(cluster: Any, strategy: str) -> tuple[list[dict[str, float]], list[dict[str, Any]]]:
+    cluster.configure(None)
+    cluster.run(WIDE.replace("STRATEGY", repr(strategy)), quiet=True)
+    store, rid = cluster.session.store, cluster.session.run_id
+    return cluster.pull("held"), store.events(rid, "memory")
+
+
+def test_fsdp_holds_about_half_the_parameter_and_optimizer_memory_of_ddp(fresh_run: Any) -> None:
+    ddp, _ = _held(fresh_run, "ddp")
+    fsdp, events = _held(fresh_run, "fsdp")
+    params = 4 * (256 * 256 + 256) * 4  # fp32 bytes of the whole model
+    assert [d["param_bytes"] for d in ddp] == [params, params]
+    assert [d["optimizer_bytes"] for d in ddp] == [2 * params + 8 * 4] * 2  # AdamW: two moments, steps
+    for d, f in zip(ddp, fsdp, strict=True):
+        ratio = (f["param_bytes"] + f["optimizer_bytes"]) / (d["param_bytes"] + d["optimizer_bytes"])
+        assert ratio <= 0.55, ratio
+    assert sum(f["param_bytes"] for f in fsdp) == params  # the shards add up to the model
+    assert sorted(e["data"]["rank"] for e in events) == [0, 1]  # recorded at the first step, per rank
+    assert all(e["data"]["values"]["param_bytes"] == params / 2 for e in events)
+    assert f"holds parameters {params / 2 / 1024:.1f} KiB, gradients" in events[0]["message"]

@@ -365,6 +365,13 @@ class Context:
         """Optimizer step at the last micro-batch of a step; return whether it stepped."""
         return _train.optimizer_step(self.state, optimizer)
 
+    def memory(self) -> dict[str, float]:
+        """Bytes this rank holds now: parameters, gradients, optimizer state (local shards under
+        FSDP), and ``peak_bytes`` on a GPU."""
+        from dtwork.runtime.memory import held
+
+        return held(self.state.models, self.state.optimizers, self.state.device)
+
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float, **kwargs: Any) -> torch.Tensor | None:
         """Clip ``model``'s gradients to ``max_norm`` (unscaled first with fp16); return their norm."""
         from dtwork.runtime.optim import clip_grad_norm

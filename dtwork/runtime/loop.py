@@ -78,6 +78,7 @@ class StepLoop:
         self.micro = 0  # micro-batches seen in this epoch
         self.is_last_micro = True
         self.stepped = False
+        self.memory_noted = False  # what a rank holds, recorded at the first optimizer step
         self.stopped_early = False
         self.sync = StepSync(state.device, state.world_size, cfg.optimizations.average_training_metrics)
         self.add_log = self.sync.add_log  # ctx.log's short way, every step

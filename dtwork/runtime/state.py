@@ -33,6 +33,8 @@ class RunningLoop(Protocol):
     k: int  # micro-batches per optimizer step
     is_last_micro: bool
     stepped: bool  # whether the last ``ctx.step`` stepped (the fp16 scaler may skip one)
+    step: int  # optimizer steps taken
+    memory_noted: bool  # whether this loop recorded what the rank holds
 
     def add_log(self, scalars: dict[str, Any]) -> None: ...
 
