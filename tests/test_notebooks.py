@@ -12,6 +12,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 EXPECTED = {
     "scaling.ipynb": ["efficient, 95% interval", "weak scaling", "strong scaling"],
     "gns.ipynb": ["B_simple", "Critical batch size"],
+    "fsdp.ipynb": ["FSDP holds 0.5", "dtwork: memory on rank 0", "exported step 20"],
 }
 QUICKSTART = ["trained 120 steps", "% scaling efficiency", "test accuracy", "wrote run 1's report"]
 
