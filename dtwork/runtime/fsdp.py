@@ -75,7 +75,8 @@ def make_mesh(state: RankState, dp: int | None, tp: int) -> DeviceMesh:
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    """bf16: parameters gathered in bf16 for forward and backward; gradients reduced in fp32."""
+    """bf16: parameters gathered in bf16 for forward and backward; gradients reduced in fp32 (fp16
+    computes under autocast over fp32 parameters, as with DDP, its loss scaled by ctx.steps)."""
     param = torch.bfloat16 if precision == "bf16" else None
     return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=torch.float32)
 
@@ -98,8 +99,6 @@ def shard_model(
             "the gradient noise scale is not measured under strategy='fsdp' with aggregation_frequency > 1 "
             "yet: use gns=False, aggregation_frequency 1, or ddp"
         )
-    if state.config.mixed_precision == "fp16":  # GradScaler over DTensor shards skipped steps fp32 did not
-        raise DtworkError("mixed_precision fp16 is not supported under strategy='fsdp' yet: use bf16 or none")
     model = model.to(state.device)
     if state.world_size > 1:
         with torch.no_grad():  # DDP broadcasts rank 0's weights at wrap; fully_shard keeps each rank's own
