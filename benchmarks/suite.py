@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import adaptive, kernel_scale, windows
+from benchmarks import fsdp as fsdp_phase
 from benchmarks import workload as W
 from benchmarks.runners import TORCHRUN, ColdStarts, DtworkRunner, LaunchWorkerRunner, missing
 from benchmarks.runners import RawIpyparallelRunner as Raw
@@ -29,7 +30,7 @@ KINDS = W.KINDS
 OPTIONAL = ("accelerate", "fabric")
 SCRIPT = ROOT / "tests" / "fixtures" / "ddp_tutorial.py"  # the PyTorch DDP tutorial's structure
 PHASES = "cold_start round_trip throughput iteration_latency turns gns_interleaved live_interleaved handloop"
-PHASES += " script_rerun kernel_scale adaptive"
+PHASES += " script_rerun kernel_scale fsdp adaptive"
 OPT_IN = ("adaptive",)  # 20-25 minutes of its own: run only when named (--only adaptive)
 
 
@@ -63,6 +64,8 @@ class Plan:
     scale_ranks: tuple[int, ...] = (8, 32, 128, 256)
     scale_seconds: float = 30.0
     adaptive: dict[str, Any] = field(default_factory=lambda: dict(ADAPTIVE))
+    fsdp_steps: int = 40  # a small transformer: about 2 s a turn on 2 cores
+    fsdp_reps: int = 3
 
     @classmethod
     def smoke_plan(cls) -> Plan:
@@ -70,6 +73,7 @@ class Plan:
         per_kind = "warmup steps window_warmup gns_cycles live_window live_cycles turn_steps turn_cycles"
         once = "coldstart_reps throughput_reps latency_reps_inprocess latency_reps_relaunch turn_blocks"
         small = dict(hand_window=2, hand_cycles=2, rerun_epochs=1, scale_ranks=(4,), scale_seconds=1.0)
+        small |= dict(fsdp_steps=2, fsdp_reps=1)
         small |= dict.fromkeys(per_kind.split(), {"mlp": 2, "convnet": 1})
         small["adaptive"] = ADAPTIVE | ADAPTIVE_SMOKE
         return cls(True, **dict.fromkeys([*once.split(), "rerun_reps"], 1), round_trips=3, **small)
@@ -333,6 +337,11 @@ class Suite:
                 log(f"the kernel with {n} simulated ranks ({p.scale_seconds:.0f} s)")
                 out.append(kernel_scale.measure(n, p.scale_seconds, Path(folder)))
         return out
+
+    def fsdp(self) -> dict[str, Any]:
+        p = self.plan
+        log(f"a small transformer under DDP and FSDP, in turns ({p.fsdp_reps} each)")
+        return fsdp_phase.measure(self.dt, 2, p.fsdp_steps, p.fsdp_reps)
 
 
 def in_rotation(measure: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[Any]]:

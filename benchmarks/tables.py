@@ -247,6 +247,23 @@ def adaptive_table(r: dict[str, Any]) -> str:
     return text + "\n\n" + table("gate | measured | met", rows)
 
 
+def fsdp_table(r: dict[str, Any]) -> str:
+    f = r["fsdp"]
+
+    def mib(x: float) -> str:
+        return fmt(x / 2**20, 2)
+
+    rows = [
+        [s, fmt(f[s]["steps_per_s"]["median"], 1), mib(f[s]["memory"]["param_bytes"]),
+         mib(f[s]["memory"]["grad_bytes"]), mib(f[s]["memory"]["optimizer_bytes"])]
+        for s in ("ddp", "fsdp")
+    ]  # fmt: skip
+    rows.append(["fsdp ÷ ddp", f"{fmt(f['fsdp_vs_ddp_steps'], 2)} ({ci(f['fsdp_vs_ddp_steps_ci95'], 2)})", "", "",
+                 f"parameters + optimizer state: {fmt(f['fsdp_vs_ddp_param_optimizer_memory'], 2)}"])  # fmt: skip
+    head = "strategy (2 ranks) | steps/s (rank 0, median) | parameters (MiB a rank) | gradients | optimizer state"
+    return table(head, rows)
+
+
 def fill(doc: str, generated: dict[str, str]) -> str:
     """Replace what lies between each block's markers; a block the page lacks is an error."""
     for name, text in generated.items():
@@ -263,7 +280,7 @@ def write_doc(out: Path, doc: Path) -> None:
     makers = {"meta": run_table, "targets": targets_table, "alternatives": alternatives_table,
               "iteration_latency": core_table, "turns": turns_table, "live_interleaved": live_table,
               "gns_interleaved": gns_table, "handloop": handloop_table, "script_rerun": script_rerun_table,
-              "kernel_scale": kernel_scale_table, "adaptive": adaptive_table}  # fmt: skip
+              "kernel_scale": kernel_scale_table, "adaptive": adaptive_table, "fsdp": fsdp_table}  # fmt: skip
     names = {k: make.__name__.removesuffix("_table").replace("_", "-") for k, make in makers.items()}
     generated = {names[k]: make(r) for k, make in makers.items() if k in r}
     if (out / "live.json").exists():

@@ -21,6 +21,7 @@ __all__ = [
     "DtworkWarning",
     "RankFailure",
     "ctx",
+    "export_checkpoint",
     "load_config",
     "report",
     "runs",
@@ -34,12 +35,14 @@ if TYPE_CHECKING:
     from dtwork import report
     from dtwork.cluster import Cluster, start
     from dtwork.config import load_config
+    from dtwork.runtime.checkpoint import export_checkpoint
     from dtwork.runtime.context import Context
 
 _LAZY = {
     "Cluster": ("dtwork.cluster", "Cluster"),
     "start": ("dtwork.cluster", "start"),
     "load_config": ("dtwork.config", "load_config"),
+    "export_checkpoint": ("dtwork.runtime.checkpoint", "export_checkpoint"),  # a .dcp folder as one file
 }
 
 

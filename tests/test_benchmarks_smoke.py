@@ -106,6 +106,11 @@ def test_smoke_run_measures_everything_and_fills_the_pages_tables(tmp_path: Path
     _positive(rerun["speedup"], "script re-run speedup")
     assert [x["ranks"] for x in r["kernel_scale"]] == plan["scale_ranks"]
     _positive(r["kernel_scale"][0]["cpu_share"], "kernel CPU")
+    fs = r["fsdp"]  # one transformer under DDP and FSDP in turns: steps/s and what a rank holds
+    for strategy in ("ddp", "fsdp"):
+        _positive(fs[strategy]["steps_per_s"]["median"], f"fsdp.{strategy}")
+    held = {k: fs[k]["memory"]["param_bytes"] for k in ("ddp", "fsdp")}
+    assert held["fsdp"] * 2 == held["ddp"]  # half the model on each rank
 
     ids = [t["id"] for t in r["targets"]]
     assert ids == ["2a", "2b", "2c-mlp", "2c-mlp-runs", "2c-convnet", "2c-convnet-runs", "2d", "3-mlp",
@@ -128,6 +133,7 @@ def test_smoke_run_measures_everything_and_fills_the_pages_tables(tmp_path: Path
     assert page.split(long)[1].split("<!-- end")[0] == before.split(long)[1].split("<!-- end")[0]
     assert "| hand loop + dtwork's live view (ctx.wrap) | 2 |" in page
     assert "| 4 | " in page.split("<!-- generated: kernel-scale -->")[1]
+    assert "| fsdp ÷ ddp | " in page.split("<!-- generated: fsdp -->")[1]
 
 
 def test_one_phase_replaces_only_its_own_results(tmp_path: Path) -> None:

@@ -21,6 +21,12 @@ onto the CPU first; ``load_state_dict`` moves model and optimizer state to the p
 device, and the RNG states, which torch only accepts as CPU tensors, stay there. The RNG
 states of every rank are gathered into the file, so a resumed run continues
 bitwise-identically on CPU.
+
+A run with an FSDP-sharded model checkpoints to a folder, ``step-XXXXXXXX.dcp``, instead: each
+rank writes its own shards with torch.distributed.checkpoint (``dcp``) and rank 0 the rest of
+the payload as ``extra.pt`` (its models and optimizers ``None`` where sharded), in a temporary
+folder renamed once every rank is done. It resumes on any world size (DCP reshards), and
+``export_checkpoint`` makes it one ``.pt`` file with the whole state.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import pickle
 import random
 import re
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,19 +48,20 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule
 
 from dtwork.errors import DtworkError, DtworkWarning
+from dtwork.runtime import dcp
 
 if TYPE_CHECKING:
     from dtwork.runtime.state import RankState
 
-STEP_FILE = re.compile(r"step-(\d+)\.pt")
+STEP_FILE = re.compile(r"step-(\d+)\.(?:pt|dcp)")  # a file, or a folder of DCP shards
+DCP = ".dcp"
+EXTRA = "extra.pt"  # in a .dcp folder: the payload less the sharded models and optimizers
 RUN_REF = re.compile(r"(?:run-)?(\d+)")
 FORMAT = 2  # payload layout; 1 had the numpy RNG state as an ndarray and no "run"
 OWNER = "run.json"  # in a run folder: the run and the store it belongs to
@@ -106,7 +114,7 @@ def _claim(state: RankState, folder: Path) -> None:
     os.replace(tmp, folder / OWNER)
 
 
-def _private_folder(folder: Path) -> None:
+def private_folder(folder: Path) -> None:
     """Create the run folder (and the checkpoint directory) owner-only where this call creates them."""
     for d in (folder.parent, folder):
         if not d.is_dir():
@@ -160,62 +168,62 @@ def _module(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered onto rank 0's CPU
-
-
-def _sharded_owner(state: RankState, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
-    """The FSDP model whose parameters ``optimizer`` steps, if any."""
-    mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    sharded = [m for m in state.models if isinstance(m, FSDPModule)]
-    return next((m for m in sharded if any(id(p) in mine for p in m.parameters())), None)
-
-
-def _full_states(state: RankState) -> tuple[dict[int, Any], dict[int, Any]]:
-    """The whole state of FSDP models and their optimizers, by index; every rank joins the gathers."""
-    models = {
-        i: get_model_state_dict(m, options=_FULL)
-        for i, m in enumerate(state.models)
-        if isinstance(m, FSDPModule)
-    }
-    optims = {
-        i: get_optimizer_state_dict(owner, o, options=_FULL)
-        for i, o in enumerate(state.optimizers)
-        if (owner := _sharded_owner(state, o)) is not None
-    }
-    return models, optims
-
-
 def save(state: RankState, loop_state: dict[str, Any]) -> Path | None:
     """Write a checkpoint of everything the trial registered on ``ctx``; return its path (rank 0)."""
-    full_models, full_optims = _full_states(state)
+    sharded = dcp.is_sharded_run(state)
     rngs: list[Any] = [None] * state.world_size
     dist.all_gather_object(rngs, _rng_state(state.device))
-    path = run_directory(state) / f"step-{loop_state['step']:08d}.pt"
+    path = run_directory(state) / f"step-{loop_state['step']:08d}{DCP if sharded else '.pt'}"
+    payload: dict[str, Any] = {}
     if state.rank == 0:
         payload = {
             "format": FORMAT,
             "run": run_name(state),
             "loop": loop_state,
             "rng": rngs,
-            "models": [
-                full_models[i] if i in full_models else _module(m).state_dict()
-                for i, m in enumerate(state.models)
-            ],
+            "models": [None if isinstance(m, FSDPModule) else _module(m).state_dict() for m in state.models],
             "optimizers": [
-                full_optims[i] if i in full_optims else o.state_dict() for i, o in enumerate(state.optimizers)
+                None if dcp.sharded_owner(state, o) is not None else o.state_dict() for o in state.optimizers
             ],
             "schedulers": [s.state_dict() for s in state.schedulers],
             "scaler": state.scaler.state_dict() if state.scaler is not None else None,
             "gns": state.gns_state.state_dict() if state.gns_state is not None else None,
             "world_size": state.world_size,
         }
-        _private_folder(path.parent)
+        private_folder(path.parent)
         _claim(state, path.parent)
+    if sharded:
+        _save_sharded(state, path, payload)
+    elif state.rank == 0:
         write(payload, path)
+    if state.rank == 0:
         _after_the_others(path)
         prune(path.parent, state.config.checkpoint.keep)
     dist.barrier()
     return path if state.rank == 0 else None
+
+
+def _save_sharded(state: RankState, path: Path, payload: dict[str, Any]) -> None:
+    """Write the ``.dcp`` folder ``path`` under a temporary name, renamed once every rank's shards
+    and rank 0's ``extra.pt`` are on disk: a crash leaves no folder or a whole one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    if state.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt at this step
+        tmp.mkdir(mode=0o700)
+    dist.barrier()
+    try:
+        dcp.save(state, tmp)
+        if state.rank == 0:
+            write(payload, tmp / EXTRA)
+    except BaseException:
+        if state.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    dist.barrier()
+    if state.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)  # this step written again (a rerun cell)
+        os.replace(tmp, path)
+        _fsync_folder(path.parent)
 
 
 def write(payload: dict[str, Any], path: Path) -> None:
@@ -293,7 +301,7 @@ def _after_the_others(path: Path) -> None:
 def checkpoints(folder: Path) -> list[Path]:
     """A run folder's checkpoints, oldest first: in the order written, then by step."""
     found = []
-    for path in folder.glob("step-*.pt"):
+    for path in folder.glob("step-*"):
         match = STEP_FILE.fullmatch(path.name)
         try:
             if match:
@@ -306,7 +314,10 @@ def checkpoints(folder: Path) -> list[Path]:
 def prune(folder: Path, keep: int) -> None:
     """Delete all but the ``keep`` newest checkpoints of one run folder."""
     for old in checkpoints(folder)[:-keep]:
-        old.unlink(missing_ok=True)
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
 
 
 # -- find and load ---------------------------------------------------------------------------
@@ -342,12 +353,12 @@ def candidates(state: RankState, resume: Any) -> list[Path]:
         check_owner(state, folder)
     elif isinstance(resume, (str, os.PathLike)):
         given = Path(resume).expanduser()
-        if given.is_file():
+        if given.is_file() or (given.is_dir() and given.suffix == DCP):
             return [given]
         folder = given if given.is_dir() else root / given
     else:
         raise DtworkError(
-            f"resume={resume!r}: pass True (this run), a run id, a run folder or a step-*.pt file"
+            f"resume={resume!r}: pass True (this run), a run id, a run folder, a step-*.pt file or step-*.dcp folder"
         )
     found = checkpoints(folder)
     if not found:
@@ -403,26 +414,54 @@ def read(path: Path) -> dict[str, Any]:
     return payload
 
 
+def read_sharded(path: Path) -> dict[str, Any]:
+    """The ``extra.pt`` of a ``.dcp`` folder; a folder missing a part is an unreadable checkpoint."""
+    missing = [name for name in (dcp.METADATA, EXTRA) if not (path / name).is_file()]
+    if missing:
+        raise UnreadableCheckpoint(
+            f"checkpoint {path} cannot be read (no {' or '.join(missing)}): it is incomplete or damaged"
+        )
+    return read(path / EXTRA)
+
+
 def load(state: RankState, path: Path) -> dict[str, Any]:
     """Restore models, optimizers, schedulers, scaler and GNS state; return the loop state.
 
     The RNG state is returned (not applied) so the loop applies it once the data iterator is
     positioned exactly where the checkpoint was taken.
     """
-    payload = read(path)
-    if payload["world_size"] != state.world_size:
+    sharded = path.suffix == DCP and path.is_dir()
+    payload = read_sharded(path) if sharded else read(path)
+    written = payload["world_size"]
+    if written != state.world_size and not sharded:
         raise DtworkError(
-            f"checkpoint {path} was written by {payload['world_size']} ranks, this cluster has {state.world_size}: "
+            f"checkpoint {path} was written by {written} ranks, this cluster has {state.world_size}: "
             f"resume on the same world size"
         )
+    if written != state.world_size and state.rank == 0:
+        warnings.warn(
+            f"checkpoint {path} was written by {written} ranks and resumes on {state.world_size}: "
+            f"weights and optimizer state reshard exactly; random streams and a sampler's split differ",
+            DtworkWarning,
+            stacklevel=2,
+        )
+    if sharded:
+        try:
+            dcp.load(state, path)
+        except dcp.ShardsUnreadable as exc:
+            raise UnreadableCheckpoint(str(exc)) from None
     whole = StateDictOptions(full_state_dict=True)  # every rank read the whole state: each keeps its shards
     for m, sd in zip(state.models, payload["models"], strict=False):
+        if sd is None:  # sharded: loaded from the DCP folder
+            continue
         if isinstance(m, FSDPModule):
             set_model_state_dict(m, sd, options=whole)
         else:
             _module(m).load_state_dict(sd)
     for o, sd in zip(state.optimizers, payload["optimizers"], strict=False):
-        owner = _sharded_owner(state, o)
+        owner = dcp.sharded_owner(state, o)
+        if sd is None:
+            continue
         if owner is not None:
             set_optimizer_state_dict(owner, o, sd, options=whole)
         else:
@@ -433,4 +472,35 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
         state.scaler.load_state_dict(payload["scaler"])
     if state.gns_state is not None and payload.get("gns"):
         state.gns_state.load_state_dict(payload["gns"])
-    return {**payload["loop"], "rng": payload["rng"][state.rank]}
+    return {**payload["loop"], "rng": payload["rng"][state.rank % written]}
+
+
+def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Write a ``step-*.dcp`` checkpoint folder (or a run folder's newest) as one ``.pt`` file.
+
+    The file holds the whole models and optimizers, in the format of an unsharded run's
+    checkpoint: ``torch.load(out, weights_only=True)["models"][0]`` loads into the plain model,
+    ``resume=out`` resumes a run of the same world size. Any process; no process group needed.
+    """
+    src = Path(source).expanduser()
+    if src.is_dir() and src.suffix != DCP:
+        found = [p for p in checkpoints(src) if p.suffix == DCP]
+        if not found:
+            raise DtworkError(
+                f"no step-*.dcp checkpoint in {src}: pass a .dcp folder or a run folder holding one"
+            )
+        src = found[-1]
+    if not src.is_dir():
+        raise DtworkError(
+            f"{src} is not a step-*.dcp checkpoint folder: pass one, or a run folder holding one"
+        )
+    payload = read_sharded(src)
+    with tempfile.TemporaryDirectory() as scratch:
+        whole = dcp.whole(src, Path(scratch) / "whole.pt")
+    for kind, found_kind in whole.items():
+        for i, sd in found_kind.items():
+            payload[kind][i] = sd
+    target = Path(out).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write(payload, target)
+    return target

@@ -236,10 +236,6 @@ class Context:
                 "tp_plan shards with FSDP over ctx.mesh's dp dimension: use strategy='fsdp' with it"
             )
         if how == "fsdp":
-            if gns or (gns is None and self.state.config.gns.enabled):
-                raise DtworkError(
-                    "the gradient noise scale is not measured under strategy='fsdp' yet: use gns=False or ddp"
-                )
             if ddp_kwargs:
                 raise DtworkError(
                     f"strategy='fsdp' takes no DDP options ({', '.join(sorted(ddp_kwargs))}): drop them"
@@ -251,6 +247,7 @@ class Context:
                 reshard_after_forward=reshard_after_forward,
                 offload=offload,
                 tp_plan=tp_plan,
+                gns=gns,
             )
         else:
             tune_before_wrap(self.state, model)  # optimizations.auto_tune_tensor_fusion, once per config
@@ -395,6 +392,13 @@ class Context:
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Optimizer step at the last micro-batch of a step; return whether it stepped."""
         return _train.optimizer_step(self.state, optimizer)
+
+    def memory(self) -> dict[str, float]:
+        """Bytes this rank holds now: parameters, gradients, optimizer state (local shards under
+        FSDP), and ``peak_bytes`` on a GPU."""
+        from dtwork.runtime.memory import held
+
+        return held(self.state.models, self.state.optimizers, self.state.device)
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float, **kwargs: Any) -> torch.Tensor | None:
         """Clip ``model``'s gradients to ``max_norm`` (unscaled first with fp16); return their norm."""

@@ -18,6 +18,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from dtwork.errors import DtworkError
+from dtwork.runtime import fsdp_measure, handloop
+from dtwork.runtime.hooks import MeasureState, attach_measure, count_forward
 
 if TYPE_CHECKING:
     from dtwork.runtime.state import RankState
@@ -73,7 +75,8 @@ def make_mesh(state: RankState, dp: int | None, tp: int) -> DeviceMesh:
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    """bf16: parameters gathered in bf16 for forward and backward; gradients reduced in fp32."""
+    """bf16: parameters gathered in bf16 for forward and backward; gradients reduced in fp32 (fp16
+    computes under autocast over fp32 parameters, as with DDP, its loss scaled by ctx.steps)."""
     param = torch.bfloat16 if precision == "bf16" else None
     return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=torch.float32)
 
@@ -86,10 +89,16 @@ def shard_model(
     reshard_after_forward: bool = True,
     offload: bool = False,
     tp_plan: dict[str, ParallelStyle] | None = None,
+    gns: bool | None = None,
 ) -> torch.nn.Module:
-    """Start every rank from rank 0's weights, then shard each block and the root with ``fully_shard``."""
-    if state.config.mixed_precision == "fp16":  # GradScaler over DTensor shards skipped steps fp32 did not
-        raise DtworkError("mixed_precision fp16 is not supported under strategy='fsdp' yet: use bf16 or none")
+    """Start every rank from rank 0's weights, then shard each block and the root with ``fully_shard``;
+    its collectives timed, and with ``gns`` (or the config's) the noise scale's norms measured."""
+    use_gns = state.config.gns.enabled if gns is None else bool(gns)
+    if use_gns and state.config.optimizations.aggregation_frequency > 1:  # micro-gradients stay unsharded
+        raise DtworkError(
+            "the gradient noise scale is not measured under strategy='fsdp' with aggregation_frequency > 1 "
+            "yet: use gns=False, aggregation_frequency 1, or ddp"
+        )
     model = model.to(state.device)
     if state.world_size > 1:
         with torch.no_grad():  # DDP broadcasts rank 0's weights at wrap; fully_shard keeps each rank's own
@@ -115,6 +124,14 @@ def shard_model(
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)  # changes the model's class in place to an FSDPModule subclass
     model.register_forward_pre_hook(_refuse_old_group(dist.group.WORLD), prepend=True)
+    measuring = MeasureState(
+        inner=None, inner_state=None, gns=use_gns, rank=state.rank, world_size=state.world_size
+    )
+    fsdp_measure.attach(model, measuring)
+    model.register_forward_pre_hook(lambda _module, args: count_forward(measuring, args))
+    attach_measure(model, measuring)
+    state.gns, state.gns_state = None, None  # a new wrap starts a new estimate
+    handloop.attach(state)
     return model
 
 

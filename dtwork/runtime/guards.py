@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
@@ -43,7 +44,8 @@ def check_replicas(models: list[torch.nn.Module], step: int, device: torch.devic
     The checksum is the sum of every parameter and of its square, in float64; replicas that
     stepped from the same exchanged gradients hold the same weights on every rank.
     """
-    params = [p.detach() for m in models for p in m.parameters()]
+    # FSDP parameters are shards (DTensors): each rank holds a different part, no replica
+    params = [p.detach() for m in models for p in m.parameters() if not isinstance(p, DTensor)]
     if not params or not dist.is_initialized() or dist.get_world_size() < 2:
         return
     with torch.no_grad():

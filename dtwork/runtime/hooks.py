@@ -71,6 +71,7 @@ class MeasureState:
     buckets: int = 0
     forwards: int = 0  # training forward passes since the last reset
     samples: int = 0  # their examples
+    comm_seconds: float = 0.0  # FSDP: the all-gathers' and reduce-scatters' time, which nothing hides
 
     def reset(self) -> None:
         self.local_sq.clear()
@@ -78,9 +79,18 @@ class MeasureState:
         self.buckets = 0
         self.forwards = self.samples = 0
         self.last_launch = self.last_done = 0.0
+        self.comm_seconds = 0.0
+
+    def add_comm(self, start: float, end: float) -> None:
+        """Count one blocking collective of ``end - start`` seconds (FSDP's comms)."""
+        self.comm_seconds += end - start
+        self.last_launch, self.last_done = start, end
 
     def exposed_comm(self) -> float:
-        """Seconds between launching the last bucket and its result (communication not hidden)."""
+        """Seconds between launching the last bucket and its result (communication not hidden);
+        for FSDP, every collective's time since the last reset."""
+        if self.comm_seconds:
+            return self.comm_seconds
         return max(0.0, self.last_done - self.last_launch) if self.buckets else 0.0
 
     def norms(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -102,7 +112,7 @@ def measure_state(model: torch.nn.Module) -> MeasureState | None:
     return getattr(model, "_dtwork_measure", None)
 
 
-def _sq_norm(t: torch.Tensor, part: int = 0, parts: int = 1) -> torch.Tensor:
+def sq_norm(t: torch.Tensor, part: int = 0, parts: int = 1) -> torch.Tensor:
     """|t|^2 (of its ``part``-th of ``parts`` contiguous slices) in float32 or wider, without a
     full-size temporary for float32 buffers."""
     flat = t.detach().reshape(-1)
@@ -130,7 +140,7 @@ def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.
         state.local_sq.clear()
         state.reduced_sq.clear()
     if gns:
-        state.local_sq.append(_sq_norm(bucket.buffer()))
+        state.local_sq.append(sq_norm(bucket.buffer()))
     state.buckets += 1
     state.last_launch = time.perf_counter()
     fut = state.inner(state.inner_state, bucket)
@@ -139,7 +149,7 @@ def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.
         out = f.value()
         out = out[0] if isinstance(out, list) else out
         if gns:
-            state.reduced_sq.append(_sq_norm(out, state.rank, state.world_size))
+            state.reduced_sq.append(sq_norm(out, state.rank, state.world_size))
         state.last_done = time.perf_counter()
         return out
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from dtwork.errors import DtworkError
 from dtwork.records import make_perf_record
@@ -100,6 +101,7 @@ class StepLoop:
         self.micro = 0  # micro-batches seen in this epoch
         self.is_last_micro = True
         self.stepped = False
+        self.memory_noted = False  # what a rank holds, recorded at the first optimizer step
         self.stopped_early = False
         self.sync = StepSync(state.device, state.world_size, cfg.optimizations.average_training_metrics)
         self.add_log = self.sync.add_log  # ctx.log's short way, every step
@@ -253,8 +255,11 @@ class StepLoop:
 
     def _setup_precision(self) -> None:
         mp = self.state.config.mixed_precision
-        if mp == "fp16" and self.state.scaler is None:
-            self.state.scaler = torch.amp.GradScaler(self.state.device.type)
+        # each FSDP rank sees only its shards' infs: ShardedGradScaler agrees on them across ranks
+        sharded = any(isinstance(m, FSDPModule) for m in self.state.models)
+        kind = ShardedGradScaler if sharded else torch.amp.GradScaler
+        if mp == "fp16" and type(self.state.scaler) is not kind:
+            self.state.scaler = kind(self.state.device.type)
         elif mp != "fp16":
             self.state.scaler = None  # bf16 and fp32 need no loss scaling
 

@@ -35,6 +35,7 @@ class RunningLoop(Protocol):
     stepped: bool  # whether the last ``ctx.step`` stepped (the fp16 scaler may skip one)
     step: int  # optimizer steps taken
     epoch: int  # the current pass over the data
+    memory_noted: bool  # whether this loop recorded what the rank holds
 
     def add_log(self, scalars: dict[str, Any]) -> None: ...
 

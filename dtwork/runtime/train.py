@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from dtwork.errors import DtworkError
-from dtwork.runtime import group, guards
+from dtwork.runtime import group, guards, memory
 from dtwork.runtime.sync import MAX_LOGGED, StepHead, check_names, names_key, not_a_number
 
 if TYPE_CHECKING:
@@ -54,6 +54,9 @@ def optimizer_step(state: RankState, optimizer: torch.optim.Optimizer) -> bool:
         stepped = state.scaler.get_scale() >= scale  # a skipped step (inf/NaN gradients) backs it off
     else:
         optimizer.step()
+    if loop is not None and not loop.memory_noted:  # gradients and optimizer state both exist now
+        loop.memory_noted = True
+        memory.note(state, loop.step)
     optimizer.zero_grad(set_to_none=True)
     if stepped:  # a step the scaler skipped moves no schedule
         for sched in state.schedulers:
