@@ -109,3 +109,30 @@ def test_fp16_skipped_step_is_skipped_everywhere_and_equals_skipping_it_by_hand(
     # clip_grad_norm unscaled first: the same norms under loss scales that differ by 2 after step 7
     finite = [n for n in injected["norms"][0] if math.isfinite(n)]
     assert finite == pytest.approx(by_hand["norms"][0], rel=1e-5) and len(finite) == used
+
+
+FRESH_SCALE = """
+import torch, torch.nn.functional as F
+def train(overflow_at_first_step):
+    model = ctx.wrap(torch.nn.Linear(8, 1))
+    opt = ctx.optimizer(model.parameters())
+    data = torch.utils.data.TensorDataset(torch.randn(128, 8), torch.randn(128, 1))
+    first = None
+    for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=3):
+        loss = F.mse_loss(model(x).float(), y)
+        if overflow_at_first_step and step == 0:
+            loss = loss * float("inf")  # inf gradients: the step is skipped and the scale backs off
+        first = float(ctx.state.scaler.get_scale()) if first is None else first
+        ctx.backward(loss); ctx.step(opt)
+    return first, float(ctx.state.scaler.get_scale())
+backed_off = train(True)
+fresh = train(False)
+"""
+
+
+def test_a_new_model_trains_from_a_fresh_loss_scale_not_the_last_runs(cluster) -> None:
+    cluster.configure({"global_batch_size": 32, "lr": 0.02, "mixed_precision": "fp16"})
+    cluster.run(FRESH_SCALE, quiet=True)
+    backed_off, fresh = cluster.pull("backed_off")[0], cluster.pull("fresh")[0]
+    assert backed_off[1] == backed_off[0] / 2  # the first run's scale backed off once
+    assert fresh[0] == backed_off[0]  # the new model's run starts at the initial scale again

@@ -135,6 +135,8 @@ class StepLoop:
         self.first = self.step = segments.begin(
             state, self.new_run, "ctx.steps", resuming=self.resume is True, max_steps=self.max_steps
         )
+        if self.first == 0:  # a run's first loop: no loss scale carried over from another run's model
+            state.scaler = None
         self._setup_precision()
         self._setup_gns()  # arms the GNS hooks for the first step: after the step is known
         resume_state = self._load_resume() if self.resume else None
