@@ -59,6 +59,7 @@ __all__ = [
 NO_DATA = "no data yet"
 NO_DATA_NAME = "dtwork-no-data"  # the name of the "no data yet" annotation
 HEIGHT = 320
+SUBTITLE_ROOM = 40  # px above the plots for a title's subtitle
 
 
 # -- the house style -----------------------------------------------------------------------------
@@ -323,7 +324,19 @@ def scaling_figure(result: ScalingResult | None) -> go.Figure:
         return _no_data(fig)
     sizes = [p.world_size for p in result.points]
     fig.update_xaxes(tickvals=sizes)
-    fig.update_layout(title={"text": f"{mode.capitalize()} scaling<br><sup>{result.headline()}</sup>"})
+    # the headline as a subtitle at the top of the figure, with room below it for the subplots'
+    # titles (a title's line break overlaps them)
+    fig.update_layout(
+        title={
+            "text": f"{mode.capitalize()} scaling",
+            "subtitle": {"text": result.headline()},
+            "y": 0.97,
+            "yanchor": "top",
+            "yref": "container",
+        },
+        height=HEIGHT + SUBTITLE_ROOM,
+        margin={"t": 60 + SUBTITLE_ROOM},
+    )
     ideal, eff, comm = result.ideal(), result.efficiencies(), result.comm_share()
     tput = {p.world_size: p.throughput for p in result.points}
     spans = {p.world_size: (p.low, p.high) for p in result.points if p.low is not None and p.high is not None}

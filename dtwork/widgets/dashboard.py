@@ -20,10 +20,8 @@ notebook holds plotly JSON rather than widget models.
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,7 +29,6 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from dtwork import plots
 from dtwork.perf_rate import PerfThinner
@@ -44,6 +41,7 @@ from dtwork.widgets.header import (
     ranks_text,
 )
 from dtwork.widgets.live_figure import FigurePanel, RowsPanel
+from dtwork.widgets.updating import plotly_bundle
 
 __all__ = ["BAR_COLOURS", "Dashboard", "format_duration"]
 
@@ -240,10 +238,7 @@ class Dashboard(widgets.VBox):
         """Put the static figures in the dashboard's output in place of the widgets and close them:
         a saved notebook then holds the figures as plotly JSON, which JupyterLab draws, instead of
         widget models that each carry plotly's JavaScript."""
-        fig = self.static_figure()
-        spec = json.loads(pio.to_json(fig, validate=False))
-        text = re.sub("<[^>]+>", "", fig.layout.title.text or self.title)
-        self._display.update({"application/vnd.plotly.v1+json": spec, "text/plain": text}, raw=True)
+        self._display.update(plotly_bundle(self.static_figure(), self.title), raw=True)
         for panel in self._distinct_panels():
             panel.figure.release()
         self.close()
