@@ -20,6 +20,7 @@ from plotly.subplots import make_subplots
 
 from dtwork.analysis.gns import tradeoff, tradeoff_curve
 from dtwork.analysis.scaling import ScalingResult, best_bucket
+from dtwork.palette import metric_colour
 from dtwork.plots.series import (
     GnsSeries,
     GpuSeries,
@@ -124,8 +125,12 @@ def _line(x: Sequence[float], y: Sequence[float], name: str, **kw: Any) -> go.Sc
 
 
 def scatter(trace: Trace) -> go.Scatter:
-    """The plotly trace of a series' trace."""
-    return _line(trace.x, trace.y, trace.name, **trace.style)
+    """The plotly trace of a series' trace, in its metric's colour unless its style sets one."""
+    style = trace.style
+    line = style.get("line") or {}
+    if "color" not in line and "fillcolor" not in style and "marker" not in style:
+        style = {**style, "line": {**line, "color": metric_colour(trace.name)}}
+    return _line(trace.x, trace.y, trace.name, **style)
 
 
 # -- series figures ------------------------------------------------------------------------------
@@ -422,7 +427,7 @@ def loading_figure(real: float, synthetic: float, title: str) -> go.Figure:
 
 
 COMPARE_PANELS = 12  # metrics drawn by compare_figure, the first by name
-_RUN_COLORS = ("#1f77b4", "#d62728")
+_RUN_DASHES = ("solid", "dash")  # the runs of compare_figure; colours stay the metrics'
 
 
 def compare_figure(
@@ -432,7 +437,7 @@ def compare_figure(
     rows)`` for two runs (``RunStore.metrics(run_id)``); rows without a finite value are skipped."""
     shown = list(names[:COMPARE_PANELS]) or ["(no metrics)"]
     fig = make_subplots(rows=len(shown), cols=1, subplot_titles=shown, shared_xaxes=True)
-    for (run_id, rows), color in zip(runs, _RUN_COLORS, strict=False):
+    for (run_id, rows), dash in zip(runs, _RUN_DASHES, strict=False):
         by_name: dict[str, list[tuple[float, float]]] = {}
         for r in rows:
             value = finite(r.get("value"))
@@ -446,7 +451,7 @@ def compare_figure(
                 name=f"run {run_id}",
                 legendgroup=str(run_id),
                 showlegend=row == 1,
-                line={"color": color},
+                line={"color": metric_colour(name), "dash": dash},
             )
             fig.add_trace(trace, row=row, col=1)
     title = " vs ".join(f"run {run_id}" for run_id, _ in runs)

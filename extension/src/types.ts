@@ -74,6 +74,8 @@ export interface IRunSummary {
   b_simple: number | null;
   loss: number | null;
   sparkline: SparkPoint[];
+  /** the loss's colour, as in the notebook's and the report's figures */
+  sparkline_colour?: string;
 }
 
 /** matches GET /dtwork/runs */

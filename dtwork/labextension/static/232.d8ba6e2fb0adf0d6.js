@@ -167,6 +167,10 @@
 
 .dtwork-Stat-value {
   font-family: var(--jp-code-font-family);
+  /* "8.3k samples/s" on one line: a narrow sidebar clips it rather than wrapping */
+  white-space: nowrap;
+  overflow: hidden;
+  text-overflow: ellipsis;
 }
 
 .dtwork-Sparkline polyline {
