@@ -34,6 +34,7 @@ from dtwork.records import finite
 
 __all__ = [
     "HEIGHT",
+    "LIVE_ROW_HEIGHT",
     "NO_DATA",
     "NO_DATA_NAME",
     "bucket_figure",
@@ -60,6 +61,7 @@ __all__ = [
 NO_DATA = "no data yet"
 NO_DATA_NAME = "dtwork-no-data"  # the name of the "no data yet" annotation
 HEIGHT = 320
+LIVE_ROW_HEIGHT = 180  # px a row of the live dashboard takes: three rows and the header fit one screen
 SUBTITLE_ROOM = 40  # px above the plots for a title's subtitle
 
 
@@ -189,13 +191,13 @@ def row_legend(row: int) -> str:
     return "legend" if row == 1 else f"legend{row}"
 
 
-def _stack(panels: Sequence[tuple[str, str]], title: str = "") -> go.Figure:
+def _stack(panels: Sequence[tuple[str, str]], title: str = "", row_height: int = HEIGHT) -> go.Figure:
     """Rows of one figure, each (title, y title) with its own axes and its own legend beside it."""
     n = len(panels)
     fig = make_subplots(rows=n, cols=1, subplot_titles=[t for t, _ in panels], vertical_spacing=0.3 / n)
     fig.update_layout(
         template=_template(),
-        height=HEIGHT * n + (40 if title else 0),
+        height=row_height * n + (40 if title else 0),
         autosize=True,
         showlegend=True,  # every row's legend, also one with a single trace
         margin={"l": 60, "r": 20, "t": 80 if title else 40, "b": 50},
@@ -229,7 +231,7 @@ def stacked_figure(series: Sequence[Series]) -> dict[str, Any]:
     validation is slow)."""
     key = tuple(type(s) for s in series)
     if key not in _STACKED:
-        fig = _stack([(s.title, s.y_title) for s in series])
+        fig = _stack([(s.title, s.y_title) for s in series], row_height=LIVE_ROW_HEIGHT)
         for row in range(1, len(series) + 1):
             xa, ya = row_axes(row)
             fig.add_annotation(**{**no_data_note(), "xref": f"{xa} domain", "yref": f"{ya} domain"})

@@ -49,40 +49,39 @@ function lastPlot(page: Page, cell: number): Promise<IPlotView> {
 test.describe('dtwork analysis outputs', () => {
   test('the scaling figure ends with both world sizes on the page', async ({ page }, testInfo) => {
     await page.notebook.createNew('scaling.ipynb');
-    await page.notebook.setCell(
-      0,
-      'code',
-      '%load_ext dtwork\n%dtrain start -n 2\nimport dtwork\nprint("DTWORK_FILE", dtwork.__file__)'
-    );
+    await page.notebook.setCell(0, 'code', '%load_ext dtwork\n%dtrain start -n 2');
     await page.notebook.runCell(0, { inplace: true });
     // the kernel imports the dtwork under test (PYTHONPATH), not an installed copy
-    const started = await lastPlot(page, 0);
-    expect(started.dtworkFile).toContain(process.env.DTWORK_EXPECT_ROOT ?? '/dtwork/');
+    await page.notebook.addCell('code', 'import dtwork; print("DTWORK_FILE", dtwork.__file__)');
+    await page.notebook.runCell(1, { inplace: true });
+    await expect
+      .poll(async () => (await lastPlot(page, 1)).dtworkFile)
+      .toContain(process.env.DTWORK_EXPECT_ROOT ?? '/dtwork/');
 
     await page.notebook.addCell(
       'code',
       '%%dtrain\nimport torch.nn as nn\nnet = lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))'
     );
-    await page.notebook.runCell(1, { inplace: true });
+    await page.notebook.runCell(2, { inplace: true });
     await page.notebook.addCell('code', '%dtrain scaling --slots 1,2 --steps 3 net()');
-    const running = page.notebook.runCell(2, { inplace: true });
+    const running = page.notebook.runCell(3, { inplace: true });
     // while it measures, the figure is a widget that shows world size 1 first
     await expect
-      .poll(async () => (await lastPlot(page, 2)).traces.find(t => t.name === 'measured')?.x ?? [], {
+      .poll(async () => (await lastPlot(page, 3)).traces.find(t => t.name === 'measured')?.x ?? [], {
         timeout: 180_000
       })
       .toEqual(expect.arrayContaining([1]));
     await running;
-    await expect.poll(async () => (await lastPlot(page, 2)).widget, { timeout: 30_000 }).toBe(false);
-    const done = await lastPlot(page, 2);
+    await expect.poll(async () => (await lastPlot(page, 3)).widget, { timeout: 30_000 }).toBe(false);
+    const done = await lastPlot(page, 3);
     expect(done.traces.find(t => t.name === 'measured')?.x).toEqual([1, 2]);
     expect(done.traces.find(t => t.name === 'efficiency')?.x).toEqual([1, 2]);
     expect(done.titles, 'a title and a subtitle').toBe(2);
     expect(done.overlaps, 'title and subtitle clear of the subplot titles').toEqual([]);
-    await expect(page.locator('.jp-Notebook .jp-Cell').nth(2)).toContainText('2 ranks:');
+    await expect(page.locator('.jp-Notebook .jp-Cell').nth(3)).toContainText('2 ranks:');
     await page.screenshot({ path: testInfo.outputPath('scaling.png') });
 
     await page.notebook.addCell('code', '%dtrain stop');
-    await page.notebook.runCell(3, { inplace: true });
+    await page.notebook.runCell(4, { inplace: true });
   });
 });
