@@ -261,7 +261,7 @@ def dashboard_figure(parts: Sequence[tuple[Series, Sequence[Trace]]], title: str
             xa = "x" if col == 1 else f"x{col}"
             mine = [t for t in traces if t.style.get("xaxis", "x") == xa]
             rows.append((f"{series.title}: {sub_title}", y_title, mine, {}))
-    fig = _stack([(t, y) for t, y, _, _ in rows], title)
+    fig = _stack([(t, y) for t, y, _, _ in rows], title, row_height=LIVE_ROW_HEIGHT)  # as compact as live
     for row, (_, _, traces, axis) in enumerate(rows, 1):
         fig.add_traces([on_row(t, row) for t in traces])
         if axis:
