@@ -206,7 +206,8 @@ def _stack(panels: Sequence[tuple[str, str]], title: str = "", row_height: int =
     if title:
         fig.update_layout(title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}})
     for row, (_, y_title) in enumerate(panels, 1):
-        fig.update_xaxes(title_text="step", row=row, col=1)
+        # every row's x is the step: said once, under the last row (above it, the next row's title)
+        fig.update_xaxes(title_text="step" if row == n else None, row=row, col=1)
         fig.update_yaxes(title_text=y_title, row=row, col=1)
         top = fig.layout[row_axes(row)[1].replace("y", "yaxis", 1)].domain[1]
         fig.update_layout(
