@@ -55,6 +55,8 @@ DRAWER_JOIN_SECONDS = 5.0  # the most a finishing cell waits for its drawer's la
 BASE_FIGURES = ("metrics", "throughput", "step_time")
 KIND_FIGURES = ("gpu", "gns")  # shown once they have data, in this order
 KIND_SERIES = {"log": ("metrics",), "perf": ("throughput", "step_time"), "gpu": ("gpu",), "gns": ("gns",)}
+# the title of each folding section; the base figures open, the others folded so the view stays one screen tall
+SECTION_TITLES = {"metrics": "Metrics · throughput · step time", "gpu": "GPUs", "gns": "Gradient noise scale"}
 STATUS_WORDS = {"ok": "finished", "error": "failed", "interrupted": "interrupted", "running": "running"}
 
 
@@ -143,6 +145,7 @@ class Dashboard(widgets.VBox):
         self.panels: dict[str, FigurePanel] = {key: self._rows for key in BASE_FIGURES}  # gpu, gns: their own
         self._drawn: dict[str, int] = {}  # the version of each series last drawn
         self._display: Any = None  # the handle of the output showing the dashboard (for_cell)
+        self._sections: dict[int, widgets.Accordion] = {}  # the folding section of each panel, by id
         self.layout.width = "100%"  # the figures take the cell's width
         self._arrange()
 
@@ -173,7 +176,29 @@ class Dashboard(widgets.VBox):
         return list({id(panel): panel for panel in self.panels.values()}.values())
 
     def _arrange(self) -> None:
-        self.children = (self._header, *(panel.view for panel in self._distinct_panels()))
+        self.children = (self._header, *(self._section(key, panel) for key, panel in self._keyed_panels()))
+
+    def _keyed_panels(self) -> list[tuple[str, FigurePanel]]:
+        """(first key, panel) of each panel on screen, in order."""
+        seen: dict[int, tuple[str, FigurePanel]] = {}
+        for key, panel in self.panels.items():
+            seen.setdefault(id(panel), (key, panel))
+        return list(seen.values())
+
+    def _section(self, key: str, panel: FigurePanel) -> widgets.Accordion:
+        """The panel's view in a section of its own that folds (made once)."""
+        section = self._sections.get(id(panel))
+        if section is None:
+            section = widgets.Accordion(children=[panel.view], titles=(SECTION_TITLES.get(key, key),))
+            section.selected_index = 0 if key in BASE_FIGURES else None
+            section.layout.width = "100%"
+            self._sections[id(panel)] = section
+        return section
+
+    @property
+    def views(self) -> list[Any]:
+        """The figure views on screen, in order (each inside its folding section)."""
+        return [view for section in self.children[1:] for view in section.children]
 
     # -- public API --------------------------------------------------------------------------
 
@@ -248,6 +273,8 @@ class Dashboard(widgets.VBox):
         self._stop()
         for panel in self._distinct_panels():
             panel.view.close()
+        for section in self._sections.values():
+            section.close()
         self._header.close()
         super().close()
 
