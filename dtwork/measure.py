@@ -20,8 +20,6 @@ from dtwork.errors import DtworkError
 from dtwork.records import DIVERGED, divergence_text, finite
 
 if TYPE_CHECKING:
-    import plotly.graph_objects as go
-
     from dtwork.analysis.gns import BatchAdvice
     from dtwork.analysis.loading import Interval
     from dtwork.analysis.scaling import ScalingResult
@@ -53,33 +51,6 @@ def _in_ipython() -> bool:
     except ImportError:  # pragma: no cover
         return False
     return get_ipython() is not None
-
-
-class _Display:
-    """Show a figure once, then update it in place (a display handle) as results arrive."""
-
-    def __init__(self) -> None:
-        self.display_id: str | None = None
-        self.active = _in_ipython()
-
-    def show(self, fig: go.Figure) -> None:
-        if not self.active:
-            return
-        import uuid
-
-        from IPython.display import display, update_display
-
-        # plotly's own display ignores display ids: send its mime bundle ourselves.
-        bundle = dict(fig._repr_mimebundle_() or {})
-        if not bundle:  # a non-notebook renderer (browser, ...): plain display, no live update
-            display(fig)
-            return
-        bundle.setdefault("text/plain", f"<plotly figure: {fig.layout.title.text or ''}>")
-        if self.display_id is None:
-            self.display_id = uuid.uuid4().hex
-            display(bundle, raw=True, display_id=self.display_id)
-        else:
-            update_display(bundle, raw=True, display_id=self.display_id)
 
 
 def _shape(shape: Shape) -> tuple[int, ...] | None:
@@ -218,38 +189,43 @@ def scaling(
     big = global_batch or cluster.global_batch_size or b * sizes[-1]
     shp = _shape(shape)
     result = ScalingResult(mode=mode)  # type: ignore[arg-type]
-    shown = _Display()
     from dtwork.plots import scaling_figure
+    from dtwork.widgets.updating import UpdatingFigure
 
-    for n in sizes:
-        try:
-            ps, gb = plan_sizes(mode, b, big, n)
-        except ValueError as exc:
-            raise DtworkError(str(exc)) from None
-        runs: list[dict[str, Any]] = []
-        while len(runs) < max(1, repeats[0]) or (
-            len(runs) < repeats[1] and not settled([r["world_samples_per_s"] for r in runs])
-        ):
-            r = _run_bench(
-                cluster, model_expr, n, ps, steps=steps, warmup=warmup, shape=shp, bucket_mb=bucket_mb
+    shown = UpdatingFigure()
+
+    try:
+        for n in sizes:
+            try:
+                ps, gb = plan_sizes(mode, b, big, n)
+            except ValueError as exc:
+                raise DtworkError(str(exc)) from None
+            runs: list[dict[str, Any]] = []
+            while len(runs) < max(1, repeats[0]) or (
+                len(runs) < repeats[1] and not settled([r["world_samples_per_s"] for r in runs])
+            ):
+                r = _run_bench(
+                    cluster, model_expr, n, ps, steps=steps, warmup=warmup, shape=shp, bucket_mb=bucket_mb
+                )
+                shp = tuple(r["shape"]) if r.get("shape") else shp
+                runs.append(r)
+            mean, low, high = mean_interval([r["world_samples_per_s"] for r in runs])
+            point = ScalingPoint(
+                world_size=n,
+                throughput=mean,
+                step_time=statistics.median(r["step_time"] for r in runs),
+                comm_time=statistics.median(r["comm_time"] for r in runs),
+                per_slot_batch=ps,
+                global_batch=gb,
+                low=low,
+                high=high,
+                repeats=len(runs),
+                settled=len(runs) < 2 or settled([r["world_samples_per_s"] for r in runs], at_least=2),
             )
-            shp = tuple(r["shape"]) if r.get("shape") else shp
-            runs.append(r)
-        mean, low, high = mean_interval([r["world_samples_per_s"] for r in runs])
-        point = ScalingPoint(
-            world_size=n,
-            throughput=mean,
-            step_time=statistics.median(r["step_time"] for r in runs),
-            comm_time=statistics.median(r["comm_time"] for r in runs),
-            per_slot_batch=ps,
-            global_batch=gb,
-            low=low,
-            high=high,
-            repeats=len(runs),
-            settled=len(runs) < 2 or settled([r["world_samples_per_s"] for r in runs], at_least=2),
-        )
-        result = ScalingResult(mode=result.mode, points=[*result.points, point])
-        shown.show(scaling_figure(result))
+            result = ScalingResult(mode=result.mode, points=[*result.points, point])
+            shown.show(scaling_figure(result))
+    finally:
+        shown.done()
     _store(cluster, "scaling", result.to_dict())
     if not quiet:
         print(f"dtwork: {mode} scaling of {model_expr}: {result.headline()}")
@@ -404,6 +380,7 @@ def tune_buckets(
     """
     from dtwork.analysis.scaling import best_bucket
     from dtwork.plots import bucket_figure
+    from dtwork.widgets.updating import UpdatingFigure
 
     sizes = [float(s) for s in sizes]
     if not sizes or min(sizes) <= 0:
@@ -412,12 +389,15 @@ def tune_buckets(
     b = per_slot or _per_slot(cluster)
     shp = _shape(shape)
     results: dict[float, float] = {}
-    shown = _Display()
-    for mb in sizes:
-        r = _run_bench(cluster, model_expr, world, b, steps=steps, warmup=warmup, shape=shp, bucket_mb=mb)
-        shp = tuple(r["shape"]) if r.get("shape") else shp
-        results[mb] = r["step_time"]
-        shown.show(bucket_figure(results))
+    shown = UpdatingFigure()
+    try:
+        for mb in sizes:
+            r = _run_bench(cluster, model_expr, world, b, steps=steps, warmup=warmup, shape=shp, bucket_mb=mb)
+            shp = tuple(r["shape"]) if r.get("shape") else shp
+            results[mb] = r["step_time"]
+            shown.show(bucket_figure(results))
+    finally:
+        shown.done()
     best = best_bucket(results)
     # stored in the run that was measured; writing the config then starts a new run
     _store(cluster, "tensor_fusion", {"results": {str(k): v for k, v in results.items()}, "best": best})

@@ -326,7 +326,10 @@ def test_gpu_and_gns_figures_appear_with_their_records(dash: Dashboard) -> None:
     assert list(trace(dash.figures["gns"], "B_simple").y) == [120.0]
     assert list(trace(dash.figures["gns"], "global batch").y) == [64.0, 64.0]
     views = [p.view for p in dash.panels.values()]
-    assert all(v in dash.children for v in views)
+    assert all(v in dash.views for v in views)
+    sections = {s.titles[0]: s.selected_index for s in dash.children[1:]}
+    # the base figures open, the others folded: the view stays one screen tall
+    assert sections == {"Metrics · throughput · step time": 0, "GPUs": None, "Gradient noise scale": None}
 
 
 @pytest.mark.parametrize(
@@ -550,7 +553,7 @@ def test_the_three_base_figures_are_rows_of_one_widget_updated_in_one_restyle(da
     one restyle (plotly's trace edit id moves by one), and each row keeps its own traces and note."""
     panel = dash.panels["metrics"]
     assert dash.panels["throughput"] is panel and dash.panels["step_time"] is panel
-    assert [v for v in dash.children if v is panel.view] == [panel.view]  # on screen once
+    assert [v for v in dash.views if v is panel.view] == [panel.view]  # on screen once
     for step in range(2):  # the first draws add the traces (and plotly settles the axes once)
         dash.feed([log(step, loss=1.0 / (step + 1)), *(perf(step, r, 100.0 + step) for r in (0, 1))])
         dash.flush()

@@ -20,6 +20,7 @@ from plotly.subplots import make_subplots
 
 from dtwork.analysis.gns import tradeoff, tradeoff_curve
 from dtwork.analysis.scaling import ScalingResult, best_bucket
+from dtwork.palette import metric_colour
 from dtwork.plots.series import (
     GnsSeries,
     GpuSeries,
@@ -33,6 +34,7 @@ from dtwork.records import finite
 
 __all__ = [
     "HEIGHT",
+    "LIVE_ROW_HEIGHT",
     "NO_DATA",
     "NO_DATA_NAME",
     "bucket_figure",
@@ -60,6 +62,8 @@ __all__ = [
 NO_DATA = "no data yet"
 NO_DATA_NAME = "dtwork-no-data"  # the name of the "no data yet" annotation
 HEIGHT = 320
+LIVE_ROW_HEIGHT = 180  # px a row of the live dashboard takes: three rows and the header fit one screen
+SUBTITLE_ROOM = 40  # px above the plots for a title's subtitle
 
 
 # -- the house style -----------------------------------------------------------------------------
@@ -124,8 +128,12 @@ def _line(x: Sequence[float], y: Sequence[float], name: str, **kw: Any) -> go.Sc
 
 
 def scatter(trace: Trace) -> go.Scatter:
-    """The plotly trace of a series' trace."""
-    return _line(trace.x, trace.y, trace.name, **trace.style)
+    """The plotly trace of a series' trace, in its metric's colour unless its style sets one."""
+    style = trace.style
+    line = style.get("line") or {}
+    if "color" not in line and "fillcolor" not in style and "marker" not in style:
+        style = {**style, "line": {**line, "color": metric_colour(trace.name)}}
+    return _line(trace.x, trace.y, trace.name, **style)
 
 
 # -- series figures ------------------------------------------------------------------------------
@@ -184,13 +192,13 @@ def row_legend(row: int) -> str:
     return "legend" if row == 1 else f"legend{row}"
 
 
-def _stack(panels: Sequence[tuple[str, str]], title: str = "") -> go.Figure:
+def _stack(panels: Sequence[tuple[str, str]], title: str = "", row_height: int = HEIGHT) -> go.Figure:
     """Rows of one figure, each (title, y title) with its own axes and its own legend beside it."""
     n = len(panels)
     fig = make_subplots(rows=n, cols=1, subplot_titles=[t for t, _ in panels], vertical_spacing=0.3 / n)
     fig.update_layout(
         template=_template(),
-        height=HEIGHT * n + (40 if title else 0),
+        height=row_height * n + (40 if title else 0),
         autosize=True,
         showlegend=True,  # every row's legend, also one with a single trace
         margin={"l": 60, "r": 20, "t": 80 if title else 40, "b": 50},
@@ -199,7 +207,8 @@ def _stack(panels: Sequence[tuple[str, str]], title: str = "") -> go.Figure:
     if title:
         fig.update_layout(title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}})
     for row, (_, y_title) in enumerate(panels, 1):
-        fig.update_xaxes(title_text="step", row=row, col=1)
+        # every row's x is the step: said once, under the last row (above it, the next row's title)
+        fig.update_xaxes(title_text="step" if row == n else None, row=row, col=1)
         fig.update_yaxes(title_text=y_title, row=row, col=1)
         top = fig.layout[row_axes(row)[1].replace("y", "yaxis", 1)].domain[1]
         fig.update_layout(
@@ -224,7 +233,7 @@ def stacked_figure(series: Sequence[Series]) -> dict[str, Any]:
     validation is slow)."""
     key = tuple(type(s) for s in series)
     if key not in _STACKED:
-        fig = _stack([(s.title, s.y_title) for s in series])
+        fig = _stack([(s.title, s.y_title) for s in series], row_height=LIVE_ROW_HEIGHT)
         for row in range(1, len(series) + 1):
             xa, ya = row_axes(row)
             fig.add_annotation(**{**no_data_note(), "xref": f"{xa} domain", "yref": f"{ya} domain"})
@@ -254,7 +263,7 @@ def dashboard_figure(parts: Sequence[tuple[Series, Sequence[Trace]]], title: str
             xa = "x" if col == 1 else f"x{col}"
             mine = [t for t in traces if t.style.get("xaxis", "x") == xa]
             rows.append((f"{series.title}: {sub_title}", y_title, mine, {}))
-    fig = _stack([(t, y) for t, y, _, _ in rows], title)
+    fig = _stack([(t, y) for t, y, _, _ in rows], title, row_height=LIVE_ROW_HEIGHT)  # as compact as live
     for row, (_, _, traces, axis) in enumerate(rows, 1):
         fig.add_traces([on_row(t, row) for t in traces])
         if axis:
@@ -324,7 +333,19 @@ def scaling_figure(result: ScalingResult | None) -> go.Figure:
         return _no_data(fig)
     sizes = [p.world_size for p in result.points]
     fig.update_xaxes(tickvals=sizes)
-    fig.update_layout(title={"text": f"{mode.capitalize()} scaling<br><sup>{result.headline()}</sup>"})
+    # the headline as a subtitle at the top of the figure, with room below it for the subplots'
+    # titles (a title's line break overlaps them)
+    fig.update_layout(
+        title={
+            "text": f"{mode.capitalize()} scaling",
+            "subtitle": {"text": result.headline()},
+            "y": 0.97,
+            "yanchor": "top",
+            "yref": "container",
+        },
+        height=HEIGHT + SUBTITLE_ROOM,
+        margin={"t": 60 + SUBTITLE_ROOM},
+    )
     ideal, eff, comm = result.ideal(), result.efficiencies(), result.comm_share()
     tput = {p.world_size: p.throughput for p in result.points}
     spans = {p.world_size: (p.low, p.high) for p in result.points if p.low is not None and p.high is not None}
@@ -410,7 +431,8 @@ def loading_figure(real: float, synthetic: float, title: str) -> go.Figure:
 
 
 COMPARE_PANELS = 12  # metrics drawn by compare_figure, the first by name
-_RUN_COLORS = ("#1f77b4", "#d62728")
+_RUN_DASHES = ("solid", "dash")  # the runs of compare_figure; colours stay the metrics'
+_RUN_MARKS = ("#555555", "#aaaaaa")  # each run's segment marks: a grey of its own, as metrics own the colours
 
 
 def mark_segments(fig: go.Figure, starts: Iterable[int], color: str = "#888888") -> go.Figure:
@@ -433,10 +455,10 @@ def compare_figure(
 ) -> go.Figure:
     """One panel per metric in ``names`` with a curve per run: ``runs`` is ``(run id, its aggregated
     rows)`` for two runs (``RunStore.metrics(run_id)``); rows without a finite value are skipped.
-    ``segments``: each run's segment first steps (``RunStore.segments``), marked in its color."""
+    ``segments``: each run's segment first steps (``RunStore.segments``), marked in its grey."""
     shown = list(names[:COMPARE_PANELS]) or ["(no metrics)"]
     fig = make_subplots(rows=len(shown), cols=1, subplot_titles=shown, shared_xaxes=True)
-    for (run_id, rows), color in zip(runs, _RUN_COLORS, strict=False):
+    for (run_id, rows), dash in zip(runs, _RUN_DASHES, strict=False):
         by_name: dict[str, list[tuple[float, float]]] = {}
         for r in rows:
             value = finite(r.get("value"))
@@ -450,10 +472,10 @@ def compare_figure(
                 name=f"run {run_id}",
                 legendgroup=str(run_id),
                 showlegend=row == 1,
-                line={"color": color},
+                line={"color": metric_colour(name), "dash": dash},
             )
             fig.add_trace(trace, row=row, col=1)
-    for starts, color in zip(segments, _RUN_COLORS, strict=False):
+    for starts, color in zip(segments, _RUN_MARKS, strict=False):
         mark_segments(fig, starts, color)
     title = " vs ".join(f"run {run_id}" for run_id, _ in runs)
     fig.update_layout(height=220 * len(shown) + 80, title=title)

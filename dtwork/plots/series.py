@@ -69,6 +69,8 @@ GNS_INTERVAL = ("b_simple_lo", "b_simple_hi")  # the low and high edge of B_simp
 NOT_SETTLED = ", not yet settled"  # the GNS axis title's note while the interval is still wide
 LOG_SPAN = 100.0  # a metrics panel whose positive values span more than this ratio is drawn on a log axis
 ROBUST_MIN_POINTS = 8  # values a robust axis needs before it leaves plotly's autorange
+SPIKES = "spikes (off scale)"  # the step-time figure's marks for steps far above the typical one
+_DASH = {"line": {"dash": "dash"}}
 _GREY_DASH = {"line": {"dash": "dash", "color": "#888"}}
 _BAND_EDGE = {"line": {"width": 0, "color": "rgba(99,110,250,0.3)"}, "showlegend": False, "hoverinfo": "skip"}
 _BAND_FILL = {"fill": "tonexty", "fillcolor": "rgba(99,110,250,0.2)"}
@@ -432,15 +434,21 @@ class StepTimeSeries(Series):
         if measured:
             means = self._measured_means.update(measured, self._measured_steps.take_low())
             keep = pick(len(measured), max_points)
-            out.append(
-                Trace(
-                    "step time",
-                    take(measured, keep, array),
-                    take(means, keep, array),
-                    {"line": {"dash": "dash"}},
-                )
-            )
+            step_time = Trace("step time", take(measured, keep, array), take(means, keep, array), _DASH)
+            out.append(step_time)
+            # a few slow steps (a checkpoint, a first compile) would flatten the typical step to
+            # slivers: the axis shows the bulk and marks them at its top
+            bounds = robust_range(step_time.y)
+            off = None if bounds is None else off_scale(step_time.x, step_time.y, bounds)
+            if off is not None:
+                out.append(Trace(SPIKES, take(off[0], None, array), take(off[1], None, array), _OFF_SCALE))
         return out
+
+    def y_axis(self, traces: Sequence[Trace]) -> dict[str, Any]:
+        """From 0 to the top of the typical step times, spikes off scale (marked); else autorange."""
+        step_time = next((t for t in traces if t.name == "step time"), None)
+        bounds = None if step_time is None else robust_range(step_time.y)
+        return {"autorange": True} if bounds is None else {"range": [0.0, bounds[1]], "autorange": False}
 
 
 class GpuSeries(Series):

@@ -20,6 +20,7 @@ from typing import Any
 
 from dtwork import registry, telemetry
 from dtwork.errors import DtworkError
+from dtwork.palette import metric_colour
 from dtwork.records import DIVERGED, divergence_text, finite
 from dtwork.store import STORE_ERRORS, RunStore, default_store_path, store_problem
 from dtwork.store_schema import NoRunsYet
@@ -223,6 +224,7 @@ def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: 
         "loss": _pick((LOSS_NAME,), last),
         "sparkline": spark,
         "diverged": _cached(store, row, "diverged", lambda: diverged_text(store, row["id"])),
+        "sparkline_colour": metric_colour(LOSS_NAME),  # the loss's colour in every figure
     }
 
 

@@ -20,10 +20,8 @@ notebook holds plotly JSON rather than widget models.
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,7 +29,6 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from dtwork import plots
 from dtwork.cell_view import CELL_MIME, cell_bundle
@@ -45,6 +42,7 @@ from dtwork.widgets.header import (
     ranks_text,
 )
 from dtwork.widgets.live_figure import FigurePanel, RowsPanel
+from dtwork.widgets.updating import plotly_bundle
 
 __all__ = ["BAR_COLOURS", "Dashboard", "format_duration"]
 
@@ -63,6 +61,13 @@ KIND_SERIES = {
     "gpu": ("gpu",),
     "gns": ("gns",),
     "adaptive": ("adaptive",),
+}
+# the title of each folding section; the base figures open, the others folded so the view stays one screen tall
+SECTION_TITLES = {
+    "metrics": "Metrics · throughput · step time",
+    "gpu": "GPUs",
+    "gns": "Gradient noise scale",
+    "adaptive": "Adaptive batch",
 }
 STATUS_WORDS = {"ok": "finished", "error": "failed", "interrupted": "interrupted", "running": "running"}
 
@@ -153,6 +158,7 @@ class Dashboard(widgets.VBox):
         self.panels: dict[str, FigurePanel] = {key: self._rows for key in BASE_FIGURES}  # gpu, gns: their own
         self._drawn: dict[str, int] = {}  # the version of each series last drawn
         self._display: Any = None  # the handle of the output showing the dashboard (for_cell)
+        self._sections: dict[int, widgets.Accordion] = {}  # the folding section of each panel, by id
         self.layout.width = "100%"  # the figures take the cell's width
         self._arrange()
 
@@ -188,7 +194,29 @@ class Dashboard(widgets.VBox):
         return list({id(panel): panel for panel in self.panels.values()}.values())
 
     def _arrange(self) -> None:
-        self.children = (self._header, *(panel.view for panel in self._distinct_panels()))
+        self.children = (self._header, *(self._section(key, panel) for key, panel in self._keyed_panels()))
+
+    def _keyed_panels(self) -> list[tuple[str, FigurePanel]]:
+        """(first key, panel) of each panel on screen, in order."""
+        seen: dict[int, tuple[str, FigurePanel]] = {}
+        for key, panel in self.panels.items():
+            seen.setdefault(id(panel), (key, panel))
+        return list(seen.values())
+
+    def _section(self, key: str, panel: FigurePanel) -> widgets.Accordion:
+        """The panel's view in a section of its own that folds (made once)."""
+        section = self._sections.get(id(panel))
+        if section is None:
+            section = widgets.Accordion(children=[panel.view], titles=(SECTION_TITLES.get(key, key),))
+            section.selected_index = 0 if key in BASE_FIGURES else None
+            section.layout.width = "100%"
+            self._sections[id(panel)] = section
+        return section
+
+    @property
+    def views(self) -> list[Any]:
+        """The figure views on screen, in order (each inside its folding section)."""
+        return [view for section in self.children[1:] for view in section.children]
 
     # -- public API --------------------------------------------------------------------------
 
@@ -253,10 +281,7 @@ class Dashboard(widgets.VBox):
         """Put the static figures in the dashboard's output in place of the widgets and close them:
         a saved notebook then holds the figures as plotly JSON, which JupyterLab draws, instead of
         widget models that each carry plotly's JavaScript."""
-        fig = self.static_figure()
-        spec = json.loads(pio.to_json(fig, validate=False))
-        text = re.sub("<[^>]+>", "", fig.layout.title.text or self.title)
-        self._display.update({"application/vnd.plotly.v1+json": spec, "text/plain": text}, raw=True)
+        self._display.update(plotly_bundle(self.static_figure(), self.title), raw=True)
         for panel in self._distinct_panels():
             panel.figure.release()
         self.close()
@@ -266,6 +291,8 @@ class Dashboard(widgets.VBox):
         self._stop()
         for panel in self._distinct_panels():
             panel.view.close()
+        for section in self._sections.values():
+            section.close()
         self._header.close()
         super().close()
 

@@ -107,7 +107,7 @@ export function renderClusters(reply: IClustersReply, onStop: (cluster: ICluster
   return el('div', { className: 'dtwork-List' }, ...reply.clusters.map(c => clusterCard(c, onStop)));
 }
 
-export function sparkline(points: readonly SparkPoint[]): Element {
+export function sparkline(points: readonly SparkPoint[], colour?: string): Element {
   const line = sparklinePoints(points, SPARKLINE_WIDTH, SPARKLINE_HEIGHT);
   if (!line) {
     return el('span', { className: 'dtwork-Sparkline dtwork-mod-empty', text: 'no loss yet' });
@@ -122,7 +122,7 @@ export function sparkline(points: readonly SparkPoint[]): Element {
       role: 'img',
       'aria-label': `loss over ${points.length} points`
     },
-    svg('polyline', { points: line, fill: 'none' })
+    svg('polyline', { points: line, fill: 'none', ...(colour ? { style: `stroke: ${colour}` } : {}) })
   );
 }
 
@@ -170,7 +170,7 @@ function runCard(run: IRunSummary, onReport: (r: IRunSummary) => void): HTMLElem
     run.diverged
       ? el('div', { className: 'dtwork-Diverged', text: run.diverged, attrs: { role: 'status' } })
       : null,
-    sparkline(run.sparkline)
+    sparkline(run.sparkline, run.sparkline_colour)
   );
 }
 

@@ -76,6 +76,8 @@ export interface IRunSummary {
   sparkline: SparkPoint[];
   /** "diverged at step k (loss nan)" after the run's first non-finite logged value, else null */
   diverged?: string | null;
+  /** the loss's colour, as in the notebook's and the report's figures */
+  sparkline_colour?: string;
 }
 
 /** matches GET /dtwork/runs */

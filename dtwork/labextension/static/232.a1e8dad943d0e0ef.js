@@ -148,6 +148,12 @@
   font-weight: normal;
 }
 
+.dtwork-Diverged {
+  margin-top: 4px;
+  color: var(--jp-error-color1);
+  font-size: var(--jp-ui-font-size0);
+}
+
 .dtwork-Stats {
   display: grid;
   grid-template-columns: repeat(auto-fill, minmax(90px, 1fr));
@@ -167,6 +173,10 @@
 
 .dtwork-Stat-value {
   font-family: var(--jp-code-font-family);
+  /* "8.3k samples/s" on one line: a narrow sidebar clips it rather than wrapping */
+  white-space: nowrap;
+  overflow: hidden;
+  text-overflow: ellipsis;
 }
 
 .dtwork-Sparkline polyline {
