@@ -399,24 +399,3 @@ def test_a_full_disk_on_the_ranks_fails_the_cell_with_one_line_and_no_temp_file(
         cluster.run(big.replace("MAX", "5").replace("RESUME", "False"), quiet=True)
     folder = small_disk / f"run-{cluster.session.run_id}"
     assert [p.name for p in folder.iterdir()] == [checkpoint.OWNER]  # the temp file is gone
-
-
-def test_a_resume_that_would_leave_an_optimizer_unrestored_is_refused_before_loading(
-    group: None, tmp_path: Path
-) -> None:
-    """A plain torch.optim optimizer registers at its first ctx.step: resuming before that would
-    load the weights and silently train on fresh moments."""
-    ctx, _, _ = make_ctx(tmp_path, run_id=1)
-    save_at(ctx, 1)
-    model = torch.nn.Linear(4, 2)
-    fresh = Context(
-        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo", config=ctx.config
-    ).state
-    fresh.run_id = 1
-    fresh.register("models", model)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(
-        DtworkError, match=r"holds 1 optimizers and this cell knows 0: make each with ctx\.optimizer"
-    ):
-        checkpoint.load(fresh, tmp_path / "run-1" / "step-00000001.pt")
-    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing half-loaded

@@ -438,7 +438,6 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
             f"checkpoint {path} was written by {written} ranks, this cluster has {state.world_size}: "
             f"resume on the same world size"
         )
-    _check_counts(state, path, payload)
     if written != state.world_size and state.rank == 0:
         warnings.warn(
             f"checkpoint {path} was written by {written} ranks and resumes on {state.world_size}: "
@@ -474,23 +473,6 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
     if state.gns_state is not None and payload.get("gns"):
         state.gns_state.load_state_dict(payload["gns"])
     return {**payload["loop"], "rng": payload["rng"][state.rank % written]}
-
-
-def _check_counts(state: RankState, path: Path, payload: dict[str, Any]) -> None:
-    """Refuse a resume that would leave saved state unrestored: an optimizer not yet known to the
-    loop (a plain ``torch.optim`` one registers at its first ``ctx.step``) would train on fresh
-    moments while the weights are resumed."""
-    for kind, live, make in (
-        ("models", state.models, "ctx.wrap(model)"),
-        ("optimizers", state.optimizers, "ctx.optimizer(...), or ctx.register('optimizers', opt),"),
-        ("schedulers", state.schedulers, "ctx.scheduler(...), or ctx.register('schedulers', sched),"),
-    ):
-        saved = len(payload[kind])
-        if saved > len(live):
-            raise DtworkError(
-                f"checkpoint {path} holds {saved} {kind} and this cell knows {len(live)}: make each with "
-                f"{make} before ctx.steps(resume=...), so its saved state is restored"
-            )
 
 
 def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
