@@ -13,6 +13,8 @@ from typing import Any
 
 from dtwork.records import SEGMENT, Kind
 
+PENDING = "pending"  # in a segment's data: the folder its loop checkpointed in (checkpoint.adopt)
+
 # What a segment can change, and the settings that say it.
 _WHAT = {
     "lr": ("lr",),
