@@ -399,3 +399,20 @@ def test_a_full_disk_on_the_ranks_fails_the_cell_with_one_line_and_no_temp_file(
         cluster.run(big.replace("MAX", "5").replace("RESUME", "False"), quiet=True)
     folder = small_disk / f"run-{cluster.session.run_id}"
     assert [p.name for p in folder.iterdir()] == [checkpoint.OWNER]  # the temp file is gone
+
+
+def test_a_pending_folder_loads_by_its_name_and_adopt_keeps_a_run_folder_there(group, tmp_path) -> None:
+    ctx, _, _ = make_ctx(tmp_path, run_id=3)
+    ctx.run_store, ctx.run_folder = "store.sqlite", "pending-abc-1"  # a run a loop began mid-cell
+    checkpoint.save(ctx, {"step": 5, "epoch": 0, "micro": 0})
+    pending = tmp_path / "pending-abc-1"
+    # a kernel that died before the next cell: the folder keeps its name, and loads by it
+    assert checkpoint.find(ctx, "pending-abc-1") == pending / "step-00000005.pt"
+    assert not (tmp_path / "run-3").exists()
+    (tmp_path / "run-4").mkdir()  # a folder of that run already there: neither is touched
+    with pytest.warns(DtworkWarning, match="resume='pending-abc-1' loads them"):
+        checkpoint.adopt(ctx, "pending-abc-1", 4)
+    assert steps_in(pending) == [5] and steps_in(tmp_path / "run-4") == []
+    checkpoint.adopt(ctx, "pending-abc-1", 5)
+    assert steps_in(tmp_path / "run-5") == [5] and not pending.exists()
+    assert '"run": "run-5"' in (tmp_path / "run-5" / "run.json").read_text()

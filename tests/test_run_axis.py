@@ -161,3 +161,74 @@ def test_the_runs_list_route_says_where_a_run_diverged(tmp_path, monkeypatch) ->
     monkeypatch.setenv("DTWORK_STORE", str(path))
     runs = {r["id"]: r for r in server_data.list_runs(str(tmp_path))["runs"]}
     assert runs[wild]["diverged"] == "diverged at step 3 (loss nan)" and runs[calm]["diverged"] is None
+
+
+WRAP_B = """
+net = ctx.wrap(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
+opt = ctx.optimizer(net.parameters())
+"""
+
+LOOP = """
+seen = []
+for step, (x, y) in ctx.steps(ctx.loader(data), max_steps={max_steps}, checkpoint_every=5{more}):
+    if not seen:
+        first_weights = [p.detach().clone() for p in net.parameters()]
+    seen.append(step)
+    loss = F.mse_loss(net(x), y); ctx.backward(loss); ctx.step(opt); ctx.log(loss=loss)
+"""
+
+ZERO = "with torch.no_grad():\n    [p.zero_() for p in net.parameters()]\n"
+
+
+def _folder(path: Any) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.name.startswith("step-")}
+
+
+def _holds(path: Any, weights: dict[str, Any]) -> bool:
+    """Whether a checkpoint holds a model with these weights (the ranks keep earlier tests' too)."""
+    import torch
+
+    models = torch.load(path, weights_only=True)["models"]
+    return any(m.keys() == weights.keys() and all(torch.equal(m[k], weights[k]) for k in m) for m in models)
+
+
+FINAL = "final = {k: v.detach().clone() for k, v in net.module.state_dict().items()}"
+
+
+def test_a_run_begun_mid_cell_checkpoints_in_its_own_folder(fresh_run, tmp_path) -> None:
+    """Re-running the cell that wraps a new model and trains it: the new run's checkpoints never
+    land in the old run's folder, and end up in its own, where resume=True finds them."""
+    c = fresh_run
+    c.configure({"global_batch_size": 16, "checkpoint": {"directory": str(tmp_path), "keep": 2}})
+    c.run(DATA, quiet=True)
+    c.run(WRAP + LOOP.format(max_steps=20, more=""), quiet=True)  # cell A
+    run_a = c.session.run_id
+    c.run(FINAL, quiet=True)
+    a_final = c.pull("final")[0]
+    before = _folder(tmp_path / f"run-{run_a}")
+    assert sorted(before) == ["step-00000015.pt", "step-00000020.pt"]
+
+    # cell B: a new model, trained, then its own checkpoint resumed in the same cell
+    resumed = LOOP.format(max_steps=30, more=", resume=True")
+    c.run(WRAP_B + LOOP.format(max_steps=20, more="") + ZERO + resumed, quiet=True)
+    run_b = c.session.run_id
+    assert run_b != run_a
+    assert _folder(tmp_path / f"run-{run_a}") == before  # run A's files, untouched
+    assert _holds(tmp_path / f"run-{run_a}" / "step-00000020.pt", a_final)  # model A's weights
+    segment = c.session.store.segments(run_b)[0]  # the loop that began it (the resume: a second)
+    pending = segment["data"]["pending"]
+    assert (tmp_path / pending).is_dir() and not (tmp_path / f"run-{run_b}").exists()
+
+    c.run("assert seen == list(range(20, 30)), seen", quiet=True)  # resumed at its step 20...
+    assert not (tmp_path / pending).exists()  # the next cell's start named the folder
+    c.run("assert all(p.abs().sum() > 0 for p in first_weights)", quiet=True)  # ...with its weights
+    c.run(FINAL + "\nc_weights = [p.detach().clone() for p in net.parameters()]\n" + ZERO, quiet=True)
+    folder = tmp_path / f"run-{run_b}"
+    assert sorted(_folder(folder)) == ["step-00000025.pt", "step-00000030.pt"]
+    assert _holds(folder / "step-00000030.pt", c.pull("final")[0])  # model B's weights
+    assert f'"run": "run-{run_b}"' in (folder / "run.json").read_text()
+
+    c.run(LOOP.format(max_steps=35, more=", resume=True"), quiet=True)  # a later cell resumes run B
+    c.run("assert seen == list(range(30, 35)), seen", quiet=True)
+    c.run("assert all(torch.equal(a, b) for a, b in zip(first_weights, c_weights))", quiet=True)
+    assert c.session.run_id == run_b

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,6 +80,7 @@ class Session:
         # rank's loop began mid-cell, the running cell's source and its seq in the run it moved to.
         self._last_segment: dict[int, dict[str, Any]] = {}
         self._loop_runs: set[int] = set()
+        self._adopt: list[tuple[int, str]] = []  # (run, pending folder): rank 0 renames it next cell
         self._source: str | None = None
         self._moved: dict[int, int] = {}
         self._replaying = False
@@ -190,13 +192,20 @@ class Session:
         (a new ctx.wrap); then the segment, with what changed since the run's previous one."""
         if self._replaying or self.run_id is None:  # a replay re-runs segments already stored
             return
-        follows = None
-        if rec.get("new_run") and self.run_id in self._last_segment and seq is not None:
+        follows, pending = None, rec.get("pending")
+        # The rank's loop decides (runtime/segments.py): it names the pending folder it checkpoints in.
+        if isinstance(pending, str) and seq is not None:
             follows = self._begin_run_of_loop(seq, int(rec.get("step") or 0))
+            if follows is not None:
+                self._adopt.append((self.run_id, pending))
+            else:
+                print(f"dtwork: its checkpoints are in the folder {pending}: resume={pending!r} loads them")
         now = segments.settings(rec, self._source)
         what = segments.changed(self._last_segment.get(self.run_id), now)
         self._last_segment[self.run_id] = now
         data = now if follows is None else {**now, FOLLOWS: follows}
+        if isinstance(pending, str):
+            data[segments.PENDING] = pending
         self.writer.segment(self.run_id, self.cell_seq(seq), int(rec.get("step") or 0), what, data)
 
     def _begin_run_of_loop(self, seq: int, first: int) -> dict[str, int] | None:
@@ -293,8 +302,11 @@ class Session:
         a run the kernel began (not a rank's loop) starts their step axis at 0."""
         if self._ranks_run != run_id:
             new_axis = run_id not in self._loop_runs
-            self.engines.call(entry.set_run_id, (run_id, str(self.store_file), new_axis), {})
-            self._ranks_run = run_id
+            # A token names the folder of a run a loop begins mid-cell; none while replaying.
+            token = None if self._replaying else uuid.uuid4().hex[:12]
+            told = (run_id, str(self.store_file), new_axis, run_id in self._last_segment, token)
+            self.engines.call(entry.set_run_id, (*told, tuple(self._adopt)), {})
+            self._ranks_run, self._adopt = run_id, []
 
     # -- running cells ---------------------------------------------------------------------
 
@@ -493,6 +505,7 @@ class Session:
             return result
         finally:
             self._replaying = self._dropping = False
+            self._ranks_run = None  # told again at the next cell, with a token
             if self.engines.state == "running" and resuming:
                 self.engines.call(entry.set_auto_resume, (False,), {})
 

@@ -2,7 +2,10 @@
 
 Each run keeps its own folder, ``<checkpoint directory>/<run>/step-XXXXXXXX.pt``, where
 ``<run>`` is ``run-<id>`` for a run of the kernel's store (``ctx.run_id``), else the config's
-name (or ``default``). Rank 0 writes a checkpoint durably (``write``: a temp file, fsynced,
+name (or ``default``). A loop that starts a new run mid-cell (a new ``ctx.wrap`` in a cell after
+the run trained) writes to ``pending-<token>-<n>`` until the next cell's start, when rank 0
+renames it to ``run-<id>`` (``adopt``); a kernel that died before then leaves it under that name
+(in the run's segment data), and ``resume="pending-<token>-<n>"`` loads it. Rank 0 writes a checkpoint durably (``write``: a temp file, fsynced,
 renamed, the folder fsynced; owner-only, as the files hold the whole training state) and
 keeps the newest K of its own run; other runs' folders are never touched. Every rank reads
 the same file on resume (a shared file system across hosts); a newest checkpoint that cannot
@@ -73,7 +76,10 @@ def directory(state: RankState) -> Path:
 
 
 def run_name(state: RankState) -> str:
-    """This run's folder name: ``run-<id>`` when the kernel named the run, else the config's name."""
+    """This run's folder name: ``run-<id>`` when the kernel named the run, else the config's name
+    (a pending folder while a run begun mid-cell has no id on the ranks yet)."""
+    if state.run_folder is not None:
+        return state.run_folder
     run_id = state.run_id
     if run_id is not None:
         return f"run-{int(run_id)}"
@@ -112,6 +118,28 @@ def _claim(state: RankState, folder: Path) -> None:
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(json.dumps({"run": run_name(state), "store": store}))
     os.replace(tmp, folder / OWNER)
+
+
+def adopt(state: RankState, folder: str, run_id: int) -> None:
+    """Rename a run's pending folder to ``run-<id>`` and its owner file with it (rank 0; the
+    directory is shared across hosts). A folder already there is kept, and the pending one too."""
+    src, dst = directory(state) / folder, directory(state) / f"run-{int(run_id)}"
+    if state.rank != 0 or not src.is_dir():
+        return  # its loop took no checkpoint
+    if dst.exists():
+        warnings.warn(
+            f"run {run_id}'s checkpoints stay in {src}: {dst} exists already; resume={folder!r} loads them",
+            DtworkWarning,
+            stacklevel=2,
+        )
+        return
+    os.rename(src, dst)
+    if state.run_store is not None and (dst / OWNER).exists():
+        tmp = dst / f".{OWNER}.tmp"
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(json.dumps({"run": dst.name, "store": state.run_store}))
+        os.replace(tmp, dst / OWNER)
+    _fsync_folder(directory(state))
 
 
 def private_folder(folder: Path) -> None:

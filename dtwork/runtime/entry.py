@@ -318,15 +318,27 @@ def set_auto_resume(on: bool) -> None:
     runtime.current().auto_resume = on
 
 
-def set_run_id(run_id: int, store: str | None = None, new_axis: bool = True) -> None:
+def set_run_id(
+    run_id: int,
+    store: str | None = None,
+    new_axis: bool = True,
+    trained: bool = False,
+    token: str | None = None,
+    adopt: tuple[tuple[int, str], ...] = (),
+) -> None:
     """Name the run the rank trains in, and its store (a run folder of checkpoints is theirs);
-    ``new_axis``: the kernel began it (not a rank's training loop), so its steps start at 0."""
-    from dtwork.runtime import segments
+    ``new_axis``: the kernel began it (not a rank's training loop), so its steps start at 0;
+    ``trained``: it had a loop; ``token``: names a pending folder (runtime/segments.py);
+    ``adopt``: (run, pending folder) pairs of runs loops began mid-cell, renamed first."""
+    from dtwork.runtime import checkpoint, segments
 
     ctx = runtime.current()
-    ctx.run_id, ctx.run_store = run_id, store
-    if new_axis:
+    for run, folder in adopt:
+        checkpoint.adopt(ctx.state, folder, run)
+    if new_axis and ctx.run_id != run_id:  # told again after a replay: its axis goes on
         segments.new_axis(ctx.state)
+    ctx.run_id, ctx.run_store = run_id, store
+    segments.told_run(ctx.state, trained, token)
 
 
 def repair_group() -> str | None:

@@ -5,6 +5,11 @@ later cell goes on from the run's last step. Each loop is a *segment* of its run
 ``SEGMENT`` event (rank 0) with its first step, whether it asks for a new run, and what it trains
 with (learning rates, batch); the kernel starts the new run, and stores the segment with what
 changed since the previous one. ``new_run`` (a loop's argument) overrides the rule either way.
+
+The ranks learn a run's id only at a cell's start, so a loop that starts a new run mid-cell (the
+run already had a loop) checkpoints into a pending folder, ``pending-<token>-<n>``, which its
+segment event names: the kernel begins the new run only then, and at the next cell rank 0
+renames the folder to the run's (``checkpoint.adopt``). The rank decides; the kernel follows.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ def begin(
         )
     new = (state.fresh_wrap and not resuming) if new_run is None else new_run
     state.fresh_wrap = False
+    pending = None
+    if new and state.run_trained and state.pending_token is not None:
+        state.pending_count += 1
+        pending = state.run_folder = f"pending-{state.pending_token}-{state.pending_count}"
+    state.run_trained = True
     if new:
         state.run_step = 0
     first = state.run_step
@@ -41,6 +51,7 @@ def begin(
             event=SEGMENT,
             message=f"{loop}: a new run" if new else f"{loop}: goes on with the run at step {first}",
             new_run=bool(new),
+            pending=pending,
             settings={**train_settings(state), **settings},
         )
     return first
@@ -54,6 +65,12 @@ def end(state: RankState, step: int) -> None:
 def new_axis(state: RankState) -> None:
     """The kernel began a run of its own (a new config, ``%dtrain`` new run): steps from 0."""
     state.run_step = 0
+
+
+def told_run(state: RankState, trained: bool, token: str | None) -> None:
+    """The kernel named the ranks' run at a cell's start: whether it had a loop yet, and the token
+    that names a pending folder (None while it replays: it begins no run then)."""
+    state.run_trained, state.pending_token, state.pending_count, state.run_folder = trained, token, 0, None
 
 
 def train_settings(state: RankState) -> dict[str, Any]:

@@ -77,6 +77,12 @@ class RankState:
     adaptive: Any = None  # the AdaptiveBatch of the last ctx.loader(adaptive=True) (runtime.adaptive)
     run_step: int = 0  # the steps the run's step axis holds so far (the next loop's first step)
     fresh_wrap: bool = False  # a ctx.wrap since the last training loop: the next one starts a new run
+    # A loop that starts a new run mid-cell (runtime/segments.py) checkpoints into a pending folder
+    # until the kernel names that run at the next cell: the run had a loop, the kernel's token, the folder.
+    run_trained: bool = False
+    pending_token: str | None = None
+    pending_count: int = 0
+    run_folder: str | None = None
     calls: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict, repr=False)  # called.py
 
     def __post_init__(self) -> None:
