@@ -192,6 +192,12 @@ def _holds(path: Any, weights: dict[str, Any]) -> bool:
     return any(m.keys() == weights.keys() and all(torch.equal(m[k], weights[k]) for k in m) for m in models)
 
 
+def _model_count(path: Any) -> int:
+    import torch
+
+    return len(torch.load(path, weights_only=True)["models"])
+
+
 FINAL = "final = {k: v.detach().clone() for k, v in net.module.state_dict().items()}"
 
 
@@ -210,11 +216,12 @@ def test_a_run_begun_mid_cell_checkpoints_in_its_own_folder(fresh_run, tmp_path)
 
     # cell B: a new model, trained, then its own checkpoint resumed in the same cell
     resumed = LOOP.format(max_steps=30, more=", resume=True")
-    c.run(WRAP_B + LOOP.format(max_steps=20, more="") + ZERO + resumed, quiet=True)
+    c.run("net_a = net\n" + WRAP_B + LOOP.format(max_steps=20, more="") + ZERO + resumed, quiet=True)
     run_b = c.session.run_id
     assert run_b != run_a
     assert _folder(tmp_path / f"run-{run_a}") == before  # run A's files, untouched
     assert _holds(tmp_path / f"run-{run_a}" / "step-00000020.pt", a_final)  # model A's weights
+    assert _model_count(tmp_path / f"run-{run_a}" / "step-00000020.pt") == 1  # not earlier runs' models
     segment = c.session.store.segments(run_b)[0]  # the loop that began it (the resume: a second)
     pending = segment["data"]["pending"]
     assert (tmp_path / pending).is_dir() and not (tmp_path / f"run-{run_b}").exists()
@@ -226,6 +233,7 @@ def test_a_run_begun_mid_cell_checkpoints_in_its_own_folder(fresh_run, tmp_path)
     folder = tmp_path / f"run-{run_b}"
     assert sorted(_folder(folder)) == ["step-00000025.pt", "step-00000030.pt"]
     assert _holds(folder / "step-00000030.pt", c.pull("final")[0])  # model B's weights
+    assert _model_count(folder / "step-00000030.pt") == 1  # model A (still named on the ranks) is not B's
     assert f'"run": "run-{run_b}"' in (folder / "run.json").read_text()
 
     c.run(LOOP.format(max_steps=35, more=", resume=True"), quiet=True)  # a later cell resumes run B

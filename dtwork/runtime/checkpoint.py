@@ -209,11 +209,14 @@ def save(state: RankState, loop_state: dict[str, Any]) -> Path | None:
             "run": run_name(state),
             "loop": loop_state,
             "rng": rngs,
-            "models": [None if isinstance(m, FSDPModule) else _module(m).state_dict() for m in state.models],
-            "optimizers": [
-                None if dcp.sharded_owner(state, o) is not None else o.state_dict() for o in state.optimizers
+            "models": [
+                None if isinstance(m, FSDPModule) else _module(m).state_dict() for m in state.run_modules()
             ],
-            "schedulers": [s.state_dict() for s in state.schedulers],
+            "optimizers": [
+                None if dcp.sharded_owner(state, o) is not None else o.state_dict()
+                for o in state.run_objects("optimizers")
+            ],
+            "schedulers": [s.state_dict() for s in state.run_objects("schedulers")],
             "scaler": state.scaler.state_dict() if state.scaler is not None else None,
             "gns": state.gns_state.state_dict() if state.gns_state is not None else None,
             "world_size": state.world_size,
@@ -479,14 +482,14 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
         except dcp.ShardsUnreadable as exc:
             raise UnreadableCheckpoint(str(exc)) from None
     whole = StateDictOptions(full_state_dict=True)  # every rank read the whole state: each keeps its shards
-    for m, sd in zip(state.models, payload["models"], strict=False):
+    for m, sd in zip(state.run_modules(), payload["models"], strict=False):
         if sd is None:  # sharded: loaded from the DCP folder
             continue
         if isinstance(m, FSDPModule):
             set_model_state_dict(m, sd, options=whole)
         else:
             _module(m).load_state_dict(sd)
-    for o, sd in zip(state.optimizers, payload["optimizers"], strict=False):
+    for o, sd in zip(state.run_objects("optimizers"), payload["optimizers"], strict=False):
         owner = dcp.sharded_owner(state, o)
         if sd is None:
             continue
@@ -494,7 +497,7 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
             set_optimizer_state_dict(owner, o, sd, options=whole)
         else:
             o.load_state_dict(sd)  # moves the state to each parameter's device
-    for s, sd in zip(state.schedulers, payload["schedulers"], strict=False):
+    for s, sd in zip(state.run_objects("schedulers"), payload["schedulers"], strict=False):
         s.load_state_dict(sd)
     if state.scaler is not None and payload["scaler"] is not None:
         state.scaler.load_state_dict(payload["scaler"])

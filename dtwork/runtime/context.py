@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import random
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -255,6 +256,7 @@ class Context:
         self.register("models", wrapped)
         _called.note(self.state, "ctx.wrap", gns=gns, strategy=how, offload=offload or None, **ddp_kwargs)
         self.state.fresh_wrap = True  # a new model: its first training loop starts a new run
+        self.state.wrapped.append(weakref.ref(wrapped))
         return wrapped
 
     def mesh(self, dp: int | None = None, tp: int = 1) -> Any:

@@ -37,24 +37,26 @@ class ShardsUnreadable(DtworkError):
 
 def is_sharded_run(state: RankState) -> bool:
     """Whether some model registered on ``ctx`` is FSDP-sharded (its checkpoints are DCP folders)."""
-    return any(isinstance(m, FSDPModule) for m in state.models)
+    return any(isinstance(m, FSDPModule) for m in state.run_modules())
 
 
 def sharded_owner(state: RankState, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
     """The FSDP model whose parameters ``optimizer`` steps, if any."""
     mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    sharded = [m for m in state.models if isinstance(m, FSDPModule)]
+    sharded = [m for m in state.run_modules() if isinstance(m, FSDPModule)]
     return next((m for m in sharded if any(id(p) in mine for p in m.parameters())), None)
 
 
 def _states(state: RankState) -> dict[str, dict[str, Any]]:
     """This rank's shards of the FSDP models and their optimizers, keyed by registration index."""
     models = {
-        str(i): get_model_state_dict(m) for i, m in enumerate(state.models) if isinstance(m, FSDPModule)
+        str(i): get_model_state_dict(m)
+        for i, m in enumerate(state.run_modules())
+        if isinstance(m, FSDPModule)
     }
     optims = {
         str(i): get_optimizer_state_dict(owner, o)
-        for i, o in enumerate(state.optimizers)
+        for i, o in enumerate(state.run_objects("optimizers"))
         if (owner := sharded_owner(state, o)) is not None
     }
     return {"models": models, "optimizers": optims}
@@ -75,9 +77,9 @@ def load(state: RankState, folder: Path) -> None:
             f"checkpoint {folder} cannot be read ({_first_line(exc)}): it is damaged"
         ) from None
     for key, sd in target["models"].items():
-        set_model_state_dict(state.models[int(key)], sd)
+        set_model_state_dict(state.run_modules()[int(key)], sd)
     for key, sd in target["optimizers"].items():
-        o = state.optimizers[int(key)]
+        o = state.run_objects("optimizers")[int(key)]
         owner = sharded_owner(state, o)
         assert owner is not None  # _states keys only optimizers that have one
         set_optimizer_state_dict(owner, o, sd)

@@ -35,6 +35,9 @@ def begin(
         )
     new = (state.fresh_wrap and not resuming) if new_run is None else new_run
     state.fresh_wrap = False
+    if state.wrapped:  # what the run trains (its checkpoints hold): the models wrapped since the last loop
+        keep = [] if new or resuming or state.run_models is None else state.run_models
+        state.run_models, state.wrapped = keep + state.wrapped, []
     pending = None
     if new and state.run_trained and state.pending_token is not None:
         state.pending_count += 1

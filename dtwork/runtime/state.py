@@ -76,6 +76,8 @@ class RankState:
     mesh: Any = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
     adaptive: Any = None  # the AdaptiveBatch of the last ctx.loader(adaptive=True) (runtime.adaptive)
     run_step: int = 0  # the steps the run's step axis holds so far (the next loop's first step)
+    wrapped: list[weakref.ref[Any]] = field(default_factory=list, repr=False)  # ctx.wrap since the last loop
+    run_models: list[weakref.ref[Any]] | None = None  # what the run trains (None: every live model)
     fresh_wrap: bool = False  # a ctx.wrap since the last training loop: the next one starts a new run
     # A loop that starts a new run mid-cell (runtime/segments.py) checkpoints into a pending folder
     # until the kernel names that run at the next cell: the run had a loop, the kernel's token, the folder.
@@ -104,6 +106,30 @@ class RankState:
     def used_now(self, kind: str) -> list[Any]:
         """The registered objects of ``kind`` that the last cell used, oldest first."""
         return [obj for obj in self.live(kind) if self.used.get(obj) == self.cell]
+
+    def run_objects(self, kind: str) -> list[Any]:
+        """What a checkpoint of the run holds, oldest first: the run's models, the optimizers over
+        their parameters and those optimizers' schedulers; not a model an earlier run wrapped that a
+        name still holds (every live one before a loop named the run's models)."""
+        live = self.live(kind)
+        if self.run_models is None:
+            return live
+        models = [m for ref in self.run_models if (m := ref()) is not None]
+        if kind == "models":
+            return [m for m in live if any(m is x for x in models)]
+        params = {id(p) for m in models for p in m.parameters()}
+        opts = [
+            o
+            for o in self.live("optimizers")
+            if any(id(p) in params for group in o.param_groups for p in group["params"])
+        ]
+        if kind == "optimizers":
+            return opts
+        return [s for s in live if any(getattr(s, "optimizer", None) is o for o in opts)]
+
+    def run_modules(self) -> list[torch.nn.Module]:
+        """The run's models (``run_objects("models")``), typed."""
+        return self.run_objects("models")
 
     def register(self, kind: str, obj: Any) -> None:
         self.touch(obj)
