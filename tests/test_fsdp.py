@@ -37,7 +37,7 @@ class Net(nn.Module):
 torch.manual_seed(0)
 net = Net()
 """
-STEPS, HALF, CLIP = 30, 4, 0.3  # HALF: one rank's micro-batch
+STEPS, HALF, CLIP = 50, 4, 0.3  # HALF: one rank's micro-batch; 50 steps: the issue's bar
 
 
 def _data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,8 +195,8 @@ def test_fsdp_fp16_equals_ddp_fp16_skipping_the_same_steps(fresh_run: Any) -> No
     (fsdp, f_sc), (ddp, d_sc) = scaled["fsdp"], scaled["ddp"]
     assert [k for k, _ in f_sc] == ["ShardedGradScaler"] * 2  # the ranks agree on their shards' infs
     assert f_sc[0][1] == f_sc[1][1] == d_sc[0][1] < 65536.0  # the same steps skipped (the first overflow)
-    for a, b in zip(fsdp, ddp, strict=True):
-        assert torch.allclose(a, b, atol=1e-5)
+    for a, b in zip(fsdp, ddp, strict=True):  # fp16's tolerance: sharded and whole fp16 sums round apart
+        assert torch.allclose(a, b, atol=1e-3)
 
 
 def test_fsdp_model_refuses_the_group_a_failed_cell_rebuilt(fresh_run: Any) -> None:
