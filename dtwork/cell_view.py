@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import plotly.io as pio
@@ -26,28 +25,12 @@ __all__ = ["CELL_MIME", "MAX_POINTS", "cell_bundle", "cell_view"]
 
 CELL_MIME = "application/vnd.dtwork.cell+json"
 MAX_POINTS = 1000  # per trace, as the live dashboard draws them
-FIGURE_KEYS = ("metrics", "throughput", "step_time")  # always shown, in this order
-DATA_KEYS = ("gpu", "gns")  # shown once they have data
 ENDED = {"ok": "finished", "error": "failed"}  # a cell's stored status, as the title says it
 
 
 def cell_bundle(run_id: int, seq: int) -> dict[str, Any]:
     """The data of a cell's ``CELL_MIME`` output: which run and which of its cells."""
     return {"run_id": int(run_id), "seq": int(seq)}
-
-
-def _series(rows: Iterable[Mapping[str, Any]], global_batch: int | None) -> dict[str, plots.Series]:
-    rows = list(rows)
-    series: dict[str, plots.Series] = {
-        "metrics": plots.MetricsSeries(),
-        "throughput": plots.ThroughputSeries(),
-        "step_time": plots.StepTimeSeries(),
-        "gpu": plots.GpuSeries(),
-        "gns": plots.GnsSeries(global_batch),
-    }
-    for s in series.values():
-        s.add(rows)
-    return series
 
 
 def cell_view(store: RunStore, run_id: int, seq: int) -> dict[str, Any]:
@@ -60,11 +43,13 @@ def cell_view(store: RunStore, run_id: int, seq: int) -> dict[str, Any]:
     if cell is None:
         raise DtworkError(f"run {run_id} has no cell {seq}")
     rows = store.metrics(run_id, rank="all", cell=seq)
-    series = _series(rows, run.get("global_batch_size"))
+    series = plots.cell_series(run.get("global_batch_size"))
+    for s in series.values():
+        s.add(rows)
     parts = []
-    for key in (*FIGURE_KEYS, *DATA_KEYS):
+    for key in (*plots.BASE_FIGURES, *plots.KIND_FIGURES):
         traces = series[key].traces(MAX_POINTS)
-        if key in FIGURE_KEYS or traces:
+        if key in plots.BASE_FIGURES or traces:
             parts.append(
                 (series[key], [t._replace(x=list(t.x.tolist()), y=list(t.y.tolist())) for t in traces])
             )

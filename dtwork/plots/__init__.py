@@ -35,10 +35,12 @@ from dtwork.plots.figures import (
 )
 from dtwork.plots.series import (
     ADAPTIVE_NAMES,
+    BASE_FIGURES,
     EFFICIENCY_NAME,
     GNS_INTERVAL,
     GNS_NAMES,
     GPU_NAMES,
+    KIND_FIGURES,
     LOG_SPAN,
     PERF_NAMES,
     STEP_PARTS,
@@ -50,6 +52,7 @@ from dtwork.plots.series import (
     StepTimeSeries,
     ThroughputSeries,
     Trace,
+    cell_series,
     global_throughput,
     off_scale,
     robust_range,
@@ -57,6 +60,9 @@ from dtwork.plots.series import (
 
 __all__ = [
     "ADAPTIVE_NAMES",
+    "BASE_FIGURES",
+    "KIND_FIGURES",
+    "cell_series",
     "AdaptiveSeries",
     "EFFICIENCY_NAME",
     "GNS_INTERVAL",

@@ -513,3 +513,20 @@ class GpuSeries(Series):
                 Trace(f"rank {rank} memory", x, y, {"line": {"color": colour(i), "dash": "dot"}, **_RIGHT})
             )
         return out
+
+
+BASE_FIGURES = ("metrics", "throughput", "step_time")  # a training cell's rows, always shown
+KIND_FIGURES = ("gpu", "gns", "adaptive")  # shown once they have data, in this order
+
+
+def cell_series(global_batch: int | None = None) -> dict[str, Series]:
+    """A training cell's series by figure key: the live dashboard and the view a reopened notebook
+    reads back from the store draw the same ones."""
+    return {
+        "metrics": MetricsSeries(),
+        "throughput": ThroughputSeries(),
+        "step_time": StepTimeSeries(),
+        "gpu": GpuSeries(),
+        "gns": GnsSeries(global_batch),
+        "adaptive": AdaptiveSeries(),
+    }

@@ -53,8 +53,7 @@ MAX_POINTS = 1000  # per trace on screen (about a plot's width in pixels): redra
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
 DRAWER_IDLE_CHECK = 0.1  # seconds: how soon a drawer that found nothing new looks again
 DRAWER_JOIN_SECONDS = 5.0  # the most a finishing cell waits for its drawer's last redraw
-BASE_FIGURES = ("metrics", "throughput", "step_time")
-KIND_FIGURES = ("gpu", "gns", "adaptive")  # shown once they have data, in this order
+BASE_FIGURES, KIND_FIGURES = plots.BASE_FIGURES, plots.KIND_FIGURES
 KIND_SERIES = {
     "log": ("metrics",),
     "perf": ("throughput", "step_time"),
@@ -133,14 +132,7 @@ class Dashboard(widgets.VBox):
         self._perf_rate = PerfThinner(len(self.ranks))  # the perf records drawn, as the store keeps them
         self._lock = threading.Lock()  # guards the data below
         self._draw_lock = threading.Lock()  # one redraw at a time
-        self._series: dict[str, plots.Series] = {
-            "metrics": plots.MetricsSeries(),
-            "throughput": plots.ThroughputSeries(),
-            "step_time": plots.StepTimeSeries(),
-            "gpu": plots.GpuSeries(),
-            "gns": plots.GnsSeries(global_batch),
-            "adaptive": plots.AdaptiveSeries(),
-        }
+        self._series = plots.cell_series(global_batch)
         self._last_step: int | None = None  # of the last row fed
         self.efficiency: float | None = None  # the session's live scaling-efficiency estimate
         self._progress: dict[int, dict[str, Any]] = {}
