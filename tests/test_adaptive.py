@@ -1,8 +1,9 @@
 """Adaptive batch size by goodput on 2 real gloo ranks: ctx.steps and a hand loop, and a resume.
 
 The workload is a multi-output linear regression started far from its optimum: its gradient
-noise lives in many dimensions, so 2 ranks settle the GNS interval within ~150 steps, and on
-this CPU the step time hardly grows with the batch, so goodput asks for larger batches.
+noise lives in many dimensions, so 2 ranks settle the GNS interval within ~150 steps. Each step
+also does 10 ms of fixed work (``PER_STEP``, as a real model's per-step overhead): goodput then asks
+for larger batches however loaded the machine is, not only when the tiny model's timing allows.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ model = ctx.wrap(nn.Linear(D, K))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = ctx.loader(data, adaptive=True)
 seen, traj, lrs = {}, [], []
+import time
+PER_STEP = lambda: time.sleep(0.01)  # fixed per-step work: the step time's intercept dominates its noise
 """
 
 # every step: the indices each epoch took, the batch, and (rank 0) the LR against AdaScale's gain
@@ -37,7 +40,7 @@ for step, (x, y, i) in ctx.steps(loader, adaptive=True, max_global_batch=256, de
     seen.setdefault(ctx.epoch, []).extend(i.tolist())
     if not traj:
         first = (ctx.global_batch_size, ctx.per_slot_batch_size, ctx.accumulation, loader.sampler.position)
-    ctx.backward(F.mse_loss(model(x), y)); ctx.step(opt)
+    ctx.backward(F.mse_loss(model(x), y)); ctx.step(opt); PER_STEP()
     traj.append((step, ctx.epoch, ctx.global_batch_size))
     d = ctx.state.adaptive.decision
     if d is not None and d.efficiency is not None:
@@ -64,7 +67,7 @@ def test_steps_loop_grows_the_batch_sees_each_sample_once_scales_the_lr_and_resu
     traj, seen, lrs = cluster.pull("traj"), cluster.pull("seen"), cluster.pull("lrs")[0]
     assert traj[0] == traj[1]  # both ranks ran the same batches at the same steps
     batches = [b for _, _, b in traj[0]]
-    # the step time hardly grows with the batch here: the batch grows (timing noise may step it back)
+    # the fixed per-step work makes larger batches pay: the batch grows (timing noise may step it back)
     assert batches[0] == 16 and max(batches) >= 64, sorted(set(batches))
     changed_in = {
         e for (_, e, b1), (_, e2, b2) in zip(traj[0], traj[0][1:], strict=False) if e == e2 and b1 != b2
@@ -111,7 +114,7 @@ while ctx.epoch < 2:
     epoch = ctx.epoch
     for x, y, i in loader:
         seen.setdefault(epoch, []).extend(i.tolist())
-        model.zero_grad(); F.mse_loss(model(x), y).backward(); ctx.step(opt)
+        model.zero_grad(); F.mse_loss(model(x), y).backward(); ctx.step(opt); PER_STEP()
         steps += 1
         traj.append((steps, opt.param_groups[0]["lr"], ctx.global_batch_size, len(x)))
 """
