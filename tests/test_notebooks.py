@@ -17,7 +17,7 @@ EXPECTED = {
         "adaptive batch: global batch",
         "a switch needs more than 5%",
     ],
-    "fsdp.ipynb": ["FSDP holds 0.5", "dtwork: memory on rank 0", "exported step 20"],
+    "fsdp.ipynb": ["FSDP holds 0.5", "dtwork: memory on rank 0", "exported step 21"],
 }
 QUICKSTART = ["trained 120 steps", "% scaling efficiency", "test accuracy", "wrote run 1's report"]
 

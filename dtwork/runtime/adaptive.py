@@ -198,7 +198,9 @@ class AdaptiveBatch:
         """The LR rule in use: the one chosen, else sqrt for Adam-like optimizers, adascale otherwise."""
         if self.lr_rule is not None:
             return self.lr_rule
-        adam = any(isinstance(o, (torch.optim.Adam, torch.optim.AdamW)) for o in self.state.optimizers)
+        adam = any(
+            isinstance(o, (torch.optim.Adam, torch.optim.AdamW)) for o in self.state.run_objects("optimizers")
+        )
         return "sqrt" if adam else "adascale"
 
     @property
@@ -356,9 +358,9 @@ class AdaptiveBatch:
     # -- the learning rate ------------------------------------------------------------------------
 
     def apply_lr(self) -> None:
-        """Set every optimizer's LR: its schedule at the progress (LambdaLR) times the rule's factor."""
+        """Set the run's optimizers' LR: its schedule at the progress (LambdaLR) times the rule's factor."""
         progress = self.progress
-        for opt in self.state.optimizers:
+        for opt in self.state.run_objects("optimizers"):  # not an earlier run's, still named somewhere
             sched = next((s for s in self.state.schedulers if getattr(s, "optimizer", None) is opt), None)
             lambdas = getattr(sched, "lr_lambdas", None)
             for i, group in enumerate(opt.param_groups):

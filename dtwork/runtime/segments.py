@@ -79,7 +79,7 @@ def told_run(state: RankState, trained: bool, token: str | None) -> None:
 def train_settings(state: RankState) -> dict[str, Any]:
     """What a segment trains with: each optimizer's learning rates now (after its schedule) and
     the batch, for the kernel to tell what changed between segments."""
-    lrs = [[_number(g.get("lr")) for g in opt.param_groups] for opt in state.optimizers]
+    lrs = [[_number(g.get("lr")) for g in opt.param_groups] for opt in state.run_objects("optimizers")]
     return {
         "lr": lrs,
         "global_batch_size": state.global_batch_size,

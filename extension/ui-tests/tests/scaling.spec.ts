@@ -2,6 +2,8 @@
  * Analysis outputs in a real JupyterLab: `%dtrain scaling` on a live 2-rank cluster draws its
  * figure as results arrive and ends showing both world sizes on the page (JupyterLab's plotly
  * renderer ignores updates to an output it has drawn), its headline clear of the subplot titles.
+ * Named to run after dtwork.spec.ts (files run in name order, one worker): that spec's first test
+ * reads the server's store empty, and this one leaves a run in it.
  */
 import { expect, test } from '@jupyterlab/galata';
 import type { Page } from '@playwright/test';
