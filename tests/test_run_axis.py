@@ -28,6 +28,15 @@ def _steps(store: Any, run: int) -> list[int]:
     return [r["step"] for r in store.metrics(run, "loss")]
 
 
+def _trained(c: Any) -> tuple[Any, int]:
+    """A model wrapped and trained 20 steps in a run of its own: the store and the run."""
+    c.configure({"global_batch_size": 16})
+    c.run(DATA, quiet=True)
+    c.run(WRAP, quiet=True)
+    c.run(TRAIN, quiet=True)
+    return c.session.store, c.session.run_id
+
+
 def test_a_continued_run_keeps_one_step_axis_and_a_new_wrap_starts_a_new_run(
     fresh_run, capsys, tmp_path, monkeypatch
 ) -> None:
@@ -41,11 +50,7 @@ def test_a_continued_run_keeps_one_step_axis_and_a_new_wrap_starts_a_new_run(
     from dtwork.server import data as server_data
 
     c = fresh_run
-    c.configure({"global_batch_size": 16})
-    c.run(DATA, quiet=True)
-    c.run(WRAP, quiet=True)
-    c.run(TRAIN, quiet=True)
-    store, run = c.session.store, c.session.run_id
+    store, run = _trained(c)
     c.run("for g in opt.param_groups: g['lr'] = 0.05", quiet=True)
     c.run(TRAIN, quiet=True)  # the same model, a lower learning rate: the same run goes on
     c.run("assert seen == list(range(20, 40)), seen", quiet=True)  # the step the loop yields goes on too
@@ -114,11 +119,7 @@ for i, (x, y) in enumerate(ctx.loader(data)):
 
 def test_new_run_says_otherwise_either_way_and_a_hand_loop_goes_on_too(fresh_run) -> None:
     c = fresh_run
-    c.configure({"global_batch_size": 16})
-    c.run(DATA, quiet=True)
-    c.run(WRAP, quiet=True)
-    c.run(TRAIN, quiet=True)
-    store, run = c.session.store, c.session.run_id
+    store, run = _trained(c)
     c.run(WRAP, quiet=True)  # a new model that goes on with the run anyway
     c.run(TRAIN.replace("max_steps=20", "max_steps=20, new_run=False"), quiet=True)
     assert c.session.run_id == run and _steps(store, run) == list(range(40))
