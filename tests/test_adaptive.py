@@ -1,9 +1,11 @@
 """Adaptive batch size by goodput on 2 real gloo ranks: ctx.steps and a hand loop, and a resume.
 
-The workload is a multi-output linear regression started far from its optimum: its gradient
-noise lives in many dimensions, so 2 ranks settle the GNS interval within ~150 steps. Each step
-also does 10 ms of fixed work (``PER_STEP``, as a real model's per-step overhead): goodput then asks
-for larger batches however loaded the machine is, not only when the tiny model's timing allows.
+The workload is a linear regression from 4 inputs to 1024 outputs with label noise SIGMA, started
+at zero. Its B_simple is 5 + SIGMA^2 / (squared error per weight): about 5 at the start, growing
+as the model nears its optimum; without label noise it stays at 5 (D + 1) all the way. Each
+micro-batch also does fixed and per-sample work (``WORK``: 10 ms + 1 ms a sample, as a real
+model's step), so a step's time grows with the batch and goodput asks for a larger batch only
+when the noise scale does: the two runs differ in SIGMA alone.
 """
 
 from __future__ import annotations
@@ -17,20 +19,20 @@ from dtwork.report.build import COLUMNS
 
 CONFIG = {"global_batch_size": 16, "seed": 3, "gns": {"enabled": True, "ema_decay": 0.98}}
 DATA = """
-import torch, torch.nn as nn, torch.nn.functional as F
-from dtwork.analysis import goodput
+import torch, torch.nn as nn, time
 g = torch.Generator().manual_seed(3)
-N, D, K = 4096, 32, 4
+N, D, K = 4096, 4, 1024
 X = torch.randn(N, D, generator=g)
-Y = X @ (3 * torch.randn(D, K, generator=g)) + 0.5 * torch.randn(N, K, generator=g)
+Y = X @ torch.randn(D, K, generator=g) + SIGMA * torch.randn(N, K, generator=g)
 data = torch.utils.data.TensorDataset(X, Y, torch.arange(N))
-torch.manual_seed(0)
-model = ctx.wrap(nn.Linear(D, K))
+model = ctx.wrap(nn.Linear(D, K, bias=False))
+with torch.no_grad():
+    model.module.weight.zero_()
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = ctx.loader(data, adaptive=True)
+loss_of = lambda x, y: 0.5 * (model(x) - y).pow(2).sum(1).mean()
 seen, traj, lrs = {}, [], []
-import time
-PER_STEP = lambda: time.sleep(0.01)  # fixed per-step work: the step time's intercept dominates its noise
+WORK = lambda x: time.sleep(0.010 + 0.001 * len(x))  # a step's time: fixed, and per sample
 """
 
 # every step: the indices each epoch took, the batch, and (rank 0) the LR against AdaScale's gain
@@ -40,8 +42,8 @@ for step, (x, y, i) in ctx.steps(loader, adaptive=True, max_global_batch=256, de
     seen.setdefault(ctx.epoch, []).extend(i.tolist())
     if not traj:
         first = (ctx.global_batch_size, ctx.per_slot_batch_size, ctx.accumulation, loader.sampler.position)
-    ctx.backward(F.mse_loss(model(x), y)); ctx.step(opt); PER_STEP()
-    traj.append((step, ctx.epoch, ctx.global_batch_size))
+    ctx.backward(loss_of(x, y)); ctx.step(opt); WORK(x)
+    traj.append((step, ctx.epoch, ctx.global_batch_size, ctx.state.gns))
     d = ctx.state.adaptive.decision
     if d is not None and d.efficiency is not None:
         lrs.append((opt.param_groups[0]["lr"], ctx.global_batch_size, d.efficiency))
@@ -58,19 +60,31 @@ def _exactly_once(seen: list[dict[int, list[int]]], n: int, complete: set[int]) 
             assert sorted(both) == list(range(n)), f"epoch {epoch} skipped a sample"
 
 
-def test_steps_loop_grows_the_batch_sees_each_sample_once_scales_the_lr_and_resumes(
+def _grows_with(traj: list[tuple[int, int, int, float | None]]) -> list[tuple[int, int, float]]:
+    """The (step, new batch, B_simple) of every change of the batch along a trajectory."""
+    return [(s, b, gns) for (s, _, b, gns), (*_, b0, _) in zip(traj[1:], traj, strict=False) if b != b0]
+
+
+def test_steps_loop_grows_the_batch_as_the_noise_scale_grows_sees_each_sample_once_and_resumes(
     cluster, tmp_path, capsys
 ) -> None:
     cluster.configure({**CONFIG, "checkpoint": {"directory": str(tmp_path)}})
-    code = DATA + STEPS.replace("MAX", "800").replace("CKPT", "40").replace("RESUME", "False")
+    code = DATA.replace("SIGMA", "1.0") + STEPS.replace("MAX", "800").replace("CKPT", "40").replace("RESUME", "False")
     cluster.run(code, quiet=True)
     traj, seen, lrs = cluster.pull("traj"), cluster.pull("seen"), cluster.pull("lrs")[0]
     assert traj[0] == traj[1]  # both ranks ran the same batches at the same steps
-    batches = [b for _, _, b in traj[0]]
-    # the fixed per-step work makes larger batches pay: the batch grows (timing noise may step it back)
-    assert batches[0] == 16 and max(batches) >= 64, sorted(set(batches))
+    batches = [b for _, _, b, _ in traj[0]]
+    # the noise scale grows tenfold and more as the model nears its optimum; the batch follows it up,
+    # each change at a larger B_simple than the one before (the same run without label noise, below,
+    # keeps both flat: the timing alone does not grow the batch)
+    noise = [gns for *_, gns in traj[0] if gns is not None]
+    changes = _grows_with(traj[0])
+    assert batches[0] == 16 and max(batches) >= 64, changes
+    assert noise[-1] >= 10 * noise[0], (noise[0], noise[-1])
+    ups = [(b, gns) for _, b, gns in changes]
+    assert all(b1 < b2 and g1 < g2 for (b1, g1), (b2, g2) in zip(ups, ups[1:], strict=False)), changes
     changed_in = {
-        e for (_, e, b1), (_, e2, b2) in zip(traj[0], traj[0][1:], strict=False) if e == e2 and b1 != b2
+        e for (_, e, b1, _), (_, e2, b2, _) in zip(traj[0], traj[0][1:], strict=False) if e == e2 and b1 != b2
     }
     last = traj[0][-1][1]
     assert changed_in - {last}, "no batch change inside a complete epoch"
@@ -98,13 +112,25 @@ def test_steps_loop_grows_the_batch_sees_each_sample_once_scales_the_lr_and_resu
 
     # a new cell resumes: the same batch, accumulation and sampler place; the epoch completes once
     end = cluster.pull("end")[0]
-    code = DATA + STEPS.replace("MAX", "1100").replace("CKPT", "0").replace("RESUME", "True")
+    code = DATA.replace("SIGMA", "1.0") + STEPS.replace("MAX", "1100").replace("CKPT", "0").replace("RESUME", "True")
     cluster.run(code.replace("seen, traj, lrs = {}, [], []", "traj, lrs = [], []"), quiet=True)
     first = cluster.pull("first")[0]
     assert (first[0], first[2], first[3]) == (end[0], end[1], end[3] + first[1] * 2), (first, end)
     seen = cluster.pull("seen")
     _exactly_once(seen, 4096, {end[2]})
     assert len(seen[0][end[2]]) * 2 == 4096
+
+
+def test_without_label_noise_the_noise_scale_and_the_batch_stay_flat(cluster) -> None:
+    """The same workload and step times, no label noise: B_simple stays at D + 1 = 5 as the model
+    converges, and goodput keeps the batch below what the noisy run above grows to."""
+    cluster.configure(CONFIG)
+    cluster.run(DATA.replace("SIGMA", "0.0") + STEPS.replace("MAX", "500").replace("CKPT", "0").replace(
+        "RESUME", "False"), quiet=True)
+    traj = cluster.pull("traj")[0]
+    noise = [gns for *_, gns in traj if gns is not None]
+    assert noise and all(3.5 <= g <= 7.0 for g in noise[len(noise) // 4 :]), (min(noise), max(noise))
+    assert max(b for _, _, b, _ in traj) <= 32, _grows_with(traj)
 
 
 HAND = """
@@ -114,7 +140,7 @@ while ctx.epoch < 2:
     epoch = ctx.epoch
     for x, y, i in loader:
         seen.setdefault(epoch, []).extend(i.tolist())
-        model.zero_grad(); F.mse_loss(model(x), y).backward(); ctx.step(opt); PER_STEP()
+        model.zero_grad(); loss_of(x, y).backward(); ctx.step(opt); WORK(x)
         steps += 1
         traj.append((steps, opt.param_groups[0]["lr"], ctx.global_batch_size, len(x)))
 """
@@ -122,7 +148,7 @@ while ctx.epoch < 2:
 
 def test_a_hand_loop_decides_in_ctx_step_with_the_linear_rule(cluster) -> None:
     cluster.configure(CONFIG)
-    cluster.run(DATA + HAND, quiet=True)
+    cluster.run(DATA.replace("SIGMA", "1.0") + HAND, quiet=True)
     traj, seen = cluster.pull("traj"), cluster.pull("seen")
     _exactly_once(seen, 4096, {0, 1})
     assert traj[0] == traj[1]

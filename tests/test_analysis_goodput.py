@@ -180,6 +180,21 @@ def test_refuses_to_decide_on_an_unsettled_interval() -> None:
         assert not d.switch and d.reason is not None and d.reason.startswith("not deciding")
 
 
+def test_a_growing_noise_scale_grows_the_batch_on_its_settled_lower_end_only() -> None:
+    """A B_simple that grows keeps the interval's upper end wide (|G|^2 nears its noise): the lower
+    end, within 25% of the estimate, is what a larger batch rests on; a smaller one is not chosen."""
+    growing = GNSInterval(estimate=10_000.0, lo=8_000.0, hi=90_000.0, windows=12.0, settled=False)
+    assert growing.low_settled and not growing.high_settled
+    d = decide(growing, MODEL, START, 32, BOUNDS)
+    assert d.switch and d.chosen.global_batch > START.global_batch
+    big = Split(START.per_slot * 64, 1, START.slots)  # far above what B_simple supports: a smaller batch would win
+    assert decide(_settled(10.0), MODEL, big, 32, BOUNDS).chosen.global_batch < big.global_batch
+    shrink = decide(GNSInterval(10.0, 8.0, 90.0, 12.0, False), MODEL, big, 32, BOUNDS)
+    assert not shrink.switch and shrink.chosen == big  # its upper end is not settled
+    loose_low = GNSInterval(estimate=10_000.0, lo=5_000.0, hi=11_000.0, windows=12.0, settled=False)
+    assert not decide(loose_low, MODEL, START, 32, BOUNDS).chosen.global_batch > START.global_batch
+
+
 def test_respects_the_bounds() -> None:
     bounds = BatchBounds(max_global_batch_size=200, min_per_slot_batch_size=20, max_per_slot_batch_size=40)
     for b in (1.0, 10.0, 1e5):

@@ -67,7 +67,7 @@ def t_quantile_975(df: float) -> float:
     """Return the 0.975 quantile of Student's t with ``df`` degrees of freedom.
 
     Cornish-Fisher expansion around z = 1.96 (Abramowitz & Stegun 26.7.5); within 0.2% of
-    the exact value for df >= 5 (MIN_BLOCKS windows give df >= 7).
+    the exact value for df >= 5 (MIN_BLOCKS windows give df >= 6).
     """
     z = 1.959963984540054
     if df <= 0:
@@ -91,6 +91,18 @@ class GNSInterval:
     windows: float  # the effective number of windows the interval rests on
     settled: bool
 
+    @property
+    def low_settled(self) -> bool:
+        """The lower end within ``SETTLED_HALF_WIDTH`` of the estimate. A B_simple that grows as
+        training goes on keeps the upper end wide (|G|^2 shrinks towards its own noise), while
+        the lower end, all that a larger batch's pessimistic efficiency rests on, is known."""
+        return self.estimate > 0 and self.lo > 0 and self.estimate - self.lo <= SETTLED_HALF_WIDTH * self.estimate
+
+    @property
+    def high_settled(self) -> bool:
+        """The upper end within ``SETTLED_HALF_WIDTH`` of the estimate (what a smaller batch rests on)."""
+        return self.estimate > 0 and self.hi - self.estimate <= SETTLED_HALF_WIDTH * self.estimate
+
 
 class GNSEstimator:
     """Estimate B_simple = tr(Sigma) / |G|^2 with a 95% interval, smoothed over a horizon.
@@ -104,8 +116,11 @@ class GNSEstimator:
     means; Flegal & Jones 2010, Ann. Statist. 38), which are nearly independent even when
     successive steps are not. With window sums
     A_i (numerator), B_i (denominator), weights w_i and centred deviations a_i = A_i - w_i A/W,
-    b_i = B_i - w_i B/W (A, B, W the totals), c = m/(m-1) and m = W^2 / sum w_i^2 windows:
+    b_i = B_i - w_i B/W (A, B, W the totals) and m = W^2 / sum w_i^2 windows:
 
+    - the deviations are taken after a linear trend in time is removed as well (least squares on
+      the columns w_i and w_i (t_i - t_w)), so |G|^2 shrinking as training goes on is counted as a
+      change, not as noise; c = m/(m-2) then, and t has m - 2 degrees of freedom;
     - V_A = c sum a_i^2, V_B = c sum b_i^2, C = c sum a_i b_i estimate the totals' (co)variances;
     - the ratio's bias E[R] - rho ~ (rho V_B - C) / B^2 (second-order delta method) is removed:
       R_c = R - (R V_B - C) / B^2;
@@ -179,12 +194,16 @@ class GNSEstimator:
         m = tot_w**2 / float(w @ w)
         if m < MIN_BLOCKS or tot_g <= 0:
             return None
-        dev_s, dev_g = s - w * (tot_s / tot_w), g - w * (tot_g / tot_w)
-        c = m / (m - 1)
+        # deviations from each window's share of the totals and of a linear trend in time: |G|^2
+        # shrinking as training goes on is a change, not noise, and must not widen the interval
+        design = np.stack([w, w * (at - float(w @ at) / tot_w)], axis=1)
+        coef, *_ = np.linalg.lstsq(design, np.stack([s, g], axis=1), rcond=None)
+        dev_s, dev_g = (np.stack([s, g], axis=1) - design @ coef).T
+        c = m / (m - 2)
         v_s, v_g, cov = c * float(dev_s @ dev_s), c * float(dev_g @ dev_g), c * float(dev_s @ dev_g)
         ratio = tot_s / tot_g
         estimate = ratio - (ratio * v_g - cov) / tot_g**2
-        t2 = t_quantile_975(m - 1) ** 2
+        t2 = t_quantile_975(m - 2) ** 2
         qa = tot_g**2 - t2 * v_g  # Fieller: qa r^2 - 2 qb r + qc <= 0
         if qa <= 0:
             return None

@@ -325,10 +325,10 @@ def _throughputs(model: ThroughputModel, p: np.ndarray, k: np.ndarray, slots: in
 def _unsettled_reason(gns: GNSInterval | None) -> str | None:
     if gns is None:
         return "no GNS interval yet"
-    if not gns.settled:
-        return f"the GNS interval is not settled ({gns.windows:.1f} windows)"
     if not (math.isfinite(gns.lo) and math.isfinite(gns.estimate)):
         return "the GNS interval is not finite"
+    if not (gns.low_settled or gns.high_settled):
+        return f"the GNS interval is not settled ({gns.windows:.1f} windows)"
     return None
 
 
@@ -347,7 +347,9 @@ def decide(
     m at least the per-slot floor and at most the memory cap and the fit's support. Each is
     compared with the current split at a pessimistic B_simple: the interval's lower end for a
     larger batch (a smaller B_simple makes growing less efficient) and its upper end for a smaller
-    one, so a noisy estimate moves the batch in neither direction; E(M) is known to under-predict
+    one, so a noisy estimate moves the batch in neither direction. A move needs that end settled
+    (within 25% of the estimate): a B_simple that grows keeps the upper end wide for long, which
+    must not stop the batch from growing on a known lower end. E(M) is known to under-predict
     large batches, which only adds to the caution. The move is taken when the predicted goodput
     gain exceeds ``threshold`` (AdaptDL: 5%), which with the two-sided pessimism keeps repeated
     calls on nearly equal inputs from oscillating. ``lr_factor`` is relative to ``start_batch``
@@ -374,6 +376,8 @@ def decide(
     b = np.where(m > m_cur, b_lo, b_hi)
     e_ratio = np.where(np.isfinite(b), (b + m_cur) / (b + m), 1.0)
     ratio = _throughputs(model, p, k, current.slots) / thr_cur * e_ratio
+    unsettled = ((m > m_cur) & (not gns.low_settled)) | ((m < m_cur) & (not gns.high_settled))
+    ratio = np.where(unsettled, 0.0, ratio)  # no move on the side the interval has not settled
     i = int(np.argmax(ratio))
     best = Split(int(p[i]), int(k[i]), current.slots)
     good_best = good_cur * float(ratio[i])
