@@ -14,6 +14,7 @@ from dtwork import measure, plots
 from dtwork.errors import DtworkError
 from dtwork.report import helpers
 from dtwork.report.build import COLUMNS
+from dtwork.server import data as data_routes
 
 CONFIG = {"global_batch_size": 16, "seed": 3, "gns": {"enabled": True, "ema_decay": 0.98}}
 DATA = """
@@ -79,6 +80,9 @@ def test_steps_loop_grows_the_batch_sees_each_sample_once_scales_the_lr_and_resu
     assert lrs, "no decision on a settled interval"
     for lr, m, eff in lrs:
         assert lr == pytest.approx(0.01 * m / 16 * eff, rel=1e-9)
+    # the last step's end may decide once more, after the loop body's last look at the batch
+    end = cluster.pull("end")[0]
+    batches.append(end[0])
     store, rid = cluster.session.store, cluster.session.run_id
     rows = store.metrics(rid, "global_batch")
     assert rows and rows[-1]["value"] == batches[-1] and rows[-1]["rank"] is None
@@ -93,11 +97,13 @@ def test_steps_loop_grows_the_batch_sees_each_sample_once_scales_the_lr_and_resu
     trajectory = helpers.adaptive_trajectory(data)
     changes = [b for i, b in enumerate(batches) if i == 0 or b != batches[i - 1]]
     assert [int(line.split("global batch ")[1].split()[0]) for line in trajectory] == changes
+    shown = data_routes.adaptive_batch(store, rid, n=len(changes))  # the sidebar's, by the same rule
+    assert shown is not None and [b for _, b in shown["changes"]] == changes
+    assert shown["global_batch"] == batches[-1] and shown["n_changes"] == len(changes)
     traces = plots.AdaptiveSeries().add(rows).traces()
     assert [t.name for t in traces][:2] == ["global_batch", "lr_factor"] and traces[0].y[-1] == batches[-1]
 
     # a new cell resumes: the same batch, accumulation and sampler place; the epoch completes once
-    end = cluster.pull("end")[0]
     code = DATA + STEPS.replace("MAX", "1100").replace("CKPT", "0").replace("RESUME", "True")
     cluster.run(code.replace("seen, traj, lrs = {}, [], []", "traj, lrs = [], []"), quiet=True)
     first = cluster.pull("first")[0]
