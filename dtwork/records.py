@@ -28,6 +28,8 @@ __all__ = [
     "Kind",
     "Record",
     "Row",
+    "adaptive_decisions",
+    "batch_changes",
     "finite",
     "divergence_text",
     "first_non_finite",
@@ -200,3 +202,27 @@ def is_own(row: Mapping[str, Any]) -> bool:
     telemetry, the efficiency estimate), not a metric the user logged: the one rule for every list
     or plot of the user's metrics. Only ``ctx.log`` writes kind "log" rows."""
     return str(row.get("kind") or Kind.LOG.value) != Kind.LOG.value
+
+
+def adaptive_decisions(rows: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """The adaptive batch's decisions (the rows of kind "adaptive") in step order, each one's values
+    by name; other rows are left out (a user may log a metric of the same name)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        if row.get("kind") == Kind.ADAPTIVE.value:
+            by_step.setdefault(int(row["step"]), {})[str(row["name"])] = row["value"]
+    return sorted(by_step.items())
+
+
+def batch_changes(decisions: Iterable[tuple[int, Mapping[str, Any]]]) -> list[tuple[int, Mapping[str, Any]]]:
+    """The decisions that changed the global batch, the first one included: the batch's trajectory,
+    as the report lists it and the sidebar shows it (the one rule for both)."""
+    out: list[tuple[int, Mapping[str, Any]]] = []
+    last = None
+    for step, values in decisions:
+        batch = finite(values.get("global_batch"))
+        if batch is None or batch == last:
+            continue
+        out.append((step, values))
+        last = batch
+    return out

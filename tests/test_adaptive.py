@@ -16,6 +16,7 @@ from dtwork import measure, plots
 from dtwork.errors import DtworkError
 from dtwork.report import helpers
 from dtwork.report.build import COLUMNS
+from dtwork.server import data as data_routes
 
 CONFIG = {"global_batch_size": 16, "seed": 3, "gns": {"enabled": True, "ema_decay": 0.98}}
 DATA = """
@@ -60,6 +61,11 @@ def _exactly_once(seen: list[dict[int, list[int]]], n: int, complete: set[int]) 
             assert sorted(both) == list(range(n)), f"epoch {epoch} skipped a sample"
 
 
+def _cell(sigma: float, max_steps: int, checkpoint_every: int, resume: bool) -> str:
+    steps = STEPS.replace("MAX", str(max_steps)).replace("CKPT", str(checkpoint_every))
+    return DATA.replace("SIGMA", str(sigma)) + steps.replace("RESUME", str(resume))
+
+
 def _grows_with(traj: list[tuple[int, int, int, float | None]]) -> list[tuple[int, int, float]]:
     """The (step, new batch, B_simple) of every change of the batch along a trajectory."""
     return [(s, b, gns) for (s, _, b, gns), (*_, b0, _) in zip(traj[1:], traj, strict=False) if b != b0]
@@ -69,8 +75,7 @@ def test_steps_loop_grows_the_batch_as_the_noise_scale_grows_sees_each_sample_on
     cluster, tmp_path, capsys
 ) -> None:
     cluster.configure({**CONFIG, "checkpoint": {"directory": str(tmp_path)}})
-    code = DATA.replace("SIGMA", "1.0") + STEPS.replace("MAX", "800").replace("CKPT", "40").replace("RESUME", "False")
-    cluster.run(code, quiet=True)
+    cluster.run(_cell(1.0, 800, 40, False), quiet=True)
     traj, seen, lrs = cluster.pull("traj"), cluster.pull("seen"), cluster.pull("lrs")[0]
     assert traj[0] == traj[1]  # both ranks ran the same batches at the same steps
     batches = [b for _, _, b, _ in traj[0]]
@@ -78,11 +83,11 @@ def test_steps_loop_grows_the_batch_as_the_noise_scale_grows_sees_each_sample_on
     # each change at a larger B_simple than the one before (the same run without label noise, below,
     # keeps both flat: the timing alone does not grow the batch)
     noise = [gns for *_, gns in traj[0] if gns is not None]
-    changes = _grows_with(traj[0])
-    assert batches[0] == 16 and max(batches) >= 64, changes
+    moves = _grows_with(traj[0])
+    assert batches[0] == 16 and max(batches) >= 64, moves
     assert noise[-1] >= 10 * noise[0], (noise[0], noise[-1])
-    ups = [(b, gns) for _, b, gns in changes]
-    assert all(b1 < b2 and g1 < g2 for (b1, g1), (b2, g2) in zip(ups, ups[1:], strict=False)), changes
+    ups = [(b, gns) for _, b, gns in moves]
+    assert all(b1 < b2 and g1 < g2 for (b1, g1), (b2, g2) in zip(ups, ups[1:], strict=False)), moves
     changed_in = {
         e for (_, e, b1, _), (_, e2, b2, _) in zip(traj[0], traj[0][1:], strict=False) if e == e2 and b1 != b2
     }
@@ -93,6 +98,9 @@ def test_steps_loop_grows_the_batch_as_the_noise_scale_grows_sees_each_sample_on
     assert lrs, "no decision on a settled interval"
     for lr, m, eff in lrs:
         assert lr == pytest.approx(0.01 * m / 16 * eff, rel=1e-9)
+    # the last step's end may decide once more, after the loop body's last look at the batch
+    end = cluster.pull("end")[0]
+    batches.append(end[0])
     store, rid = cluster.session.store, cluster.session.run_id
     rows = store.metrics(rid, "global_batch")
     assert rows and rows[-1]["value"] == batches[-1] and rows[-1]["rank"] is None
@@ -107,13 +115,16 @@ def test_steps_loop_grows_the_batch_as_the_noise_scale_grows_sees_each_sample_on
     trajectory = helpers.adaptive_trajectory(data)
     changes = [b for i, b in enumerate(batches) if i == 0 or b != batches[i - 1]]
     assert [int(line.split("global batch ")[1].split()[0]) for line in trajectory] == changes
+    shown = data_routes.adaptive_batch(store, rid, n=len(changes))  # the sidebar's, by the same rule
+    assert shown is not None and [b for _, b in shown["changes"]] == changes
+    assert shown["global_batch"] == batches[-1] and shown["n_changes"] == len(changes)
     traces = plots.AdaptiveSeries().add(rows).traces()
     assert [t.name for t in traces][:2] == ["global_batch", "lr_factor"] and traces[0].y[-1] == batches[-1]
 
     # a new cell resumes: the same batch, accumulation and sampler place; the epoch completes once
-    end = cluster.pull("end")[0]
-    code = DATA.replace("SIGMA", "1.0") + STEPS.replace("MAX", "1100").replace("CKPT", "0").replace("RESUME", "True")
-    cluster.run(code.replace("seen, traj, lrs = {}, [], []", "traj, lrs = [], []"), quiet=True)
+    cluster.run(
+        _cell(1.0, 1100, 0, True).replace("seen, traj, lrs = {}, [], []", "traj, lrs = [], []"), quiet=True
+    )
     first = cluster.pull("first")[0]
     assert (first[0], first[2], first[3]) == (end[0], end[1], end[3] + first[1] * 2), (first, end)
     seen = cluster.pull("seen")
@@ -125,8 +136,7 @@ def test_without_label_noise_the_noise_scale_and_the_batch_stay_flat(cluster) ->
     """The same workload and step times, no label noise: B_simple stays at D + 1 = 5 as the model
     converges, and goodput keeps the batch below what the noisy run above grows to."""
     cluster.configure(CONFIG)
-    cluster.run(DATA.replace("SIGMA", "0.0") + STEPS.replace("MAX", "500").replace("CKPT", "0").replace(
-        "RESUME", "False"), quiet=True)
+    cluster.run(_cell(0.0, 500, 0, False), quiet=True)
     traj = cluster.pull("traj")[0]
     noise = [gns for *_, gns in traj if gns is not None]
     assert noise and all(3.5 <= g <= 7.0 for g in noise[len(noise) // 4 :]), (min(noise), max(noise))

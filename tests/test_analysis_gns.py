@@ -224,7 +224,9 @@ def test_a_noise_scale_that_grows_during_training_gets_a_settled_interval():
         for t in range(300):
             mean = direction * np.sqrt(5.0 * 2 ** (-t / 60))
             small = mean + rng.standard_normal((ranks, d)) * np.sqrt(25.0 / d / per_rank)
-            est.update(float((small**2).sum(-1).mean()), float((small.mean(0) ** 2).sum()), per_rank, 2 * per_rank)
+            est.update(
+                float((small**2).sum(-1).mean()), float((small.mean(0) ** 2).sum()), per_rank, 2 * per_rank
+            )
         iv = est.interval
         assert iv is not None and iv.settled, iv
         assert iv.lo < iv.estimate < iv.hi < 160.0, iv

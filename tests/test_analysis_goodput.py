@@ -187,7 +187,7 @@ def test_a_growing_noise_scale_grows_the_batch_on_its_settled_lower_end_only() -
     assert growing.low_settled and not growing.high_settled
     d = decide(growing, MODEL, START, 32, BOUNDS)
     assert d.switch and d.chosen.global_batch > START.global_batch
-    big = Split(START.per_slot * 64, 1, START.slots)  # far above what B_simple supports: a smaller batch would win
+    big = Split(START.per_slot * 64, 1, START.slots)  # far above what B_simple 10 supports
     assert decide(_settled(10.0), MODEL, big, 32, BOUNDS).chosen.global_batch < big.global_batch
     shrink = decide(GNSInterval(10.0, 8.0, 90.0, 12.0, False), MODEL, big, 32, BOUNDS)
     assert not shrink.switch and shrink.chosen == big  # its upper end is not settled

@@ -30,7 +30,9 @@ from tornado.routing import PathMatches, Rule
 import dtwork
 from dtwork import registry, telemetry
 from dtwork.errors import DtworkError
+from dtwork.records import Kind, make_record
 from dtwork.store import RunStore
+from dtwork.writer import StoreWriter
 
 # pytest-jupyter's fixtures, with its autouse ones (a fresh event loop, a ServerApp clean-up).
 globals().update(server_fixtures())
@@ -243,6 +245,59 @@ async def test_runs_limit_and_fresh_figures(
         )
     (run,) = (await get_json(jp_fetch, "runs", params={"limit": "1"}))["runs"]
     assert run["sparkline"] == [[0, 3.0], [1, 2.5]] and run["loss"] == 2.5 and run["last_step"] == 1
+
+
+def _decide(path: Path, run_id: int, decisions: list[tuple[int, int, float]]) -> None:
+    """Write adaptive decisions ``(step, global_batch, lr_factor)`` as rank 0 publishes them and
+    the session's writer stores them (runtime/adaptive.py, writer.py)."""
+    records = [
+        make_record(
+            Kind.ADAPTIVE,
+            step,
+            0,
+            {"global_batch": float(batch), "per_slot_batch": batch / 2, "lr_factor": lr, "efficiency": 0.9},
+        )
+        for step, batch, lr in decisions
+    ]
+    with RunStore(path) as s:
+        writer = StoreWriter(lambda: s, path)
+        writer.records(run_id, None, records)
+        assert writer.flush(force=True)
+
+
+@in_loop
+async def test_an_adaptive_runs_batch_trajectory(
+    jp_fetch: Any, store: dict[str, int], dtwork_env: dict[str, Path]
+) -> None:
+    path = dtwork_env["store"]
+    with RunStore(path) as s:  # the user's own metrics of the same names are not the decisions'
+        s.add_metrics(
+            store["running"],
+            [
+                {"step": 30, "name": "global_batch", "value": 999.0},
+                {"step": 130, "name": "lr_factor", "value": 7.0},
+            ],
+        )
+    steps = [(20, 16, 1.0), (40, 16, 1.0), (60, 32, 1.9), (80, 32, 1.9), (100, 64, 3.5), (120, 32, 1.8)]
+    _decide(path, store["running"], steps)
+    newest, done = (await get_json(jp_fetch, "runs"))["runs"]
+    assert newest["adaptive_batch"] == {
+        "changes": [[20, 16], [60, 32], [100, 64], [120, 32]],  # the first decision, then each change
+        "n_changes": 4,
+        "global_batch": 32,
+        "lr_factor": 1.8,
+    }
+    assert done["adaptive_batch"] is None  # nothing for a run that never adapted
+    _decide(path, store["running"], [(140, 32, 1.7)])  # a decision that keeps the batch: a new LR factor
+    detail = (await get_json(jp_fetch, "runs", str(store["running"])))["run"]["adaptive_batch"]
+    assert detail["changes"][-1] == [120, 32] and detail["lr_factor"] == 1.7
+    # a long trajectory stays compact: first and last kept, every change counted
+    _decide(path, store["running"], [(200 + i, 16 << (i % 3), 1.0) for i in range(40)])
+    (run,) = (await get_json(jp_fetch, "runs", params={"limit": "1"}))["runs"]
+    changes = run["adaptive_batch"]["changes"]
+    assert len(changes) == 16 and run["adaptive_batch"]["n_changes"] == 44
+    assert changes[0] == [20, 16] and changes[-1] == [239, 16 << (39 % 3)]
+    assert [c[0] for c in changes] == sorted(c[0] for c in changes)
 
 
 @in_loop

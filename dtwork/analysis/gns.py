@@ -96,7 +96,11 @@ class GNSInterval:
         """The lower end within ``SETTLED_HALF_WIDTH`` of the estimate. A B_simple that grows as
         training goes on keeps the upper end wide (|G|^2 shrinks towards its own noise), while
         the lower end, all that a larger batch's pessimistic efficiency rests on, is known."""
-        return self.estimate > 0 and self.lo > 0 and self.estimate - self.lo <= SETTLED_HALF_WIDTH * self.estimate
+        return (
+            self.estimate > 0
+            and self.lo > 0
+            and self.estimate - self.lo <= SETTLED_HALF_WIDTH * self.estimate
+        )
 
     @property
     def high_settled(self) -> bool:

@@ -18,6 +18,7 @@ from nbformat.v4 import new_output
 from dtwork import plots
 from dtwork.analysis.gns import BatchAdvice, advise
 from dtwork.analysis.scaling import ScalingResult
+from dtwork.records import adaptive_decisions, batch_changes
 
 __all__ = [
     "PLOTLY_MIME",
@@ -110,21 +111,13 @@ def analyses(data: dict[str, Any]) -> list[Item]:
 
 def adaptive_trajectory(data: dict[str, Any]) -> list[str]:
     """One line per change of the adaptive batch: step, global batch = split, LR factor, efficiency."""
-    by_step: dict[int, dict[str, float]] = {}
-    for r in rows(data):
-        if r["kind"] == "adaptive":
-            by_step.setdefault(r["step"], {})[r["name"]] = r["value"]
-    out, last = [], None
-    for step, v in sorted(by_step.items()):
-        batch = v.get("global_batch")
-        if batch is None or batch == last:
-            continue
+    out = []
+    for step, v in batch_changes(adaptive_decisions(rows(data))):
         eff = f", efficiency {v['efficiency']:.2f}" if "efficiency" in v else ""
         out.append(
-            f"  step {step}: global batch {batch:.0f} = {v.get('per_slot_batch', 0):.0f} per slot x "
+            f"  step {step}: global batch {v['global_batch']:.0f} = {v.get('per_slot_batch', 0):.0f} per slot x "
             f"{v.get('accumulation', 1):.0f} accumulated, LR x{v.get('lr_factor', 1):.3g}{eff}"
         )
-        last = batch
     return out
 
 

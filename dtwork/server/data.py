@@ -21,7 +21,7 @@ from typing import Any
 from dtwork import registry, telemetry
 from dtwork.errors import DtworkError
 from dtwork.palette import metric_colour
-from dtwork.records import DIVERGED, divergence_text, finite
+from dtwork.records import DIVERGED, Kind, adaptive_decisions, batch_changes, divergence_text, finite
 from dtwork.store import STORE_ERRORS, RunStore, default_store_path, store_problem
 from dtwork.store_schema import NoRunsYet
 
@@ -31,6 +31,7 @@ METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}")
 
 SPARKLINE_POINTS = 48  # loss points per run in GET /dtwork/runs
 DETAIL_POINTS = 200  # loss points in GET /dtwork/runs/<id>
+BATCH_CHANGES = 16  # adaptive batch changes per run in GET /dtwork/runs and /dtwork/runs/<id>
 DEFAULT_RUNS = 50  # runs listed by GET /dtwork/runs unless ?limit= says otherwise
 MAX_RUNS = 500
 CACHE_SIZE = 512
@@ -178,6 +179,25 @@ def world_throughput(store: RunStore, run_id: int) -> float | None:
     return sum(latest.values()) if latest else None
 
 
+def adaptive_batch(store: RunStore, run_id: int, n: int = BATCH_CHANGES) -> dict[str, Any] | None:
+    """The adaptive batch's trajectory, or None for a run without adaptive decisions:
+    ``changes`` ``[[step, global_batch], ...]`` at the decisions that changed it (at most ``n``, first
+    and last kept; ``n_changes`` counts them all), and the last decision's ``global_batch`` and
+    ``lr_factor``. Two indexed reads by name: a run that never adapted costs one empty one."""
+    rows = [r for r in store.metrics(run_id, "global_batch") if r["kind"] == Kind.ADAPTIVE.value]
+    if not rows:
+        return None
+    decisions = adaptive_decisions(rows + store.metrics(run_id, "lr_factor"))
+    changes = [[step, v["global_batch"]] for step, v in batch_changes(decisions)]
+    last = decisions[-1][1]
+    return {
+        "changes": downsample(changes, n),
+        "n_changes": len(changes),
+        "global_batch": finite(last.get("global_batch")),
+        "lr_factor": finite(last.get("lr_factor")),
+    }
+
+
 def _pick(names: tuple[str, ...], values: dict[str, Any]) -> float | None:
     """The first of ``names`` with a finite value."""
     return next((v for v in (finite(values.get(n)) for n in names) if v is not None), None)
@@ -224,6 +244,7 @@ def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: 
         "loss": _pick((LOSS_NAME,), last),
         "sparkline": spark,
         "diverged": _cached(store, row, "diverged", lambda: diverged_text(store, row["id"])),
+        "adaptive_batch": _cached(store, row, "adaptive", lambda: adaptive_batch(store, row["id"])),
         "sparkline_colour": metric_colour(LOSS_NAME),  # the loss's colour in every figure
     }
 

@@ -24,6 +24,9 @@ export const DATA_POLL_MS = 2000;
 /** Runs shown in the panel (newest first); the rest are counted. */
 export const MAX_RUNS_SHOWN = 10;
 
+/** Global batches an adaptive run's card names in its trajectory: the first, then the latest. */
+export const MAX_BATCHES_SHOWN = 5;
+
 /** Sparkline size in CSS pixels. */
 export const SPARKLINE_WIDTH = 120;
 export const SPARKLINE_HEIGHT = 28;

@@ -3,9 +3,9 @@
  * Pure functions with no JupyterLab imports, so that they are unit-tested without a browser.
  */
 
-import { SERVER_MISSING_MESSAGE } from './constants';
+import { MAX_BATCHES_SHOWN, SERVER_MISSING_MESSAGE } from './constants';
 import { ApiError } from './errors';
-import type { IClusterInfo, IGpusReply, IRunsReply, SparkPoint } from './types';
+import type { IAdaptiveBatch, IClusterInfo, IGpusReply, IRunsReply, SparkPoint } from './types';
 
 export const DASH = '—';
 
@@ -114,6 +114,36 @@ export function sparklinePoints(
   const sy = (y: number): number =>
     y1 === y0 ? height / 2 : pad + ((y1 - y) / (y1 - y0)) * (height - 2 * pad);
   return pts.map(([x, y]) => `${round2(sx(x))},${round2(sy(y))}`).join(' ');
+}
+
+/** A global batch, in full: "1024". */
+export function formatBatch(batch: number | null | undefined): string {
+  return isNumber(batch) ? String(Math.round(batch)) : DASH;
+}
+
+/** An LR factor: "×1.83". */
+export function formatFactor(factor: number | null | undefined): string {
+  return isNumber(factor) ? `×${Number(factor.toPrecision(3))}` : DASH;
+}
+
+/**
+ * An adaptive run's batch trajectory as its card shows it: the text "batch 16 → 64 → 256"
+ * (the first batch, "…", then the latest when there are more than MAX_BATCHES_SHOWN) and a
+ * title naming the step of each change, for hover.
+ */
+export function batchTrajectory(adaptive: IAdaptiveBatch): { text: string; title: string } {
+  const batches = adaptive.changes.map(([, batch]) => formatBatch(batch));
+  const shown =
+    batches.length > MAX_BATCHES_SHOWN
+      ? [batches[0], '…', ...batches.slice(batches.length - MAX_BATCHES_SHOWN + 1)]
+      : batches;
+  const steps = adaptive.changes.map(([step, batch]) => `step ${step}: ${formatBatch(batch)}`);
+  const omitted = adaptive.n_changes - adaptive.changes.length;
+  const tail = omitted > 0 ? [`(${omitted} more change(s) not listed)`] : [];
+  return {
+    text: `batch ${shown.join(' → ')}`,
+    title: ['Global batch at each change of the adaptive batch:', ...steps, ...tail].join('\n')
+  };
 }
 
 function round2(v: number): string {

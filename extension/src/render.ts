@@ -3,11 +3,14 @@
 import { MAX_RUNS_SHOWN, SPARKLINE_HEIGHT, SPARKLINE_WIDTH } from './constants';
 import { el, svg } from './dom';
 import {
+  batchTrajectory,
   clusterHeadline,
   clusterOwner,
   DASH,
+  formatBatch,
   formatBSimple,
   formatEfficiency,
+  formatFactor,
   formatLoss,
   formatMemory,
   formatStep,
@@ -21,6 +24,7 @@ import {
   stateClass
 } from './model';
 import type {
+  IAdaptiveBatch,
   IClusterInfo,
   IClustersReply,
   IGpuInfo,
@@ -135,9 +139,21 @@ function stat(label: string, value: string): HTMLElement {
   );
 }
 
+/** An adaptive run's batch trajectory, the steps of its changes on hover. */
+function adaptiveLine(adaptive: IAdaptiveBatch): HTMLElement {
+  const { text, title } = batchTrajectory(adaptive);
+  return el(
+    'div',
+    { className: 'dtwork-Adaptive', title },
+    el('span', { className: 'dtwork-Adaptive-batches', text }),
+    el('span', { className: 'dtwork-Adaptive-lr', text: ` · LR ${formatFactor(adaptive.lr_factor)}` })
+  );
+}
+
 function runCard(run: IRunSummary, onReport: (r: IRunSummary) => void): HTMLElement {
   const title = `#${run.id}${run.name ? ` ${run.name}` : ''}`;
   const ranks = run.world_size ? `${run.world_size} × ${run.backend ?? '?'}` : (run.backend ?? DASH);
+  const adaptive = run.adaptive_batch?.changes.length ? run.adaptive_batch : null;
   return el(
     'div',
     { className: 'dtwork-Card dtwork-Run', data: { runId: String(run.id) } },
@@ -165,8 +181,10 @@ function runCard(run: IRunSummary, onReport: (r: IRunSummary) => void): HTMLElem
       stat('efficiency', formatEfficiency(run.scaling_efficiency)),
       stat('B_simple', formatBSimple(run.b_simple)),
       stat('loss', formatLoss(run.loss)),
-      stat('ranks', ranks)
+      stat('ranks', ranks),
+      adaptive ? stat('batch', formatBatch(adaptive.global_batch)) : null
     ),
+    adaptive ? adaptiveLine(adaptive) : null,
     run.diverged
       ? el('div', { className: 'dtwork-Diverged', text: run.diverged, attrs: { role: 'status' } })
       : null,

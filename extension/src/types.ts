@@ -52,6 +52,18 @@ export interface IStopReply {
 /** a [step, value] point of a loss curve */
 export type SparkPoint = [number, number];
 
+/** an adaptive run's batch trajectory; part of GET /dtwork/runs (adaptive_batch in data.py) */
+export interface IAdaptiveBatch {
+  /** [step, global batch] at the decisions that changed it, the first decision included;
+   * at most 16, first and last kept */
+  changes: [number, number][];
+  /** how many changes there were in all */
+  n_changes: number;
+  /** the last decision's global batch and LR factor */
+  global_batch: number | null;
+  lr_factor: number | null;
+}
+
 /** one run as listed; part of GET /dtwork/runs */
 export interface IRunSummary {
   id: number;
@@ -78,6 +90,8 @@ export interface IRunSummary {
   diverged?: string | null;
   /** the loss's colour, as in the notebook's and the report's figures */
   sparkline_colour?: string;
+  /** the adaptive batch's trajectory; null for a run that never adapted its batch */
+  adaptive_batch?: IAdaptiveBatch | null;
 }
 
 /** matches GET /dtwork/runs */

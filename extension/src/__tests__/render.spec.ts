@@ -90,6 +90,52 @@ describe('rendering', () => {
     expect(node.querySelector('[data-run-id="4"] .dtwork-Diverged')).toBeNull();
   });
 
+  it("shows an adaptive run's batch trajectory, the steps on hover, and nothing for other runs", () => {
+    const node = renderRuns(
+      {
+        store_exists: true,
+        total: 2,
+        runs: [
+          run(7, {
+            adaptive_batch: {
+              changes: [
+                [20, 16],
+                [60, 64],
+                [140, 256]
+              ],
+              n_changes: 3,
+              global_batch: 256,
+              lr_factor: 3.4567
+            }
+          }),
+          run(6, { adaptive_batch: null })
+        ]
+      },
+      vi.fn()
+    );
+    const line = node.querySelector('[data-run-id="7"] .dtwork-Adaptive') as HTMLElement;
+    expect(line.textContent).toBe('batch 16 → 64 → 256 · LR ×3.46');
+    expect(line.title.split('\n').slice(1)).toEqual(['step 20: 16', 'step 60: 64', 'step 140: 256']);
+    expect(node.querySelector('[data-run-id="7"] [data-stat="batch"]')?.textContent).toBe('batch256');
+    expect(node.querySelector('[data-run-id="6"] .dtwork-Adaptive')).toBeNull();
+    expect(node.querySelector('[data-run-id="6"] [data-stat="batch"]')).toBeNull();
+  });
+
+  it('keeps a long batch trajectory short: the first batch, then the latest', () => {
+    const changes = Array.from({ length: 16 }, (_, i): [number, number] => [i * 10, 16 * (i + 1)]);
+    const node = renderRuns(
+      {
+        store_exists: true,
+        total: 1,
+        runs: [run(8, { adaptive_batch: { changes, n_changes: 40, global_batch: 256, lr_factor: null } })]
+      },
+      vi.fn()
+    );
+    const line = node.querySelector('.dtwork-Adaptive') as HTMLElement;
+    expect(line.textContent).toBe('batch 16 → … → 208 → 224 → 240 → 256 · LR —');
+    expect(line.title).toMatch(/step 150: 256\n\(24 more change\(s\) not listed\)$/);
+  });
+
   it('caps the runs shown and counts the rest', () => {
     const runs = Array.from({ length: 12 }, (_, i) => run(12 - i));
     const node = renderRuns({ store_exists: true, total: 12, runs }, vi.fn());

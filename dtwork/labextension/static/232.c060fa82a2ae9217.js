@@ -154,6 +154,17 @@
   font-size: var(--jp-ui-font-size0);
 }
 
+.dtwork-Adaptive {
+  margin-top: 4px;
+  color: var(--jp-ui-font-color1);
+  font-size: var(--jp-ui-font-size0);
+  overflow-wrap: anywhere;
+}
+
+.dtwork-Adaptive-lr {
+  color: var(--jp-ui-font-color2);
+}
+
 .dtwork-Stats {
   display: grid;
   grid-template-columns: repeat(auto-fill, minmax(90px, 1fr));
