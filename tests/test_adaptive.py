@@ -263,3 +263,41 @@ def test_misuse_gets_one_line_that_says_what_to_do() -> None:
         adaptive_for(make_adaptive_loader(state, data), True, 2, None, None, None)
     with pytest.raises(DtworkError, match="drop num_workers"):
         make_adaptive_loader(state, data, num_workers=2)
+
+
+def test_a_batch_change_rescales_adams_second_moments_to_the_new_batch() -> None:
+    """E|g|^2 = |G|^2 (1 + B_simple / M): after a growth from 4 to 8 at B_simple ~ 20, the second
+    moments gathered at 4 are ~1.7x what the new batch's gradients give; the decision scales them
+    by (1 + B/8) / (1 + B/4) (the batch event says by how much). One rank."""
+    import numpy as np
+    import torch
+
+    from dtwork.analysis.gns import GNSEstimator
+    from dtwork.analysis.goodput import StepObservation, second_moment_ratio
+    from dtwork.runtime.adaptive import make_adaptive_loader
+
+    state = _state(per_slot=4)
+    rng, d = np.random.default_rng(0), 4096
+    est = GNSEstimator(ema_decay=0.98)
+    for _ in range(300):  # |G|^2 = 1, tr(Sigma) = 20: B_simple 20, measured at 4 and 8
+        small = 1 / np.sqrt(d) + rng.standard_normal((2, d)) * np.sqrt(20 / d / 4)
+        est.update(float((small**2).sum(-1).mean()), float((small.mean(0) ** 2).sum()), 4, 8)
+    assert est.settled
+    state.gns_state, state.gns = est, est.b_simple
+    model = torch.nn.Linear(3, 2)
+    adam = torch.optim.AdamW(model.parameters(), lr=1e-3, amsgrad=True)
+    model(torch.randn(5, 3)).sum().backward()
+    adam.step()
+    state.register("models", model)
+    state.register("optimizers", adam)
+    before = {k: v.clone() for k, v in adam.state[model.weight].items() if k.endswith("exp_avg_sq")}
+    data = torch.utils.data.TensorDataset(torch.arange(64.0))
+    loader = make_adaptive_loader(state, data, max_global_batch=64, decide_every=1)
+    ab = loader.adaptive
+    ab.begin(1, None)
+    ab.profile = [StepObservation(4, 1, 1, 0.100), StepObservation(2, 1, 1, 0.099)]  # fixed cost: grow
+    assert ab._decide(1) and ab.split.global_batch == 8
+    ratio = second_moment_ratio(est.b_simple, 8, 4)
+    assert 0.55 < ratio < 0.62 and ab.moments == ratio
+    for name, value in before.items():
+        assert torch.equal(adam.state[model.weight][name], value * ratio), name

@@ -79,6 +79,19 @@ def lr_factor(rule: str, batch: float, start_batch: float, b_simple: float | Non
     return gain if rule == "adascale" else math.sqrt(gain)
 
 
+def second_moment_ratio(b_simple: float, batch: float, old_batch: float) -> float:
+    """Return E|g|^2 at ``batch`` over E|g|^2 at ``old_batch`` for a batch-mean gradient g.
+
+    E|g_M|^2 = |G|^2 + tr(Sigma) / M = |G|^2 (1 + B_simple / M): an Adam-like optimizer's second
+    moment, an average of g^2, was gathered at the old batch and is off by this factor at the new
+    one (too large after a growth, so the steps come out too small for ~1/(1 - beta2) steps).
+    """
+    _check_batches(batch, old_batch)
+    if not math.isfinite(b_simple) or b_simple < 0:
+        raise ValueError(f"B_simple must be finite and >= 0, got {b_simple}.")
+    return (1.0 + b_simple / batch) / (1.0 + b_simple / old_batch)
+
+
 def progress_increment(unit: str, batch: float, start_batch: float, b_simple: float | None = None) -> float:
     """Return the progress one optimizer step at ``batch`` adds, in steps at the starting batch.
 

@@ -164,6 +164,7 @@ class AdaptiveBatch:
         self.profile: list[goodput.StepObservation] = []  # one observation per split tried
         self.decision: goodput.BatchDecision | None = None  # the last one
         self.steps = 0  # optimizer steps taken under this controller
+        self.moments = 1.0  # the factor the last change put on Adam-like second moments
         self._window: list[tuple[float, float]] = []  # (step seconds, comm seconds) since the last decision
         self._t_last = 0.0
         self._trained = loader.sampler.served  # samples served up to the last optimizer step's end
@@ -310,20 +311,39 @@ class AdaptiveBatch:
         if state.rank == 0:
             self.decision = self._choose(max_accumulation)
             chosen = self.decision.chosen
+            b_simple = state.gns if state.gns is not None and math.isfinite(state.gns) else math.nan
             answer[:] = torch.tensor(
-                [chosen.per_slot, chosen.accumulation, self._factor_for(chosen), 1.0], dtype=torch.float64
+                [chosen.per_slot, chosen.accumulation, self._factor_for(chosen), b_simple],
+                dtype=torch.float64,
             )
         if state.world_size > 1:
             dist.broadcast(answer, 0)
         per_slot, accumulation, factor = int(answer[0]), int(answer[1]), float(answer[2])
         new = goodput.Split(per_slot, accumulation, state.world_size)
         changed = new != self.split
-        self.split, self.factor = new, factor
+        old, self.split, self.factor = self.split, new, factor
+        self.moments = 1.0
         if changed:
             self._publish_split()
+            if math.isfinite(float(answer[3])):
+                self.moments = self._rescale_moments(float(answer[3]), new.global_batch, old.global_batch)
         if state.rank == 0:
             self._record(changed)
         return changed
+
+    def _rescale_moments(self, b_simple: float, batch: int, old_batch: int) -> float:
+        """Scale the run's Adam-like second moments to the new batch (every rank, the same B_simple
+        from rank 0); return the factor, 1.0 when no optimizer keeps one."""
+        ratio = goodput.second_moment_ratio(b_simple, batch, old_batch)
+        scaled = False
+        for opt in self.state.run_objects("optimizers"):
+            for per_param in opt.state.values():
+                for name in ("exp_avg_sq", "max_exp_avg_sq"):
+                    moment = per_param.get(name) if isinstance(per_param, dict) else None
+                    if isinstance(moment, torch.Tensor):
+                        moment.mul_(ratio)
+                        scaled = True
+        return ratio if scaled else 1.0
 
     def _choose(self, max_accumulation: int) -> goodput.BatchDecision:
         gns = self.state.gns_state.interval if self.state.gns_state is not None else None
@@ -399,13 +419,14 @@ class AdaptiveBatch:
         self.state.publisher.record(Kind.ADAPTIVE, step, values)
         if changed:
             s = self.split
+            moments = f", Adam's second moments x{self.moments:.3g}" if self.moments != 1.0 else ""
             self.state.publisher.record(
                 "event",
                 step,
                 {},
                 event="batch",
                 message=f"global batch {s.global_batch} = {s.per_slot} x {s.accumulation} x {s.slots} "
-                f"(LR x{self.factor:.3g}): {explain(d)}",
+                f"(LR x{self.factor:.3g}{moments}): {explain(d)}",
             )
 
     def state_dict(self) -> dict[str, Any]:
