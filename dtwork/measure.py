@@ -478,6 +478,8 @@ def _adaptive_text(store: RunStore, run_id: int) -> list[str]:
 
 def _interval_text(store: RunStore, run_id: int) -> str:
     """The latest estimate's 95% interval, and "not yet settled" until it is narrow enough to act on."""
+    from dtwork.analysis.gns import GNSInterval
+
     rows = store.metrics(run_id, "b_simple")
     step = rows[-1]["step"] if rows else None
     lo, hi, settled = (
@@ -486,7 +488,16 @@ def _interval_text(store: RunStore, run_id: int) -> str:
     )
     text = f" (95% interval {lo:.1f}-{hi:.1f})" if lo is not None and hi is not None else ""
     if settled is not None and not settled:
-        text += ", not yet settled: train more steps before acting on it"
+        low = (
+            lo is not None
+            and hi is not None
+            and GNSInterval(rows[-1]["value"], lo, hi, 0.0, False).low_settled
+        )
+        text += (
+            ", its lower end settled (a larger batch can rest on it), its upper end still wide"
+            if low
+            else ", not yet settled: train more steps before acting on it"
+        )
     return text
 
 

@@ -440,3 +440,19 @@ def test_advice_warnings():
 def test_advice_rejects_bad_b_simple(bad):
     with pytest.raises(ValueError, match="b_simple must be a positive finite number"):
         advise(bad, 64, 8, base_lr=0.1)
+
+
+def test_gns_advice_says_which_end_of_the_interval_is_settled(tmp_path) -> None:
+    """A B_simple that grows: its lower end within 25% is enough to grow a batch on, and the advice
+    says so rather than "not yet settled"; a wide lower end still says to train more."""
+    from dtwork import measure
+    from dtwork.store import RunStore
+
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        for lo, said in ((85.0, "its lower end settled"), (60.0, "not yet settled: train more steps")):
+            rid = store.create_run(world_size=2, backend="gloo")
+            values = {"b_simple": 100.0, "b_simple_lo": lo, "b_simple_hi": 300.0, "settled": 0.0}
+            store.add_metrics(
+                rid, [{"step": 40, "name": n, "value": v, "kind": "gns"} for n, v in values.items()]
+            )
+            assert said in measure._interval_text(store, rid)
