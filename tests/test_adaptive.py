@@ -44,7 +44,7 @@ for step, (x, y, i) in ctx.steps(loader, adaptive=True, max_global_batch=256, de
     if not traj:
         first = (ctx.global_batch_size, ctx.per_slot_batch_size, ctx.accumulation, loader.sampler.position)
     ctx.backward(loss_of(x, y)); ctx.step(opt); WORK(x)
-    traj.append((step, ctx.epoch, ctx.global_batch_size, ctx.state.gns))
+    traj.append((step, ctx.epoch, ctx.global_batch_size, ctx.gns))
     d = ctx.state.adaptive.decision
     if d is not None and d.efficiency is not None:
         lrs.append((opt.param_groups[0]["lr"], ctx.global_batch_size, d.efficiency))

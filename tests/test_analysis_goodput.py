@@ -195,6 +195,15 @@ def test_a_growing_noise_scale_grows_the_batch_on_its_settled_lower_end_only() -
     assert not decide(loose_low, MODEL, START, 32, BOUNDS).chosen.global_batch > START.global_batch
 
 
+def test_the_fit_never_predicts_past_twice_the_largest_global_batch_measured() -> None:
+    """A step the fit reads as mostly communication (a straggling rank's wait counts as such) makes
+    accumulation look nearly free; never measured, it may at most double the global batch."""
+    fit = fit_throughput([StepObservation(8, 1, 2, step_time=0.10, comm_time=0.09)])
+    assert fit.max_global_batch == 32
+    d = decide(_settled(1e4), fit, Split(8, 1, 2), 16, BatchBounds(4096, max_accumulation=64))
+    assert d.switch and 16 < d.chosen.global_batch <= 32, d.chosen
+
+
 def test_respects_the_bounds() -> None:
     bounds = BatchBounds(max_global_batch_size=200, min_per_slot_batch_size=20, max_per_slot_batch_size=40)
     for b in (1.0, 10.0, 1e5):

@@ -128,7 +128,8 @@ class StepObservation:
 
 @dataclass(frozen=True)
 class ThroughputModel:
-    """The fitted step-time model (see the module docstring); ``max_per_slot`` caps extrapolation."""
+    """The fitted step-time model (see the module docstring); ``max_per_slot`` and
+    ``max_global_batch`` cap extrapolation."""
 
     a: float
     b: float
@@ -136,6 +137,7 @@ class ThroughputModel:
     d: float
     gamma: float
     max_per_slot: int
+    max_global_batch: int | None = None  # None: no cap beyond the bounds'
 
     def micro_time(self, per_slot: float) -> float:
         """Return T_micro(m) = a + b m in seconds."""
@@ -239,8 +241,9 @@ def fit_throughput(
     fit splits the compute evenly, a = b m (AdaptDL's choice), and where the overlap cannot be told
     apart it takes the smallest g; both are optimistic about growing, so that growing is tried and
     measured, and what bounds the jump is that the
-    model never predicts past ``max_extrapolation`` times the largest per-slot batch observed
-    (Pollux's pitfall: an optimistic fit from one batch size jumps too far).
+    model never predicts past ``max_extrapolation`` times the largest per-slot batch observed, nor
+    past that many times the largest global batch (Pollux's pitfall: an optimistic fit from one
+    batch size jumps too far; accumulation never measured is the same leap).
     """
     obs = [o for o in observations if o.step_time > 0 and o.per_slot >= 1 and o.accumulation >= 1]
     if not obs:
@@ -253,13 +256,16 @@ def fit_throughput(
     step = np.array([o.step_time for o in obs], dtype=float)
     comm = np.array([_comm_time(c, d, o.world_size) for o in obs])
     cap = int(max_extrapolation * max(o.per_slot for o in obs))
+    # the global batch too: accumulation that was never measured rests on the fit's split of the step
+    # into compute and communication, which a straggling rank's wait (counted as communication) skews
+    global_cap = int(max_extrapolation * max(o.per_slot * o.accumulation * o.world_size for o in obs))
     best: tuple[float, ThroughputModel] | None = None
     for gamma in GAMMAS:  # on a tie the least overlap wins, as AdaptDL's pull towards g = 1
         a, b = _fit_line_relative(m, _invert_micro(step, comm, k, float(gamma)))
         pred = _step_times(np.maximum(MIN_TIME, a + b * m), comm, k, float(gamma))
         loss = float(np.sum(np.log(pred / step) ** 2))
         if best is None or loss < best[0] - 1e-12:
-            best = (loss, ThroughputModel(a, b, c, d, float(gamma), cap))
+            best = (loss, ThroughputModel(a, b, c, d, float(gamma), cap, global_cap))
     assert best is not None
     return best[1]
 
@@ -320,12 +326,15 @@ def _candidates(model: ThroughputModel, bounds: BatchBounds, slots: int) -> tupl
     hi = model.max_per_slot
     if bounds.max_per_slot_batch_size is not None:
         hi = min(hi, bounds.max_per_slot_batch_size)
-    hi = min(hi, bounds.max_global_batch_size // slots)
+    top = bounds.max_global_batch_size
+    if model.max_global_batch is not None:
+        top = min(top, model.max_global_batch)
+    hi = min(hi, top // slots)
     lo = max(1, bounds.min_per_slot_batch_size)
     if hi < lo:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     p, k = np.meshgrid(np.arange(lo, hi + 1), np.arange(1, bounds.max_accumulation + 1), indexing="ij")
-    keep = p * k * slots <= bounds.max_global_batch_size
+    keep = p * k * slots <= top
     return p[keep], k[keep]
 
 
