@@ -167,15 +167,20 @@ def _step_time(micro: float, comm: float, accumulation: int, gamma: float) -> fl
     return float(_step_times(np.asarray(micro), comm, np.asarray(accumulation), gamma))
 
 
-def _step_times(micro: np.ndarray, comm: np.ndarray | float, k: np.ndarray, gamma: float) -> np.ndarray:
+def _step_times(
+    micro: np.ndarray, comm: np.ndarray | float, k: np.ndarray, gamma: float | np.ndarray
+) -> np.ndarray:
     """Return (k - 1) T_micro + (T_micro^g + T_comm^g)^(1/g), elementwise (T_comm = 0 gives k T_micro)."""
     result: np.ndarray = (k - 1) * micro + (micro**gamma + np.power(comm, gamma)) ** (1.0 / gamma)
     return result
 
 
-def _invert_micro(step: np.ndarray, comm: np.ndarray, k: np.ndarray, gamma: float) -> np.ndarray:
-    """Return the T_micro that gives each observed step time under ``gamma`` (bisection; T_step >= k T_micro)."""
-    lo, hi = np.zeros_like(step), step / k
+def _invert_micro(step: np.ndarray, comm: np.ndarray, k: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+    """Return the T_micro that gives each observed step time under each ``gamma`` (a column: one row
+    per gamma), by bisection (T_step >= k T_micro); every gamma in one pass, as numpy's cost on
+    arrays this small is per call, not per element."""
+    lo = np.zeros(np.broadcast_shapes(np.shape(gamma), step.shape))
+    hi = lo + step / k
     for _ in range(60):
         mid = 0.5 * (lo + hi)
         below = _step_times(mid, comm, k, gamma) < step
@@ -259,9 +264,11 @@ def fit_throughput(
     # the global batch too: accumulation that was never measured rests on the fit's split of the step
     # into compute and communication, which a straggling rank's wait (counted as communication) skews
     global_cap = int(max_extrapolation * max(o.per_slot * o.accumulation * o.world_size for o in obs))
+    micro = _invert_micro(step, comm, k, GAMMAS[:, None])
     best: tuple[float, ThroughputModel] | None = None
-    for gamma in GAMMAS:  # on a tie the least overlap wins, as AdaptDL's pull towards g = 1
-        a, b = _fit_line_relative(m, _invert_micro(step, comm, k, float(gamma)))
+    # on a tie the least overlap wins, as AdaptDL's pull towards g = 1
+    for gamma, row in zip(GAMMAS, micro, strict=True):
+        a, b = _fit_line_relative(m, row)
         pred = _step_times(np.maximum(MIN_TIME, a + b * m), comm, k, float(gamma))
         loss = float(np.sum(np.log(pred / step) ** 2))
         if best is None or loss < best[0] - 1e-12:
