@@ -463,8 +463,10 @@ def _adaptive_text(store: RunStore, run_id: int) -> list[str]:
         f"per slot x {last.get('accumulation') or 1:.0f} accumulated, LR x{last.get('lr_factor') or 1:.3g} "
         f"(decision at step {step})"
     ]
-    if gain is None:
-        out.append("  no settled GNS interval yet: the batch stays where it started")
+    if gain is None:  # the last decision did not decide (the GNS interval not settled): no move
+        out.append(
+            f"  no settled GNS interval at the last decision: the batch stays at {last.get('global_batch') or 0:.0f}"
+        )
     else:
         eff_text = f", efficiency E = {eff:.2f} against the starting batch" if eff is not None else ""
         out.append(

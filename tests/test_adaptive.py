@@ -84,7 +84,7 @@ def test_steps_loop_grows_the_batch_as_the_noise_scale_grows_sees_each_sample_on
     # keeps both flat: the timing alone does not grow the batch)
     noise = [gns for *_, gns in traj[0] if gns is not None]
     moves = _grows_with(traj[0])
-    assert batches[0] == 16 and max(batches) >= 64, moves
+    assert batches[0] == 16 and max(batches) >= 48 and len(moves) >= 2, moves
     assert noise[-1] >= 10 * noise[0], (noise[0], noise[-1])
     ups = [(b, gns) for _, b, gns in moves]
     assert all(b1 < b2 and g1 < g2 for (b1, g1), (b2, g2) in zip(ups, ups[1:], strict=False)), moves
@@ -109,7 +109,10 @@ def test_steps_loop_grows_the_batch_as_the_noise_scale_grows_sees_each_sample_on
     capsys.readouterr()
     measure.gns_advice(cluster, quiet=False)
     said = capsys.readouterr().out
-    assert f"adaptive batch: global batch {batches[-1]} = " in said and "a switch needs more than 5%" in said
+    assert f"adaptive batch: global batch {batches[-1]} = " in said
+    # the last decision weighed a switch, or (B_simple far above the batch, its interval wide) kept it
+    kept = f"no settled GNS interval at the last decision: the batch stays at {batches[-1]}"
+    assert "a switch needs more than 5%" in said or kept in said, said
     rows = store.metrics(rid, rank="all")
     data = {"columns": COLUMNS, "rows": [[r[c] for c in COLUMNS] for r in rows]}
     trajectory = helpers.adaptive_trajectory(data)
@@ -134,7 +137,7 @@ def test_steps_loop_grows_the_batch_as_the_noise_scale_grows_sees_each_sample_on
 
 def test_without_label_noise_the_noise_scale_and_the_batch_stay_flat(cluster) -> None:
     """The same workload and step times, no label noise: B_simple stays at D + 1 = 5 as the model
-    converges, and goodput keeps the batch below what the noisy run above grows to."""
+    converges, and goodput keeps the batch at most 32, below the 48 and more the noisy run grows to."""
     cluster.configure(CONFIG)
     cluster.run(_cell(0.0, 500, 0, False), quiet=True)
     traj = cluster.pull("traj")[0]

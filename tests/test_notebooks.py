@@ -9,13 +9,14 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
-EXPECTED = {
+EXPECTED: dict[str, list[str | tuple[str, ...]]] = {
     "scaling.ipynb": ["efficient, 95% interval", "weak scaling", "strong scaling"],
     "gns.ipynb": ["B_simple", "Critical batch size"],
     "adaptive.ipynb": [
         "from step 0: global batch 16",
         "adaptive batch: global batch",
-        "a switch needs more than 5%",
+        # %dtrain gns: the last decision weighed a switch, or kept the batch on a wide interval
+        ("a switch needs more than 5%", "no settled GNS interval at the last decision"),
     ],
     "fsdp.ipynb": ["FSDP holds 0.5", "dtwork: memory on rank 0", "exported step 21"],
 }
@@ -53,8 +54,9 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.Monkey
     except nbclient.exceptions.CellExecutionError as exc:
         pytest.fail(f"{name} failed: {str(exc)[-2000:]}")
     text = _text(nb)
-    for expected in EXPECTED[name]:
-        assert expected in text, f"{expected!r} not in the outputs of {name}:\n{text[-3000:]}"
+    for expected in EXPECTED[name]:  # a string, or a tuple of alternatives
+        either = (expected,) if isinstance(expected, str) else expected
+        assert any(e in text for e in either), f"{expected!r} not in the outputs of {name}:\n{text[-3000:]}"
 
 
 def test_notebooks_are_committed_without_outputs() -> None:
