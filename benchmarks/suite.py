@@ -32,6 +32,7 @@ SCRIPT = ROOT / "tests" / "fixtures" / "ddp_tutorial.py"  # the PyTorch DDP tuto
 PHASES = "cold_start round_trip throughput iteration_latency turns gns_interleaved live_interleaved handloop"
 PHASES += " script_rerun kernel_scale fsdp adaptive"
 OPT_IN = ("adaptive",)  # 20-25 minutes of its own: run only when named (--only adaptive)
+CLUSTERLESS = {"cold_start", "kernel_scale"}  # start their own processes or none: no suite clusters
 
 
 def _kinds(mlp: int, convnet: int) -> Any:
@@ -365,9 +366,9 @@ def run(plan: Plan, command: str, only: list[str] | None = None) -> dict[str, An
             cold.start(sequential=not plan.smoke)
             if not plan.smoke:
                 results["cold_start"] = cold.results()
-        if set(phases) - {"cold_start"}:
+        if set(phases) - CLUSTERLESS:
             raw = {"round_trip", "throughput", "iteration_latency"} & set(phases)
-            setup = bool(set(phases) - {"cold_start", *OPT_IN})
+            setup = bool(set(phases) - CLUSTERLESS - set(OPT_IN))
             suite.start(raw=bool(raw), optional="throughput" in phases, setup=setup)
         for name in (n for n in phases if n != "cold_start"):
             try:

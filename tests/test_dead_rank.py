@@ -4,7 +4,6 @@ that stopped first; the engines train again after a restart."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,36 +27,28 @@ t = torch.tensor([float(ctx.rank + 1)]); dist.all_reduce(t); total = t.item()
 """
 
 
-@pytest.fixture()
-def own() -> Iterator[Any]:
-    """A cluster of its own: this test kills its engines."""
-    import dtwork
-
-    c = dtwork.start(n=2, backend="gloo", timeout=60)
-    c.session.live = False
-    yield c
-    c.stop()
-
-
 @pytest.mark.parametrize("wait", [IN_GLOO, FOREVER], ids=["released", "never released"])
 def test_a_killed_rank_fails_the_cell_in_10_s_naming_it_and_restart_recovers(
-    own: Any, capfd: Any, wait: str
+    fresh_run: Any, capfd: Any, wait: str
 ) -> None:
+    # The shared cluster: the session replaces the killed rank's engines, and conftest's
+    # _healthy_cluster restarts it should a failure here leave it broken.
+    cluster = fresh_run
     with pytest.raises(RankFailure) as failed:
-        own.run(KILLED.replace("WAIT", wait), quiet=True)
-    seconds = own.session.last.seconds  # until the cell's end was known (fresh engines start after)
+        cluster.run(KILLED.replace("WAIT", wait), quiet=True)
+    seconds = cluster.session.last.seconds  # until the cell's end was known (fresh engines start after)
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(failed.value))
     err = capfd.readouterr().err
     print(f"the cell failed in {seconds:.1f} s")
     assert seconds < 10, f"the cell took {seconds:.1f} s to fail"
     assert text.startswith("dtwork: the cell failed on rank 1") and "died" in text, text
     assert re.search(r"rank 1 failed: engine process \d+ on \S+ died", err), err
-    own.run(WORKS, quiet=True)  # the session gave the cell fresh engines
-    assert own.pull("total") == [3.0, 3.0]
+    cluster.run(WORKS, quiet=True)  # the session gave the cell fresh engines
+    assert cluster.pull("total") == [3.0, 3.0]
     if wait == IN_GLOO:
-        own.restart()  # %dtrain restart
-        own.run(WORKS, quiet=True)
-        assert own.pull("total") == [3.0, 3.0]
+        cluster.restart()  # %dtrain restart
+        cluster.run(WORKS, quiet=True)
+        assert cluster.pull("total") == [3.0, 3.0]
 
 
 def test_stopped_first_is_the_rank_with_the_fewest_steps() -> None:
