@@ -416,3 +416,33 @@ def test_a_pending_folder_loads_by_its_name_and_adopt_keeps_a_run_folder_there(g
     checkpoint.adopt(ctx, "pending-abc-1", 5)
     assert steps_in(tmp_path / "run-5") == [5] and not pending.exists()
     assert '"run": "run-5"' in (tmp_path / "run-5" / "run.json").read_text()
+
+
+PLAIN = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(3)
+X = torch.randn(64, 6, generator=g); Y = X @ torch.randn(6, 1, generator=g)
+model = ctx.wrap(nn.Linear(6, 1))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)  # plain: dtwork knows it at its first ctx.step
+for step, (x, y) in ctx.steps(ctx.loader(torch.utils.data.TensorDataset(X, Y)), max_steps=MAX, resume=RESUME):
+    ctx.backward(F.mse_loss(model(x), y)); ctx.step(opt)
+adam_steps = int(opt.state[model.module.weight]["step"])
+"""
+
+
+def test_a_plain_optimizer_made_in_the_resuming_cell_gets_the_checkpoints_state(
+    cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fresh cell builds its model and a plain torch.optim.Adam and resumes: the Adam is unknown
+    when the checkpoint loads, so its moments were silently left fresh; its first ctx.step now
+    takes the checkpoint's state (Adam's own step count goes on from 10)."""
+    cluster.configure({"global_batch_size": 8, "checkpoint": {"every": 10, "directory": str(tmp_path)}})
+    cell = PLAIN.replace("MAX", "10").replace("RESUME", "False")
+    assert cluster.run(cell, quiet=True).ok
+    assert cluster.pull("adam_steps") == [10, 10]
+    assert cluster.run(PLAIN.replace("MAX", "15").replace("RESUME", "True"), quiet=False).ok
+    assert cluster.pull("adam_steps") == [15, 15]
+    assert (
+        "restored the checkpoint's optimizer state into Adam at its first ctx.step" in capsys.readouterr().out
+    )

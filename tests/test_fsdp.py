@@ -127,7 +127,7 @@ for step, (x, y) in ctx.steps(data, max_steps=MAX, resume=RESUME):
     ctx.backward(F.mse_loss(model(x), y))
     ctx.step(opt)
 params = [p.full_tensor().detach().clone() for p in model.parameters()]
-kinds = [type(m).__name__ for m in ctx.state.models] + [type(o).__name__ for o in ctx.state.optimizers]
+kinds = [type(x).__name__ for kind in ("models", "optimizers") for x in ctx.state.run_objects(kind)]
 """
 
 
@@ -143,8 +143,8 @@ def test_fsdp_checkpoint_resumes_to_the_same_weights(fresh_run: Any, tmp_path: A
         spoil + TRAIN.replace("MAX", "8").replace("RESUME", "True"), quiet=True
     )  # the checkpoint mends it
     resumed = fresh_run.pull("params")[0]
-    for kinds in fresh_run.pull("kinds"):  # an earlier test's model may still be alive beside them
-        assert kinds[-2:] == ["FSDPNet", "AdamW"]
+    for kinds in fresh_run.pull("kinds"):  # the run's own: an earlier test's may still be alive beside them
+        assert kinds == ["FSDPNet", "AdamW"]
     fresh_run.configure({"optimizations": {"strategy": "fsdp"}})
     fresh_run.run(MODEL + SETUP + TRAIN.replace("MAX", "8").replace("RESUME", "False"), quiet=True)
     straight = fresh_run.pull("params")[0]

@@ -136,3 +136,20 @@ def test_a_new_model_trains_from_a_fresh_loss_scale_not_the_last_runs(cluster) -
     backed_off, fresh = cluster.pull("backed_off")[0], cluster.pull("fresh")[0]
     assert backed_off[1] == backed_off[0] / 2  # the first run's scale backed off once
     assert fresh[0] == backed_off[0]  # the new model's run starts at the initial scale again
+
+
+def test_an_earlier_runs_fsdp_model_kept_by_a_name_leaves_the_scaler_plain(cluster) -> None:
+    """fp16 on a DDP model takes torch's GradScaler even while an FSDP model of an earlier run is
+    still held by a name (it made the scaler a ShardedGradScaler, whose all-reduce no DDP run needs)."""
+    cluster.configure({"global_batch_size": 32, "lr": 0.02})
+    cluster.run(
+        "import torch, torch.nn as nn\n"
+        "kept = ctx.wrap(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1)), strategy='fsdp')\n"
+        "opt = ctx.optimizer(kept.parameters())\n"
+        "for step, (x,) in ctx.steps(ctx.loader(torch.utils.data.TensorDataset(torch.randn(128, 8))), max_steps=2):\n"
+        "    ctx.backward(kept(x).pow(2).mean()); ctx.step(opt)\n",
+        quiet=True,
+    )
+    cluster.configure({"global_batch_size": 32, "lr": 0.02, "mixed_precision": "fp16"})
+    cluster.run(TRAIN.replace("GNS", "False"), quiet=True)
+    assert cluster.pull("scaler") == ["GradScaler", "GradScaler"]

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
 STEP_FILE = re.compile(r"step-(\d+)\.(?:pt|dcp)")  # a file, or a folder of DCP shards
 DCP = ".dcp"
+PENDING = "pending_optimizers"  # the loop state's key: optimizer states no known optimizer took
 EXTRA = "extra.pt"  # in a .dcp folder: the payload less the sharded models and optimizers
 RUN_REF = re.compile(r"(?:run-)?(\d+)")
 FORMAT = 2  # payload layout; 1 had the numpy RNG state as an ndarray and no "run"
@@ -489,7 +490,8 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
             set_model_state_dict(m, sd, options=whole)
         else:
             _module(m).load_state_dict(sd)
-    for o, sd in zip(state.run_objects("optimizers"), payload["optimizers"], strict=False):
+    known = state.run_objects("optimizers")
+    for o, sd in zip(known, payload["optimizers"], strict=False):
         owner = dcp.sharded_owner(state, o)
         if sd is None:
             continue
@@ -503,7 +505,23 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
         state.scaler.load_state_dict(payload["scaler"])
     if state.gns_state is not None and payload.get("gns"):
         state.gns_state.load_state_dict(payload["gns"])
-    return {**payload["loop"], "rng": payload["rng"][state.rank % written]}
+    # a plain torch.optim optimizer made in the resuming cell is known from its first ctx.step:
+    # the loop hands it the state then (``pending_optimizers``), before its first update
+    pending = [sd for sd in payload["optimizers"][len(known) :] if sd is not None]
+    return {**payload["loop"], "rng": payload["rng"][state.rank % written], PENDING: pending}
+
+
+def take_pending(state: RankState, optimizer: torch.optim.Optimizer, pending: list[dict[str, Any]]) -> bool:
+    """Load the next optimizer state a resume could not place into ``optimizer`` at its first
+    ``ctx.step``, when it is one of the run's and has taken no step yet; return whether it did."""
+    if not pending or optimizer.state or not any(o is optimizer for o in state.run_objects("optimizers")):
+        return False
+    optimizer.load_state_dict(pending.pop(0))  # moves the state to each parameter's device
+    if state.rank == 0:
+        print(
+            f"dtwork: restored the checkpoint's optimizer state into {type(optimizer).__name__} at its first ctx.step"
+        )
+    return True
 
 
 def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:

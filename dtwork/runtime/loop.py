@@ -102,6 +102,7 @@ class StepLoop:
         self.is_last_micro = True
         self.stepped = False
         self.memory_noted = False  # what a rank holds, recorded at the first optimizer step
+        self.pending_optimizers: list[dict[str, Any]] = []  # a resume's, for optimizers made in this cell
         self.stopped_early = False
         self.sync = StepSync(state.device, state.world_size, cfg.optimizations.average_training_metrics)
         self.add_log = self.sync.add_log  # ctx.log's short way, every step
@@ -164,6 +165,12 @@ class StepLoop:
             guards.check_replicas(list(self._trained.values()), self.step, state.device)
             if self.every and self.step and self._saved_step != self.step:
                 self.save_checkpoint()  # the loop's end, also between two `every`
+            if self.pending_optimizers and state.rank == 0 and self.step > self.first:
+                print(
+                    f"dtwork: the resumed checkpoint held {len(self.pending_optimizers)} optimizer state(s) "
+                    "that no optimizer of this run took: step each optimizer with ctx.step(opt) (or make it "
+                    "with ctx.optimizer) so its state is restored"
+                )
             clean = True
         finally:
             exchanged.remove()
@@ -258,7 +265,7 @@ class StepLoop:
     def _setup_precision(self) -> None:
         mp = self.state.config.mixed_precision
         # each FSDP rank sees only its shards' infs: ShardedGradScaler agrees on them across ranks
-        sharded = any(isinstance(m, FSDPModule) for m in self.state.models)
+        sharded = any(isinstance(m, FSDPModule) for m in self.state.run_modules())  # not a stale one's
         kind = ShardedGradScaler if sharded else torch.amp.GradScaler
         if mp == "fp16" and type(self.state.scaler) is not kind:
             self.state.scaler = kind(self.state.device.type)
@@ -549,6 +556,7 @@ class StepLoop:
                 print("dtwork: resume=True but no checkpoint yet: starting from step 0")
             return None
         path, position = found
+        self.pending_optimizers = position.pop(checkpoint.PENDING, [])
         self._saved_step = position["step"]
         if self.state.rank == 0:
             print(f"dtwork: resumed from {path} (step {position['step']})")

@@ -42,6 +42,10 @@ def optimizer_step(state: RankState, optimizer: torch.optim.Optimizer) -> bool:
     """Step at the last micro-batch of a step (scaler-aware), zero the grads, step schedules."""
     loop: RunningLoop | None = state.loop
     state.register("optimizers", optimizer)
+    if loop is not None and loop.pending_optimizers:
+        from dtwork.runtime.checkpoint import take_pending
+
+        take_pending(state, optimizer, loop.pending_optimizers)
     if loop is not None and not loop.is_last_micro:
         return False
     if len(state.cell_ranks) == state.world_size:  # its all-reduce would wait for ranks not running the cell
