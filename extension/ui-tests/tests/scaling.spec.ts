@@ -50,7 +50,7 @@ function lastPlot(page: Page, cell: number): Promise<IPlotView> {
 
 test.describe('dtwork analysis outputs', () => {
   test('the scaling figure ends with both world sizes on the page', async ({ page }, testInfo) => {
-    await page.notebook.createNew('scaling.ipynb');
+    await page.notebook.createNew(); // no name: no rename to race with
     await page.notebook.setCell(0, 'code', '%load_ext dtwork\n%dtrain start -n 2');
     await page.notebook.runCell(0, { inplace: true });
     // the kernel imports the dtwork under test (PYTHONPATH), not an installed copy
