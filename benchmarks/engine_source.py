@@ -2,7 +2,7 @@
 
 ENGINE_SOURCE = '''
 import random
-from dtwork.runtime.hooks import measure_state
+from dtwork.runtime.measure.ddp_hooks import measure_state
 
 
 def in_windows(kind, warmup, cycles, window, seed, tops, arms, cpus):

@@ -27,8 +27,8 @@ GNS = dict(b_simple=900.0, g2=0.1, trace_sigma=90.0)
 
 def publish(n: int, out: Any, stop: Any, perf: float | None = None) -> None:
     """Put the batches that ``n`` ranks publish each FLUSH_SECONDS, as ``{rank: data}``, on ``out``."""
-    from dtwork.records import make_record as rec
-    from dtwork.runtime.timing import FLUSH_SECONDS, GPU_SECONDS, PERF_SECONDS
+    from dtwork.shared.records import make_record as rec
+    from dtwork.shared.timing import FLUSH_SECONDS, GPU_SECONDS, PERF_SECONDS
 
     t0, step, flushes, every = time.monotonic(), 0, 0, max(1, round((perf or PERF_SECONDS) / STEP_SECONDS))
     while not stop.is_set():

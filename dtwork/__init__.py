@@ -11,8 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from dtwork.errors import ConfigError, DtworkError, DtworkWarning, RankFailure
-
-__version__ = "0.1.0"
+from dtwork.shared.version import __version__
 
 __all__ = [
     "Cluster",
@@ -35,14 +34,17 @@ if TYPE_CHECKING:
     from dtwork import report
     from dtwork.cluster import Cluster, start
     from dtwork.config import load_config
-    from dtwork.runtime.checkpoint import export_checkpoint
+    from dtwork.runtime.checkpoint.trial import export_checkpoint
     from dtwork.runtime.context import Context
 
 _LAZY = {
     "Cluster": ("dtwork.cluster", "Cluster"),
     "start": ("dtwork.cluster", "start"),
     "load_config": ("dtwork.config", "load_config"),
-    "export_checkpoint": ("dtwork.runtime.checkpoint", "export_checkpoint"),  # a .dcp folder as one file
+    "export_checkpoint": (
+        "dtwork.runtime.checkpoint.trial",
+        "export_checkpoint",
+    ),  # a .dcp folder as one file
 }
 
 
@@ -87,7 +89,7 @@ def __getattr__(name: str) -> Any:
 def runs(store: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
     """The runs in the run store, newest first (``%dtrain runs`` as data); ``store`` as ``--store``
     takes it: a file, or a folder or notebook with ``.dtwork/runs.sqlite`` beside it."""
-    from dtwork.store import RunStore, store_path
+    from dtwork.store.runs import RunStore, store_path
 
     path = store_path(store)
     if not path.is_file():

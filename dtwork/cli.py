@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from dtwork.errors import DtworkError, did_you_mean
-from dtwork.export import run_result
-from dtwork.records import DIVERGED, Kind, divergence_text, is_own, segment_text
-from dtwork.store import STORE_ERRORS, RunStore, store_path, store_problem
+from dtwork.shared.records import DIVERGED, Kind, divergence_text, is_own, segment_text
+from dtwork.store.results import run_result
+from dtwork.store.runs import STORE_ERRORS, RunStore, store_path, store_problem
 
 __all__ = ["main", "printable", "run_notebook", "runs_table"]
 
@@ -420,7 +420,7 @@ def _runs(ns: argparse.Namespace) -> int:
 
 
 def _script(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
-    from dtwork.script_export import write_script
+    from dtwork.commands.script_export import write_script
 
     try:
         out = write_script(ns.notebook, ns.output or ns.notebook.with_suffix(".py"))
@@ -437,7 +437,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "dtwork") -> int:
     if ns.command == "runs":
         return _runs(ns)
     if ns.command == "doctor":
-        from dtwork.doctor import main as run_doctor
+        from dtwork.commands.doctor import main as run_doctor
 
         return run_doctor(gpu=ns.gpu, n=ns.n)
     if not ns.notebook.exists():

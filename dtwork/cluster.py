@@ -16,13 +16,13 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from dtwork import launchers, rendezvous
 from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError
 from dtwork.kernel.engines import DEFAULT_TIMEOUT, ENGINE_TIMEOUT, EngineGroup
 from dtwork.kernel.session import Session
 from dtwork.kernel.watcher import CellResult
-from dtwork.store import store_path
+from dtwork.launch import launchers, rendezvous
+from dtwork.store.runs import store_path
 
 __all__ = ["DEFAULT_TIMEOUT", "Cluster", "clusters", "current", "start", "stop_all"]
 

@@ -231,7 +231,7 @@ def _split(line: str, magic: str = "%dtrain") -> list[str]:
 def plan_start(argv: list[str]) -> Cluster:
     """Parse ``%dtrain start`` options into a validated, not yet started, Cluster."""
     from dtwork.cluster import DEFAULT_TIMEOUT, Cluster
-    from dtwork.launchers import OPTION_NAMES, LaunchOptions
+    from dtwork.launch.launchers import OPTION_NAMES, LaunchOptions
 
     ns = _start_parser().parse_args(argv)
     options = {k: getattr(ns, k) for k in OPTION_NAMES if getattr(ns, k) is not None}
@@ -363,7 +363,7 @@ class DtrainMagics(Magics):
             return None
         ns = _runs_parser().parse_args(argv)
         from dtwork.cli import runs_table
-        from dtwork.store import store_path
+        from dtwork.store.runs import store_path
 
         live = _running()
 
@@ -425,7 +425,7 @@ class DtrainMagics(Magics):
     # -- analysis: scaling, data loading, bucket size, noise scale ------------------------
 
     def _sub_scaling(self, argv: list[str]) -> Any:
-        from dtwork import measure
+        from dtwork.commands import measure
 
         ns = _scaling_parser().parse_args(argv)
         mode_name = ns.mode or "weak"
@@ -442,7 +442,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_throughput(self, argv: list[str]) -> Any:
-        from dtwork import measure
+        from dtwork.commands import measure
 
         ns = _throughput_parser().parse_args(argv)
         rounds = (min(3, ns.rounds), ns.rounds)
@@ -450,7 +450,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_tune(self, argv: list[str]) -> Any:
-        from dtwork import measure
+        from dtwork.commands import measure
 
         ns = _tune_parser().parse_args(argv)
         sizes = measure.DEFAULT_SIZES
@@ -465,7 +465,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_gns(self, argv: list[str]) -> Any:
-        from dtwork import measure
+        from dtwork.commands import measure
 
         ns = _gns_parser().parse_args(argv)
         measure.gns_advice(current(), dataset_size=ns.dataset_size)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import pytest
 
-from dtwork import measure, plots
+from dtwork import plots
+from dtwork.commands import measure
 from dtwork.errors import DtworkError
 from dtwork.report import helpers
 from dtwork.report.build import COLUMNS
-from dtwork.server import data as data_routes
+from dtwork.server import queries as data_routes
 
 CONFIG = {"global_batch_size": 16, "seed": 3, "gns": {"enabled": True, "ema_decay": 0.98}}
 DATA = """
@@ -175,7 +176,7 @@ def _state(world_size: int = 1, rank: int = 0, per_slot: int = 4):
     import torch
 
     from dtwork.config import load_config
-    from dtwork.runtime.state import RankState
+    from dtwork.runtime.core.state import RankState
 
     state = RankState(rank, world_size, 0, torch.device("cpu"), "gloo", load_config(None))
     state.per_slot_batch_size, state.global_batch_size = per_slot, per_slot * world_size
@@ -187,7 +188,7 @@ def test_the_sampler_neither_repeats_nor_skips_when_the_batch_changes_between_mi
     both, as the broadcast decision makes it); an odd dataset leaves out one sample per epoch."""
     import random
 
-    from dtwork.runtime.adaptive import AdaptiveSampler
+    from dtwork.runtime.loop.adaptive import AdaptiveSampler
 
     size, pick = 1001, random.Random(0)
     samplers = [AdaptiveSampler(size, 2, r, per_slot=3, seed=5) for r in (0, 1)]
@@ -215,7 +216,7 @@ def test_a_lambda_schedule_runs_on_progress_and_the_factor_multiplies_it(capsys)
     import torch
 
     from dtwork.analysis.goodput import Split
-    from dtwork.runtime.adaptive import make_adaptive_loader
+    from dtwork.runtime.loop.adaptive import make_adaptive_loader
 
     state = _state(per_slot=4)
     data = torch.utils.data.TensorDataset(torch.arange(64.0))
@@ -252,7 +253,7 @@ def test_a_lambda_schedule_runs_on_progress_and_the_factor_multiplies_it(capsys)
 def test_misuse_gets_one_line_that_says_what_to_do() -> None:
     import torch
 
-    from dtwork.runtime.adaptive import adaptive_for, make_adaptive_loader
+    from dtwork.runtime.loop.adaptive import adaptive_for, make_adaptive_loader
 
     state = _state(per_slot=4)
     data = torch.utils.data.TensorDataset(torch.arange(64.0))
@@ -277,7 +278,7 @@ def test_a_batch_change_rescales_adams_second_moments_to_the_new_batch() -> None
 
     from dtwork.analysis.gns import GNSEstimator
     from dtwork.analysis.goodput import StepObservation, second_moment_ratio
-    from dtwork.runtime.adaptive import make_adaptive_loader
+    from dtwork.runtime.loop.adaptive import make_adaptive_loader
 
     state = _state(per_slot=4)
     rng, d = np.random.default_rng(0), 4096

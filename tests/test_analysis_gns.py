@@ -445,8 +445,8 @@ def test_advice_rejects_bad_b_simple(bad):
 def test_gns_advice_says_which_end_of_the_interval_is_settled(tmp_path) -> None:
     """A B_simple that grows: its lower end within 25% is enough to grow a batch on, and the advice
     says so rather than "not yet settled"; a wide lower end still says to train more."""
-    from dtwork import measure
-    from dtwork.store import RunStore
+    from dtwork.commands import measure
+    from dtwork.store.runs import RunStore
 
     with RunStore(tmp_path / "runs.sqlite") as store:
         for lo, said in ((85.0, "its lower end settled"), (60.0, "not yet settled: train more steps")):

@@ -22,9 +22,9 @@ import torch.distributed as dist
 
 from dtwork.config import load_config
 from dtwork.errors import DtworkError, DtworkWarning, RankFailure
-from dtwork.runtime import checkpoint
+from dtwork.runtime.checkpoint import trial as checkpoint
 from dtwork.runtime.context import Context
-from dtwork.runtime.state import RankState
+from dtwork.runtime.core.state import RankState
 
 
 @pytest.fixture(scope="module")

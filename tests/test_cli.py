@@ -15,7 +15,7 @@ import pytest
 
 from dtwork.config import load_config
 from dtwork.errors import DtworkError
-from dtwork.store import RunStore
+from dtwork.store.runs import RunStore
 
 SCRIPT = shutil.which("dtwork", path=str(Path(sys.executable).parent)) or shutil.which("dtwork")
 pytestmark = pytest.mark.skipif(

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dtwork import batch
 from dtwork.config import (
     MAX_BYTES,
     CheckpointConfig,
@@ -26,6 +25,7 @@ from dtwork.config import (
     load_config,
 )
 from dtwork.errors import ConfigError
+from dtwork.shared import batch
 
 EXAMPLE_FILE = Path(__file__).resolve().parents[1] / "docs" / "example-experiment.yaml"
 EXAMPLE_YAML = EXAMPLE_FILE.read_text(encoding="utf-8")

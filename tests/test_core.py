@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 import dtwork
-from dtwork import _reaper, registry
 from dtwork.errors import DtworkError, DtworkWarning, RankFailure
-from dtwork.rendezvous import assign_ranks, choose_interface, validate_request
+from dtwork.launch import reaper as _reaper
+from dtwork.launch import registry
+from dtwork.launch.rendezvous import assign_ranks, choose_interface, validate_request
 
 MODEL = """
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -249,7 +250,7 @@ KERNEL = """
 import json, sys, dtwork
 c = dtwork.start(n=2, backend="gloo")
 c.run("import torch.distributed as dist; t = __import__('torch').ones(1); dist.all_reduce(t)", quiet=True)
-entry = json.load(open(dtwork.registry.entry_path(c.cluster_id)))
+entry = json.load(open(dtwork.launch.registry.entry_path(c.cluster_id)))
 print(json.dumps([p["pid"] for p in entry["processes"]]), flush=True)
 if sys.argv[1] == "exit":
     sys.exit(0)
@@ -265,7 +266,7 @@ def test_kernel_exit_or_crash_leaves_no_process_and_no_run_running(how: str, tmp
     kernel is killed and not reaped by its parent (this test) until the end: it counts as dead."""
     import json
 
-    from dtwork.store import RunStore
+    from dtwork.store.runs import RunStore
 
     script = tmp_path / "kernel.py"
     script.write_text(KERNEL)
@@ -370,7 +371,7 @@ def test_a_cluster_started_from_python_is_the_one_cells_run_on(cluster, capsys) 
 
 def test_a_run_records_the_notebook_it_was_trained_from(cluster, tmp_path) -> None:
     from dtwork.kernel.session import Session
-    from dtwork.store import RunStore
+    from dtwork.store.runs import RunStore
 
     session = Session(cluster.engines, tmp_path / "runs.sqlite", notebook="analysis/resnet.ipynb")
     run = session.ensure_run()

@@ -18,7 +18,7 @@ import pytest
 
 from dtwork import plots
 from dtwork.kernel.watcher import CellResult
-from dtwork.records import to_rows
+from dtwork.shared.records import to_rows
 from dtwork.widgets.dashboard import BAR_COLOURS, Dashboard, format_duration
 
 

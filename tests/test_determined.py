@@ -130,7 +130,7 @@ def test_validation_and_checkpoint_periods_drive_the_loop(mnist_cluster: Any, tm
 
 
 def test_auto_tune_tensor_fusion_sweeps_once_before_training(mnist_cluster: Any) -> None:
-    from dtwork.runtime.autotune import SIZES_MB
+    from dtwork.runtime.loop.bucket_tuning import SIZES_MB
 
     c = mnist_cluster
     c.configure(load_config(MNIST).with_path("optimizations.auto_tune_tensor_fusion", True))

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from dtwork import devices, rendezvous, telemetry
 from dtwork.errors import DtworkError, DtworkWarning
+from dtwork.launch import rendezvous
+from dtwork.shared import devices, telemetry
 
 FAKE = Path(__file__).parent / "fixtures" / "fake_nvml"
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from dtwork import doctor
+from dtwork.commands import doctor
 
 CPU_CHECKS = ["engines start", "process group", "DDP equivalence", "GNS known problem", "resume bitwise"]
 GPU_CHECKS = [

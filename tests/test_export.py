@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dtwork.config import load_config
-from dtwork.store import RunStore
+from dtwork.store.runs import RunStore
 
 CONFIG = load_config(
     {

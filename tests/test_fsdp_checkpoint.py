@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import dtwork
 from dtwork.config import load_config
 from dtwork.errors import DtworkWarning
-from dtwork.runtime import checkpoint
+from dtwork.runtime.checkpoint import trial as checkpoint
 from dtwork.runtime.context import Context
 from tests.test_fsdp import MODEL, SETUP, TRAIN
 

@@ -296,7 +296,7 @@ def report_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, 
     """A store holding one exportable run (outside the cwd) and an empty cwd to watch."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from dtwork.store import RunStore
+    from dtwork.store.runs import RunStore
 
     store = tmp_path_factory.mktemp("fuzz-report-store") / "runs.sqlite"
     with RunStore(store) as s:

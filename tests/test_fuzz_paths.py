@@ -32,10 +32,10 @@ from tornado.httpclient import HTTPClientError
 
 from dtwork.config import ExperimentConfig, describe_fields, load_config
 from dtwork.errors import DtworkError
-from dtwork.runtime import publish
 from dtwork.runtime.context import Context
-from dtwork.store import RunStore
-from dtwork.writer import StoreWriter
+from dtwork.runtime.core import publish
+from dtwork.store.runs import RunStore
+from dtwork.store.writer import StoreWriter
 
 globals().update(server_fixtures(autouse=False))
 

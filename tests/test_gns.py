@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dtwork import measure
+from dtwork.commands import measure
 
 DATA = """
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -170,7 +170,7 @@ def test_gns_hook_measures_without_changing_training(cluster, accumulation: int)
 def test_norms_kept_on_the_device_are_read_with_the_sync() -> None:
     """On an accelerator the steps loop keeps each step's norms as 0-d tensors (reading one would
     wait for the device every step); the sync's vector reads them with everything else."""
-    from dtwork.runtime.sync import StepHead, StepSync
+    from dtwork.runtime.loop.sync import StepHead, StepSync
 
     sync = StepSync(torch.device("cpu"), world_size=1)
     small = torch.tensor(3.0, dtype=torch.float64)

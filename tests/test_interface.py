@@ -10,9 +10,9 @@ import psutil
 import pytest
 
 import dtwork
-from dtwork import registry
 from dtwork.errors import DtworkError
-from dtwork.rendezvous import interface_address
+from dtwork.launch import registry
+from dtwork.launch.rendezvous import interface_address
 
 
 def _listening(cluster: Any) -> list[tuple[str, str, int]]:

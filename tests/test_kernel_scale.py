@@ -9,7 +9,7 @@ import pytest
 
 from dtwork.plots import ThroughputSeries
 from dtwork.plots.bands import BAND_RANKS
-from dtwork.records import make_record, to_rows
+from dtwork.shared.records import make_record, to_rows
 
 
 def throughput(ranks: int, steps: int = 50) -> ThroughputSeries:

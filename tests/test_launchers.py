@@ -23,9 +23,9 @@ from slurm_fixtures import openmpi, slurm, squeue_jobs, wait_for  # noqa: F401  
 from test_core import assert_equals_one_process, ddp_cell
 
 import dtwork
-from dtwork import launchers, registry
 from dtwork.errors import DtworkError
-from dtwork.launchers import LaunchOptions, SlurmLauncher
+from dtwork.launch import launchers, registry
+from dtwork.launch.launchers import LaunchOptions, SlurmLauncher
 
 STEPS, GLOBAL_BATCH = 4, 16
 
@@ -97,7 +97,7 @@ def _train_and_stop(ip: object, launcher: str, capsys: pytest.CaptureFixture[str
 def test_ranks_and_gpus_follow_the_schedulers_ranks_and_local_ranks() -> None:
     """Two nodes x 2 GPUs: engines registered out of order get SLURM_PROCID's ranks, and local
     rank L the L-th GPU the allocation shows the engine (its CUDA_VISIBLE_DEVICES, here 2 and 3)."""
-    from dtwork.rendezvous import assign_ranks
+    from dtwork.launch.rendezvous import assign_ranks
 
     gpus = [{"index": 2, "uuid": "GPU-a"}, {"index": 3, "uuid": "GPU-b"}]
     hosts = {0: "n2", 1: "n1", 2: "n2", 3: "n1"}
@@ -240,7 +240,7 @@ KERNEL = """
 import json, sys, dtwork
 c = dtwork.start(n=2, backend="gloo", launcher=sys.argv[1])
 c.run("import torch.distributed as dist; t = __import__('torch').ones(1); dist.all_reduce(t)", quiet=True)
-entry = json.load(open(dtwork.registry.entry_path(c.cluster_id)))
+entry = json.load(open(dtwork.launch.registry.entry_path(c.cluster_id)))
 print(json.dumps({"cluster": c.cluster_id, "jobs": entry["jobs"], "pids": [p["pid"] for p in entry["processes"]]}), flush=True)
 import time
 time.sleep(600)
@@ -324,7 +324,7 @@ def test_mpi_kernel_killed_mid_run_leaves_no_process(tmp_path: Path) -> None:
 
 
 def test_a_launch_that_needs_other_hosts_without_an_interface_fails_at_once(monkeypatch) -> None:
-    from dtwork.launchers import MPILauncher, SSHLauncher
+    from dtwork.launch.launchers import MPILauncher, SSHLauncher
 
     away = "elsewhere.example:2"
     for launcher in (SSHLauncher(LaunchOptions(hosts=away)), MPILauncher(LaunchOptions(hosts=away))):

@@ -17,7 +17,7 @@ from dtwork.analysis.scaling import (
     settled,
     sweep_baseline,
 )
-from dtwork.records import make_record, to_rows
+from dtwork.shared.records import make_record, to_rows
 
 CELL = """
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -86,7 +86,7 @@ def test_a_two_rank_run_writes_its_efficiency_for_the_sidebar_and_report(
     fresh_run: object, tmp_path: Path
 ) -> None:
     from dtwork.report import export
-    from dtwork.server import data
+    from dtwork.server import queries
 
     cluster = fresh_run
     cluster.run(CELL, quiet=True)  # type: ignore[attr-defined]
@@ -100,7 +100,7 @@ def test_a_two_rank_run_writes_its_efficiency_for_the_sidebar_and_report(
     last_perf = max(r["step"] for r in session.store.metrics(run_id, "step_time", rank="all"))
     assert rows[-1]["step"] == last_perf  # the cell's last estimate is written when it ends
 
-    listed = {r["id"]: r for r in data.list_runs(str(tmp_path))["runs"]}  # GET /dtwork/runs
+    listed = {r["id"]: r for r in queries.list_runs(str(tmp_path))["runs"]}  # GET /dtwork/runs
     assert listed[run_id]["scaling_efficiency"] == pytest.approx(eff)
 
     rep = export(run_id, tmp_path / "r.ipynb", store=store)

@@ -13,7 +13,7 @@ import pytest
 
 from dtwork import plots
 from dtwork.kernel.watcher import CellResult
-from dtwork.records import to_rows
+from dtwork.shared.records import to_rows
 from dtwork.widgets.dashboard import Dashboard
 
 

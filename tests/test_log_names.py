@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dtwork.errors import RankFailure
-from dtwork.runtime.sync import StepHead, StepSync, names_key
+from dtwork.runtime.loop.sync import StepHead, StepSync, names_key
 
 SETUP = """
 import torch, torch.nn as nn, torch.nn.functional as F

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dtwork import measure
+from dtwork.commands import measure
 from dtwork.errors import DtworkError
 
 MODEL = """

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dtwork import mounts
-from dtwork.store import RunStore
+from dtwork.store import mounts
+from dtwork.store.runs import RunStore
 
 
 def _mounts(tmp_path: Path, lines: list[str]) -> Path:

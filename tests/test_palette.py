@@ -1,12 +1,12 @@
 """One colour per metric in every view: the live dashboard, the finished cell, the report,
-``runs compare`` and the sidebar's run summary all take it from dtwork.palette."""
+``runs compare`` and the sidebar's run summary all take it from dtwork.plots.palette."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from dtwork import plots
-from dtwork.palette import METRIC_COLOURS, metric_colour
+from dtwork.plots.palette import METRIC_COLOURS, metric_colour
 from dtwork.widgets.live_figure import RowsPanel
 
 ROWS: list[dict[str, Any]] = [
@@ -51,8 +51,8 @@ def test_unlisted_names_keep_their_colour_and_listed_ones_are_fixed() -> None:
 
 
 def test_the_sidebar_draws_the_loss_in_its_colour(tmp_path: Any, monkeypatch: Any) -> None:
-    from dtwork.server import data
-    from dtwork.store import RunStore
+    from dtwork.server import queries
+    from dtwork.store.runs import RunStore
 
     path = tmp_path / "runs.sqlite"
     monkeypatch.setenv("DTWORK_STORE", str(path))
@@ -60,5 +60,5 @@ def test_the_sidebar_draws_the_loss_in_its_colour(tmp_path: Any, monkeypatch: An
     run_id = store.create_run(name="x", world_size=2, backend="gloo")
     store.add_metrics(run_id, [{"kind": "log", "name": "loss", "rank": None, "step": 1, "value": 1.0}])
     store.close()
-    (run,) = data.list_runs(str(tmp_path))["runs"]
+    (run,) = queries.list_runs(str(tmp_path))["runs"]
     assert run["sparkline_colour"] == metric_colour("loss")

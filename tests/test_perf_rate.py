@@ -1,11 +1,11 @@
-"""The kernel's rate rule for per-rank perf records (dtwork.perf_rate)."""
+"""The kernel's rate rule for per-rank perf records (dtwork.store.perf_thinner)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtwork.perf_rate import BASE_SECONDS, RATE_RANKS, PerfThinner, perf_interval
+from dtwork.store.perf_thinner import BASE_SECONDS, RATE_RANKS, PerfThinner, perf_interval
 
 
 def perf(rank: int, step: int, t: float, rate: float) -> dict:

@@ -9,8 +9,8 @@ import pytest
 
 from dtwork import plots
 from dtwork.analysis.scaling import ScalingPoint, ScalingResult
-from dtwork.records import to_rows
-from dtwork.store import RunStore
+from dtwork.shared.records import to_rows
+from dtwork.store.runs import RunStore
 
 
 def log_records(n: int) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from dtwork.plots import GpuSeries, ThroughputSeries
 from dtwork.plots.bands import BAND_RANKS, GRID_POINTS, QUANTILES, RankBands, band_grid
 from dtwork.plots.columns import RankSeries
-from dtwork.records import make_record, to_rows
+from dtwork.shared.records import make_record, to_rows
 
 Points = list[tuple[int, float]]
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from dtwork.errors import DtworkWarning
-from dtwork.records import make_perf_record
-from dtwork.runtime import publish
-from dtwork.runtime.publish import Publisher
+from dtwork.runtime.core import publish
+from dtwork.runtime.core.publish import Publisher
+from dtwork.shared.records import make_perf_record
 
 
 class Transport:

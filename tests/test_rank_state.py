@@ -11,7 +11,7 @@ import torch
 
 from dtwork.errors import DtworkError, DtworkWarning
 from dtwork.runtime.context import Context
-from dtwork.runtime.state import RankState
+from dtwork.runtime.core.state import RankState
 
 RUNTIME = Path(__file__).resolve().parent.parent / "dtwork" / "runtime"
 # The kernel calls these by reference (and the package holds the current ctx): they may build a ctx.

@@ -124,8 +124,8 @@ def _runs_show(store_path: object, run_id: int, capsys: pytest.CaptureFixture[st
 def test_a_nan_at_step_k_is_an_event_a_warning_and_shown_by_runs_show(fresh_run, capsys, tmp_path) -> None:
     import math
 
-    from dtwork import measure
-    from dtwork.server import data as server_data
+    from dtwork.commands import measure
+    from dtwork.server import queries as server_data
 
     c = fresh_run
     c.configure({"global_batch_size": 16, "gns": {"enabled": True}})
@@ -228,7 +228,7 @@ for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=300):
 
 
 def test_gns_advice_names_the_learning_rate_the_optimizer_has_now(fresh_run, capsys) -> None:
-    from dtwork import measure
+    from dtwork.commands import measure
 
     c = fresh_run
     c.configure({"global_batch_size": 16, "gns": {"enabled": True}})  # lr.base stays the default 0.1
@@ -320,7 +320,7 @@ def test_verify_compares_every_logged_metric_at_every_step() -> None:
 def test_first_non_finite_reads_logged_values_only_and_skips_malformed_records() -> None:
     import math
 
-    from dtwork.records import first_non_finite
+    from dtwork.shared.records import first_non_finite
 
     records: list[object] = [
         "not a record",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dtwork import plots
-from dtwork.records import Kind, finite, make_record, to_rows
-from dtwork.store import SCHEMA_VERSION, RunStore
+from dtwork.shared.records import Kind, finite, make_record, to_rows
+from dtwork.store.runs import SCHEMA_VERSION, RunStore
 
 
 def test_logged_and_gns_values_are_aggregated_the_others_stay_per_rank() -> None:
@@ -52,10 +52,10 @@ def test_finite_is_the_one_rule_for_values() -> None:
     for bad in (None, math.nan, math.inf, -math.inf, "x", "nan", [1.0], object()):
         assert finite(bad) is None, bad
     from dtwork.plots import figures
-    from dtwork.server import data
+    from dtwork.server import queries
 
-    assert figures.finite is finite and data.finite is finite  # the figures and the server use it
-    assert data.json_safe({"a": [math.nan, 1.5, (math.inf, 2)], 3: "x"}) == {
+    assert figures.finite is finite and queries.finite is finite  # the figures and the server use it
+    assert queries.json_safe({"a": [math.nan, 1.5, (math.inf, 2)], 3: "x"}) == {
         "a": [None, 1.5, [None, 2]],
         "3": "x",
     }

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from dtwork import magics
-from dtwork.runtime import data, evaluate, loop, optim
 from dtwork.runtime.context import Context
+from dtwork.runtime.loop import data, evaluate, optim
+from dtwork.runtime.loop import steps as loop
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from jupyter_server_fixtures import server_fixtures
 
 import dtwork
-from dtwork import registry
 from dtwork.errors import DtworkError, DtworkWarning
+from dtwork.launch import registry
 
 globals().update(server_fixtures(autouse=False))
 

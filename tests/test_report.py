@@ -12,7 +12,7 @@ import pytest
 
 from dtwork.errors import DtworkError
 from dtwork.report import Scrubber, export
-from dtwork.store import RunStore
+from dtwork.store.runs import RunStore
 
 GH_TOKEN = "ghp_" + "A1b2C3d4E5" * 4
 HF_TOKEN = "hf_" + "Zz9Yy8Xx7W" * 3

@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 from dtwork.report import export
-from dtwork.store import RunStore
+from dtwork.store.runs import RunStore
 
 # -- parsing the exported HTML ----------------------------------------------------------------
 
@@ -240,13 +240,13 @@ def test_secret_corpus_is_scrubbed_and_near_misses_kept(
 
 def test_route_scrubs_with_the_kernel_environment_sent_in_the_body(tmp_path: Path) -> None:
     """The server exports with the environ the request carries (tested through HTTP in test_server)."""
-    from dtwork.server import data
+    from dtwork.server import queries
 
-    assert data.report_environ(b"") == {}
-    assert data.report_environ(b'{"environ": {"A_TOKEN": "v"}}') == {"A_TOKEN": "v"}
+    assert queries.report_environ(b"") == {}
+    assert queries.report_environ(b'{"environ": {"A_TOKEN": "v"}}') == {"A_TOKEN": "v"}
     for bad in (b"[1]", b"{", b'{"environ": {"A": 1}}', b'{"environ": ["A"]}', b"\xff"):
         with pytest.raises(ValueError, match="environ|JSON"):
-            data.report_environ(bad)
+            queries.report_environ(bad)
 
 
 # -- size ---------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def test_a_continued_run_keeps_one_step_axis_and_a_new_wrap_starts_a_new_run(
 
     from dtwork import cli
     from dtwork.report import export
-    from dtwork.server import data as server_data
+    from dtwork.server import queries as server_data
 
     c = fresh_run
     store, run = _trained(c)
@@ -133,7 +133,7 @@ def test_new_run_says_otherwise_either_way_and_a_hand_loop_goes_on_too(fresh_run
 def test_a_version_2_store_gets_an_empty_segments_table(tmp_path) -> None:
     import sqlite3
 
-    from dtwork.store import SCHEMA_VERSION, RunStore
+    from dtwork.store.runs import SCHEMA_VERSION, RunStore
 
     path = tmp_path / "old.sqlite"
     with RunStore(path) as store:
@@ -150,9 +150,9 @@ def test_a_version_2_store_gets_an_empty_segments_table(tmp_path) -> None:
 
 
 def test_the_runs_list_route_says_where_a_run_diverged(tmp_path, monkeypatch) -> None:
-    from dtwork.records import DIVERGED
-    from dtwork.server import data as server_data
-    from dtwork.store import RunStore
+    from dtwork.server import queries as server_data
+    from dtwork.shared.records import DIVERGED
+    from dtwork.store.runs import RunStore
 
     path = tmp_path / "runs.sqlite"
     with RunStore(path) as store:

@@ -11,8 +11,8 @@ import nbformat
 import pytest
 from torchrun_ref import torchrun
 
+from dtwork.commands.script_export import notebook_to_script
 from dtwork.errors import DtworkError
-from dtwork.script_export import notebook_to_script
 
 QUICKSTART = Path(__file__).parent.parent / "notebooks" / "quickstart.ipynb"
 

@@ -21,9 +21,9 @@ import pytest
 from jupyter_server_fixtures import server_fixtures
 from tornado.httpclient import HTTPClientError
 
-from dtwork import registry
-from dtwork.rendezvous import LOOPBACK
-from dtwork.store import RunStore
+from dtwork.launch import registry
+from dtwork.launch.rendezvous import LOOPBACK
+from dtwork.store.runs import RunStore
 
 # -- the cluster's processes and sockets ----------------------------------------------------
 

@@ -28,11 +28,12 @@ from tornado.httpclient import HTTPClientError, HTTPResponse
 from tornado.routing import PathMatches, Rule
 
 import dtwork
-from dtwork import registry, telemetry
 from dtwork.errors import DtworkError
-from dtwork.records import Kind, make_record
-from dtwork.store import RunStore
-from dtwork.writer import StoreWriter
+from dtwork.launch import registry
+from dtwork.shared import telemetry
+from dtwork.shared.records import Kind, make_record
+from dtwork.store.runs import RunStore
+from dtwork.store.writer import StoreWriter
 
 # pytest-jupyter's fixtures, with its autouse ones (a fresh event loop, a ServerApp clean-up).
 globals().update(server_fixtures())
@@ -249,7 +250,7 @@ async def test_runs_limit_and_fresh_figures(
 
 def _decide(path: Path, run_id: int, decisions: list[tuple[int, int, float]]) -> None:
     """Write adaptive decisions ``(step, global_batch, lr_factor)`` as rank 0 publishes them and
-    the session's writer stores them (runtime/adaptive.py, writer.py)."""
+    the session's writer stores them (runtime/loop/adaptive.py, writer.py)."""
     records = [
         make_record(
             Kind.ADAPTIVE,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from dtwork import measure
+from dtwork.commands import measure
 from dtwork.errors import DtworkError
-from dtwork.runtime.data import input_shape, shape_hint
+from dtwork.runtime.loop.data import input_shape, shape_hint
 
 CONVNET = """
 import torch.nn as nn

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dtwork.store import RunStore
+from dtwork.store.runs import RunStore
 
 MAGIC_STOP = """
 from IPython.core.interactiveshell import InteractiveShell
@@ -74,13 +74,13 @@ def test_a_plain_script_prints_text_progress_and_results_no_widgets(tmp_path) ->
 def test_a_cluster_stopped_from_the_sidebar_is_stopped_for_its_kernel(tmp_path, monkeypatch, capsys) -> None:
     import dtwork
     from dtwork.errors import DtworkError
-    from dtwork.server import data
+    from dtwork.server import queries
 
     monkeypatch.setenv("DTWORK_STORE", str(tmp_path / "runs.sqlite"))
     c = dtwork.start(n=2, backend="gloo")
     try:
         c.run("x = 1", quiet=True)
-        stopped = data.stop_cluster(c.cluster_id)  # what POST /dtwork/clusters/<id>/stop does
+        stopped = queries.stop_cluster(c.cluster_id)  # what POST /dtwork/clusters/<id>/stop does
         assert stopped["stopped"] == c.cluster_id and stopped["killed"]
         with pytest.raises(DtworkError, match="the cluster is stopped"):
             c.run("x = 2", quiet=True)  # the next command

@@ -1,4 +1,4 @@
-"""Tests for dtwork.store (the SQLite run store)."""
+"""Tests for dtwork.store.runs (the SQLite run store)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pytest
 
 from dtwork.cli import runs_table
 from dtwork.errors import DtworkError
-from dtwork.store import SCHEMA_VERSION, RunStore, default_store_path
-from dtwork.store import store_path as named_store
+from dtwork.store.runs import SCHEMA_VERSION, RunStore, default_store_path
+from dtwork.store.runs import store_path as named_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HAS_PANDAS = importlib.util.find_spec("pandas") is not None
@@ -466,7 +466,7 @@ def test_second_connection_sees_committed_records(store: RunStore) -> None:
 _CHILD = textwrap.dedent(
     """
     import sys
-    from dtwork.store import RunStore
+    from dtwork.store.runs import RunStore
 
     store = RunStore(sys.argv[1])
     rid = store.create_run(world_size=2, backend="gloo")

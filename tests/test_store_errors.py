@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from dtwork.errors import DtworkError
-from dtwork.store import RunStore, store_problem
-from dtwork.writer import StoreWriter
+from dtwork.store.runs import RunStore, store_problem
+from dtwork.store.writer import StoreWriter
 
 STEPS = 40
 CELL = """

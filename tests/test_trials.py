@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dtwork.store import RunStore
+from dtwork.store.runs import RunStore
 
 LINEAR = """
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -204,7 +204,7 @@ def test_fast_steps_share_a_sync_and_still_stop_together_with_every_row(cluster)
     cluster.run(
         LINEAR
         + """
-from dtwork.runtime import control
+from dtwork.runtime.core import control
 model = ctx.wrap(net); opt = ctx.optimizer(model.parameters())
 last, most = -1, 1
 for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=100000, max_epochs=1000):
@@ -272,7 +272,7 @@ def test_ctx_log_reads_a_cpu_tensor_at_once_and_refuses_a_vector() -> None:
 
 def test_logged_tensors_kept_for_the_sync_are_read_in_one_stack_whatever_their_shape() -> None:
     """What a GPU rank keeps (detached one-element tensors, 0-d or not) becomes one float64 vector."""
-    from dtwork.runtime.sync import _stack_scalars
+    from dtwork.runtime.loop.sync import _stack_scalars
 
     cpu = torch.device("cpu")
     same = _stack_scalars([torch.tensor(1.0), torch.tensor(2.5, dtype=torch.float16)], cpu)
@@ -286,7 +286,7 @@ def test_records_outside_an_engine_stay_local_and_leave_the_shell_alone() -> Non
     shell (``publish_data`` would, and a later ``InteractiveShell.instance()`` would get it)."""
     code = (
         "from ipykernel.zmqshell import ZMQInteractiveShell\n"
-        "from dtwork.runtime.publish import Publisher\n"
+        "from dtwork.runtime.core.publish import Publisher\n"
         "p = Publisher(0)\n"
         "p.record('log', 0, {'loss': 1.0}); p.progress(step=1); p.flush()\n"
         "print(ZMQInteractiveShell.initialized(), p._buf)\n"

@@ -10,9 +10,9 @@ import warnings
 
 import pytest
 
+from dtwork.commands.measure import step_batch
 from dtwork.config import load_config
 from dtwork.errors import DtworkError, DtworkWarning
-from dtwork.measure import step_batch
 
 
 def test_an_uneven_global_batch_warns_once_in_the_kernel_and_the_cluster_shows_the_batch_used(

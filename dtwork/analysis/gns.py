@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from dtwork.batch import split as split_batch
+from dtwork.shared.batch import split as split_batch
 
 
 def _check_sizes(b_small: float, b_big: float) -> None:

@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 
 from dtwork.analysis.gns import GNSInterval
-from dtwork.batch import split
+from dtwork.shared.batch import split
 
 LrRule = Literal["adascale", "adascale_sqrt", "linear", "sqrt"]
 LR_RULES: tuple[str, ...] = ("adascale", "adascale_sqrt", "linear", "sqrt")

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from dtwork.batch import split as split_batch
-from dtwork.records import Kind, Record, make_record
+from dtwork.shared.batch import split as split_batch
+from dtwork.shared.records import Kind, Record, make_record
 
 Mode = Literal["weak", "strong"]
 MODES: tuple[str, ...] = ("weak", "strong")

@@ -12,9 +12,9 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from dtwork.batch import per_slot
 from dtwork.config._rules import fail, join, show
 from dtwork.errors import ConfigError
+from dtwork.shared.batch import per_slot
 
 # section path -> Determined fields that dtwork accepts and ignores (it runs cells on its own cluster)
 IGNORED: dict[str, tuple[str, ...]] = {

@@ -1,6 +1,6 @@
 """Runs from the store written where researchers already look: TensorBoard and MLflow.
 
-Both writers read the store through :class:`dtwork.store.RunStore`'s public methods and take
+Both writers read the store through :class:`dtwork.store.runs.RunStore`'s public methods and take
 the same view of a run (:func:`run_view`): its aggregated metrics by step (training logs,
 throughput, GNS), its scaling results, and its hyperparameters and config as flat params.
 tensorboard and mlflow are optional extras (``pip install 'dtwork[tensorboard]'`` / ``[mlflow]``).
@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtwork.errors import DtworkError
-from dtwork.records import finite
-from dtwork.store import RunStore
+from dtwork.store.runs import RunStore
 
-__all__ = ["RunView", "require", "run_result", "run_view", "select_runs"]
+__all__ = ["RunView", "require", "run_view", "select_runs"]
 
 
 @dataclass
@@ -52,33 +51,6 @@ def select_runs(store: RunStore, run_id: int | str | None) -> list[int]:
     if not ids:
         raise DtworkError(f"no runs in {store.path}: run a %%dtrain cell first")
     return sorted(ids)
-
-
-def run_result(store: RunStore, run: dict[str, Any]) -> dict[str, Any] | None:
-    """The run's result: the best value of its config's ``searcher.metric`` (per ``smaller_is_better``)
-    and the step it came at; None when the config names no metric."""
-    from dtwork.config import load_config
-
-    if not run.get("config_yaml"):
-        return None
-    try:
-        searcher = load_config(run["config_yaml"]).searcher
-    except DtworkError:
-        return None
-    if searcher.metric is None:
-        return None
-    values = [  # a diverged step's NaN or infinity is no best
-        (v, m["step"])
-        for m in store.metrics(run["id"], searcher.metric)
-        if (v := finite(m["value"])) is not None
-    ]
-    best, step = (min(values) if searcher.smaller_is_better else max(values)) if values else (None, None)
-    return {
-        "metric": searcher.metric,
-        "best": best,
-        "step": step,
-        "smaller_is_better": searcher.smaller_is_better,
-    }
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str | int | float | bool]) -> None:

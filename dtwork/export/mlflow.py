@@ -15,7 +15,7 @@ from typing import Any
 
 from dtwork.errors import DtworkError
 from dtwork.export import RunView, require, run_view, select_runs
-from dtwork.store import RunStore
+from dtwork.store.runs import RunStore
 
 __all__ = ["export_mlflow"]
 
@@ -82,7 +82,7 @@ def export_mlflow(
 def _log(client: Any, experiment_id: str, store: RunStore, view: RunView, report: bool) -> str:
     from mlflow.entities import Metric, Param
 
-    tags = {"dtwork.run_id": str(view.id), "dtwork.store": str(store.path), "dtwork.status": view.status}
+    tags = {"dtwork.run_id": str(view.id), "dtwork.store.runs": str(store.path), "dtwork.status": view.status}
     run = client.create_run(
         experiment_id, start_time=int(view.created_at * 1000), tags=tags, run_name=view.name
     )

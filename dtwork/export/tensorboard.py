@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dtwork.export import RunView, require, run_view, select_runs
-from dtwork.store import RunStore
+from dtwork.store.runs import RunStore
 
 __all__ = ["export_tensorboard", "live_tensorboard", "run_folder"]
 
@@ -107,7 +107,7 @@ def _live(key: str, run_id: int, name: str | None, records: Sequence[Mapping[str
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    from dtwork.records import to_rows
+    from dtwork.shared.records import to_rows
 
     rows = [row for row in to_rows(records) if row["rank"] is None and row["value"] is not None]
     if not rows:

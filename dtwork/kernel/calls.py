@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from dtwork import registry
 from dtwork.errors import DtworkError, DtworkWarning, RankFailure
+from dtwork.launch import registry
 from dtwork.runtime import entry
 
 if TYPE_CHECKING:
-    from dtwork.rendezvous import RankPlan
+    from dtwork.launch.rendezvous import RankPlan
 
 # seconds for the engines to answer the first request, then for a second one (see probe_engines)
 PROBE_TIMEOUTS = (30.0, 60.0)
@@ -84,7 +84,7 @@ def rank_specs(
 ) -> dict[int, dict[str, Any]]:
     """Each engine's part in the process group, by engine id: its rank, device and place among the
     hosts, with the settings every rank shares."""
-    from dtwork.rendezvous import loopback_interface
+    from dtwork.launch.rendezvous import loopback_interface
 
     hosts = list(dict.fromkeys(p.hostname for p in plans))
     return {

@@ -26,13 +26,14 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from dtwork import devices, launchers, registry, rendezvous, telemetry
 from dtwork.config import ExperimentConfig
 from dtwork.config.determined import check_slots
 from dtwork.errors import DtworkError
 from dtwork.kernel import calls
 from dtwork.kernel.health import RankHealth
+from dtwork.launch import launchers, registry, rendezvous
 from dtwork.runtime import entry
+from dtwork.shared import devices, telemetry
 
 DEFAULT_TIMEOUT = 300.0  # process-group timeout (s): bounded, unlike NCCL's 30 minutes
 ENGINE_TIMEOUT = 60  # seconds to wait for engines to register
@@ -230,7 +231,7 @@ class EngineGroup:
         )
         if self._reaper is None:
             self._reaper = subprocess.Popen(
-                [sys.executable, "-m", "dtwork._reaper", str(path)],
+                [sys.executable, "-m", "dtwork.launch.reaper", str(path)],
                 start_new_session=True,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -1,6 +1,6 @@
 """The kernel's side of one step axis per run: which records open a segment, and what changed.
 
-A rank's training loop sends a ``SEGMENT`` event when it starts (``runtime/segments.py``); the
+A rank's training loop sends a ``SEGMENT`` event when it starts (``runtime/core/run_axis.py``); the
 session starts a new run when the loop says it began one mid-cell (it names the pending folder it
 checkpoints in: the rank decides, as it knows whether its run already trained), and stores each
 segment with what differs from the run's previous one.
@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from dtwork.records import SEGMENT, Kind
+from dtwork.shared.records import SEGMENT, Kind
 
 PENDING = "pending"  # in a segment's data: the folder its loop checkpointed in (checkpoint.adopt)
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from dtwork import batch
 from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
@@ -35,11 +34,12 @@ from dtwork.kernel.watcher import (
     in_notebook,
     stopped_by_interrupt,
 )
-from dtwork.perf_rate import PerfThinner
-from dtwork.records import CELL_SETTINGS, DIVERGED, FOLLOWS, divergence_text, first_non_finite
 from dtwork.runtime import entry
-from dtwork.store import STORE_ERRORS, RunStore, store_problem
-from dtwork.writer import StoreWriter
+from dtwork.shared import batch
+from dtwork.shared.records import CELL_SETTINGS, DIVERGED, FOLLOWS, divergence_text, first_non_finite
+from dtwork.store.perf_thinner import PerfThinner
+from dtwork.store.runs import STORE_ERRORS, RunStore, store_problem
+from dtwork.store.writer import StoreWriter
 
 if TYPE_CHECKING:
     from dtwork.widgets.dashboard import Dashboard
@@ -193,7 +193,7 @@ class Session:
         if self._replaying or self.run_id is None:  # a replay re-runs segments already stored
             return
         follows, pending = None, rec.get("pending")
-        # The rank's loop decides (runtime/segments.py): it names the pending folder it checkpoints in.
+        # The rank's loop decides (runtime/core/run_axis.py): it names the pending folder it checkpoints in.
         if isinstance(pending, str) and seq is not None:
             follows = self._begin_run_of_loop(seq, int(rec.get("step") or 0))
             if follows is not None:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import ipyparallel as ipp
 
 from dtwork.errors import RankFailure
-from dtwork.records import Kind
+from dtwork.shared.records import Kind
 
 POLL_SECONDS = 0.1
 PROGRESS_SECONDS = 5.0  # how often a cell outside a notebook prints a line of progress

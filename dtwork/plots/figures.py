@@ -1,7 +1,7 @@
 """Figures: series and analysis results -> titled plotly figures, in the house style.
 
-Every figure function takes *rows* (:class:`dtwork.records.Row`, as ``RunStore.metrics(...,
-rank="all")`` returns them and :func:`dtwork.records.to_rows` makes them from rank records); rows
+Every figure function takes *rows* (:class:`dtwork.shared.records.Row`, as ``RunStore.metrics(...,
+rank="all")`` returns them and :func:`dtwork.shared.records.to_rows` makes them from rank records); rows
 without a finite value are skipped. Every figure is titled, has labelled axes, keeps its traces'
 x/y as plain lists of numbers (the dashboard's thinned traces are numpy arrays) and draws an empty
 input as an empty figure with a "no data yet" annotation instead of raising. No widgets, no torch.
@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 
 from dtwork.analysis.gns import tradeoff, tradeoff_curve
 from dtwork.analysis.scaling import ScalingResult, best_bucket
-from dtwork.palette import metric_colour
+from dtwork.plots.palette import metric_colour
 from dtwork.plots.series import (
     GnsSeries,
     GpuSeries,
@@ -30,7 +30,7 @@ from dtwork.plots.series import (
     ThroughputSeries,
     Trace,
 )
-from dtwork.records import finite
+from dtwork.shared.records import finite
 
 __all__ = [
     "HEIGHT",

@@ -30,7 +30,7 @@ from dtwork.plots.columns import (
     take,
     value_column,
 )
-from dtwork.records import finite
+from dtwork.shared.records import finite
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; annotations are not evaluated at run time
     from typing_extensions import Self
@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 GNS_NAMES = ("b_simple", "g2", "trace_sigma")
-# an adaptive-batch decision's values drawn over time (runtime/adaptive.py records them)
+# an adaptive-batch decision's values drawn over time (runtime/loop/adaptive.py records them)
 ADAPTIVE_NAMES = ("global_batch", "lr_factor", "efficiency", "goodput_predicted", "goodput_current")
 EFFICIENCY_NAME = "scaling_efficiency"  # a "scaling" row the session writes; shown beside throughput
 PERF_NAMES = ("samples_per_s", "step_time", "compute_time", "comm_time", "data_time")

@@ -24,10 +24,10 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from dtwork import plots
 from dtwork.errors import DtworkError
-from dtwork.records import CELL_SETTINGS, DIVERGED, divergence_text, is_own, segment_text
 from dtwork.report import helpers
 from dtwork.report.scrub import SCRUBBED, Scrubber
-from dtwork.store import RunStore
+from dtwork.shared.records import CELL_SETTINGS, DIVERGED, divergence_text, is_own, segment_text
+from dtwork.store.runs import RunStore
 
 __all__ = ["CONFIG_TAG", "DATA_TAG", "RERUN_STORE", "code_span", "escape", "notebook", "now", "table"]
 
@@ -124,7 +124,7 @@ def _diverged_row(store: RunStore, run: dict[str, Any]) -> list[tuple[str, Any]]
 
 def _result_row(store: RunStore, run: dict[str, Any]) -> list[tuple[str, Any]]:
     """The config's searcher.metric at its best, as Determined reports a trial's result."""
-    from dtwork.export import run_result
+    from dtwork.store.results import run_result
 
     result = run_result(store, run)
     if result is None:

@@ -18,7 +18,7 @@ from nbformat.v4 import new_output
 from dtwork import plots
 from dtwork.analysis.gns import BatchAdvice, advise
 from dtwork.analysis.scaling import ScalingResult
-from dtwork.records import adaptive_decisions, batch_changes
+from dtwork.shared.records import adaptive_decisions, batch_changes
 
 __all__ = [
     "PLOTLY_MIME",

@@ -14,9 +14,9 @@ from typing import Any
 import nbformat
 from nbformat.v4 import new_markdown_cell
 
-from dtwork.records import TRAINING_KINDS
 from dtwork.report.build import RERUN_STORE, code_span, escape, now, table
-from dtwork.store import RunStore
+from dtwork.shared.records import TRAINING_KINDS
+from dtwork.store.runs import RunStore
 
 __all__ = ["VERIFY_TAG", "Verdict", "compare", "verify"]
 

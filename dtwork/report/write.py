@@ -23,7 +23,7 @@ from dtwork.report.build import CONFIG_TAG, DATA_TAG, notebook
 from dtwork.report.helpers import PLOTLY_MIME
 from dtwork.report.scrub import Scrubber
 from dtwork.report.verify import verify as rerun_and_compare
-from dtwork.store import RunStore
+from dtwork.store.runs import RunStore
 
 __all__ = ["Report", "export", "to_html"]
 

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dtwork.runtime.data import input_shape, shape_hint
-from dtwork.runtime.hooks import MeasureState, inner_hook, measure_hook
-from dtwork.runtime.timing import synchronize
+from dtwork.runtime.loop.data import input_shape, shape_hint
+from dtwork.runtime.measure.ddp_hooks import MeasureState, inner_hook, measure_hook
+from dtwork.shared.timing import synchronize
 
 _GROUPS: dict[int, Any] = {}
 

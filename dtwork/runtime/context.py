@@ -19,16 +19,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dtwork import batch as _batch
 from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError, DtworkWarning
-from dtwork.runtime import args as _args
-from dtwork.runtime import called as _called
-from dtwork.runtime import control
-from dtwork.runtime import loop as _loop  # the steps loop (ctx.loop is the running one)
-from dtwork.runtime import train as _train
-from dtwork.runtime.publish import Publisher
-from dtwork.runtime.state import RankState, RunningLoop
+from dtwork.runtime.core import args as _args
+from dtwork.runtime.core import control
+from dtwork.runtime.core import effective_args as _called
+from dtwork.runtime.core.publish import Publisher
+from dtwork.runtime.core.state import RankState, RunningLoop
+from dtwork.runtime.loop import step_calls as _train
+from dtwork.runtime.loop import steps as _loop
+from dtwork.shared import batch as _batch
 
 if TYPE_CHECKING:
     from dtwork.analysis.gns import GNSEstimator
@@ -218,9 +218,9 @@ class Context:
         ``tp_plan``: a tensor-parallel plan applied on ``ctx.mesh``'s tp dimension, FSDP on its dp)."""
         from torch.nn.parallel import DistributedDataParallel
 
-        from dtwork.runtime.autotune import tune_before_wrap
-        from dtwork.runtime.ddp import wrap_model
-        from dtwork.runtime.fsdp import check_strategy, is_sharded, shard_model
+        from dtwork.runtime.loop.bucket_tuning import tune_before_wrap
+        from dtwork.runtime.parallel.ddp import wrap_model
+        from dtwork.runtime.parallel.fsdp import check_strategy, is_sharded, shard_model
 
         if isinstance(model, DistributedDataParallel) or is_sharded(model):
             raise DtworkError(
@@ -262,7 +262,7 @@ class Context:
     def mesh(self, dp: int | None = None, tp: int = 1) -> Any:
         """A (dp, tp) DeviceMesh over the warm ranks (dims named "dp", "tp"); ``ctx.wrap(model,
         tp_plan={...})`` then splits layers over tp and shards with FSDP over dp."""
-        from dtwork.runtime.fsdp import make_mesh
+        from dtwork.runtime.parallel.fsdp import make_mesh
 
         self.require_all_ranks("ctx.mesh", arrive=True)
         return make_mesh(self.state, dp, tp)
@@ -273,13 +273,13 @@ class Context:
         """DataLoader over this rank's shard (DistributedSampler) with the per-slot batch size.
 
         ``adaptive=True``: a loader whose batch ``ctx.steps(loader, adaptive=True)`` or ``ctx.step``
-        changes by goodput (``runtime/adaptive.py``; options ``max_global_batch``,
+        changes by goodput (``runtime/loop/adaptive.py``; options ``max_global_batch``,
         ``min_per_slot_batch``, ``decide_every``, ``lr_rule`` as in ``ctx.steps``)."""
         if adaptive:
-            from dtwork.runtime.adaptive import make_adaptive_loader
+            from dtwork.runtime.loop.adaptive import make_adaptive_loader
 
             return make_adaptive_loader(self.state, dataset, batch_size=batch_size, **kwargs)
-        from dtwork.runtime.data import make_loader
+        from dtwork.runtime.loop.data import make_loader
 
         return make_loader(self.state, dataset, batch_size=batch_size, **kwargs)
 
@@ -298,13 +298,13 @@ class Context:
 
     def synthetic(self, *shapes: Any, size: int = 1024, **kwargs: Any) -> torch.utils.data.Dataset:
         """A synthetic dataset of given shapes (see ``runtime.data.SyntheticDataset``)."""
-        from dtwork.runtime.data import SyntheticDataset
+        from dtwork.runtime.loop.data import SyntheticDataset
 
         return SyntheticDataset(*shapes, size=size, **kwargs)
 
     def optimizer(self, params: Any, **overrides: Any) -> torch.optim.Optimizer:
         """The configured optimizer with the scaled learning rate."""
-        from dtwork.runtime.optim import make_optimizer
+        from dtwork.runtime.loop.optim import make_optimizer
 
         if isinstance(params, torch.nn.Module):
             raise DtworkError(
@@ -317,7 +317,7 @@ class Context:
 
     def scheduler(self, optimizer: torch.optim.Optimizer, **overrides: Any) -> Any:
         """The configured warmup + decay schedule as a LambdaLR (stepped by ``ctx.step``)."""
-        from dtwork.runtime.optim import make_scheduler
+        from dtwork.runtime.loop.optim import make_scheduler
 
         sched = make_scheduler(self.state, optimizer, **overrides)
         self.register("schedulers", sched)
@@ -398,13 +398,13 @@ class Context:
     def memory(self) -> dict[str, float]:
         """Bytes this rank holds now: parameters, gradients, optimizer state (local shards under
         FSDP), and ``peak_bytes`` on a GPU."""
-        from dtwork.runtime.memory import held
+        from dtwork.runtime.measure.memory import held
 
         return held(self.state.models, self.state.optimizers, self.state.device)
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float, **kwargs: Any) -> torch.Tensor | None:
         """Clip ``model``'s gradients to ``max_norm`` (unscaled first with fp16); return their norm."""
-        from dtwork.runtime.optim import clip_grad_norm
+        from dtwork.runtime.loop.optim import clip_grad_norm
 
         return clip_grad_norm(self.state, model, max_norm, **kwargs)
 
@@ -425,7 +425,7 @@ class Context:
         **kw: Any,
     ) -> Any:
         """Distributed evaluation: each rank its shard, gathered once, no padded duplicates."""
-        from dtwork.runtime.evaluate import evaluate
+        from dtwork.runtime.loop.evaluate import evaluate
 
         if not isinstance(model, torch.nn.Module) and isinstance(loader_or_dataset, torch.nn.Module):
             raise DtworkError(

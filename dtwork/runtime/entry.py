@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from dtwork import runtime
-from dtwork.runtime import called
+from dtwork.runtime.core import effective_args
 
 _watching: set[int] = set()  # the kernel PIDs a watcher thread watches already
 
@@ -55,7 +55,7 @@ def _watch_kernel(kernel: dict[str, Any], poll: float = 1.0) -> None:
 
 def probe(kernel: dict[str, Any] | None, kernel_host: str) -> dict[str, Any]:
     """Describe this engine: host, addresses, PIDs, visible GPUs (via NVML, not CUDA)."""
-    from dtwork import devices, telemetry
+    from dtwork.shared import devices, telemetry
 
     host = socket.gethostname()
     if kernel is not None and host == kernel_host:
@@ -129,7 +129,7 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     timeout (s), gpu (physical index or None), interface, global_batch_size, config (dict).
     Return what the rank ended up with (device, GPU name and UUID through NVML).
     """
-    from dtwork.devices import rank_environment
+    from dtwork.shared.devices import rank_environment
 
     # Before CUDA is initialised in this process: the rank sees exactly one device, named by
     # UUID so that CUDA's device order (fastest first) cannot differ from NVML's.
@@ -147,8 +147,9 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from dtwork.runtime import group, script
     from dtwork.runtime.context import Context
+    from dtwork.runtime.core import group
+    from dtwork.runtime.scripts import torchrun_script as script
 
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -238,8 +239,8 @@ def _warm_imports() -> None:
         import torch._dynamo  # noqa: F401
         import torch.nn.parallel  # noqa: F401
 
-        import dtwork.runtime.ddp  # noqa: F401
-        import dtwork.runtime.loop  # noqa: F401
+        import dtwork.runtime.loop.steps  # noqa: F401
+        import dtwork.runtime.parallel.ddp  # noqa: F401
     except Exception:
         pass
 
@@ -247,7 +248,7 @@ def _warm_imports() -> None:
 def _gpu_facts(uuid: str | None) -> dict[str, Any]:
     if uuid is None:
         return {"gpu_name": None, "gpu_uuid": None}
-    from dtwork import telemetry
+    from dtwork.shared import telemetry
 
     for g in telemetry.cuda_devices():
         if g.uuid == uuid:
@@ -289,7 +290,7 @@ def optimizer_lrs() -> list[list[float]]:
 def cell_settings() -> dict[str, Any]:
     """What the last cell trained with, as it left it: whether each wrapped model it used measures
     the noise scale, and each optimizer it used: class and hyperparameters by parameter group."""
-    from dtwork.runtime.hooks import measure_state
+    from dtwork.runtime.measure.ddp_hooks import measure_state
 
     state = runtime.current().state
     models = [{"gns": bool(s.gns)} for m in state.used_now("models") if (s := measure_state(m)) is not None]
@@ -297,7 +298,7 @@ def cell_settings() -> dict[str, Any]:
         {"class": type(opt).__name__, "groups": [_plain_settings(g) for g in opt.param_groups]}
         for opt in state.used_now("optimizers")
     ]
-    return {"models": models, "optimizers": optimizers, "calls": called.of_cell(state)}
+    return {"models": models, "optimizers": optimizers, "calls": effective_args.of_cell(state)}
 
 
 def _plain_settings(group: dict[str, Any]) -> dict[str, Any]:
@@ -328,36 +329,37 @@ def set_run_id(
 ) -> None:
     """Name the run the rank trains in, and its store (a run folder of checkpoints is theirs);
     ``new_axis``: the kernel began it (not a rank's training loop), so its steps start at 0;
-    ``trained``: it had a loop; ``token``: names a pending folder (runtime/segments.py);
+    ``trained``: it had a loop; ``token``: names a pending folder (runtime/run_axis.py);
     ``adopt``: (run, pending folder) pairs of runs loops began mid-cell, renamed first."""
-    from dtwork.runtime import checkpoint, segments
+    from dtwork.runtime.checkpoint import trial as checkpoint
+    from dtwork.runtime.core import run_axis
 
     ctx = runtime.current()
     for run, folder in adopt:
         checkpoint.adopt(ctx.state, folder, run)
     if new_axis and ctx.run_id != run_id:  # told again after a replay: its axis goes on
-        segments.new_axis(ctx.state)
+        run_axis.new_axis(ctx.state)
     ctx.run_id, ctx.run_store = run_id, store
-    segments.told_run(ctx.state, trained, token)
+    run_axis.told_run(ctx.state, trained, token)
 
 
 def repair_group() -> str | None:
     """Join a new process group after a failed cell, keeping the engine and its namespace."""
-    from dtwork.runtime import group
+    from dtwork.runtime.core import group
 
     return group.repair()
 
 
 def set_cell_ranks(ranks: list[int]) -> None:
     """The ranks the next cell runs on (``%%dtrain --ranks``), so that ctx refuses collectives."""
-    from dtwork.runtime import control
+    from dtwork.runtime.core import control
 
     control.set_next_cell_ranks(ranks)
 
 
 def reload_modules(folder: str) -> list[str]:
     """Reload the modules from the notebook's ``folder`` edited since they were loaded (before a cell)."""
-    from dtwork.runtime import autoreload
+    from dtwork.runtime.scripts import autoreload
 
     return autoreload.reload_changed(folder)
 

@@ -32,9 +32,9 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-import dtwork
-from dtwork.server import data
-from dtwork.store import default_store_path
+from dtwork.server import queries
+from dtwork.shared.version import __version__
+from dtwork.store.runs import default_store_path
 
 T = TypeVar("T")
 
@@ -68,13 +68,13 @@ class DtworkHandler(APIHandler):
         """Run ``fn`` in a thread; answer 404/503/501/500 for the errors the data layer raises."""
         try:
             return await asyncio.to_thread(fn, *args)
-        except data.NotFound as exc:
+        except queries.NotFound as exc:
             self.reply({"error": str(exc)}, 404)
-        except data.StoreUnavailable as exc:
+        except queries.StoreUnavailable as exc:
             self.reply({"error": str(exc)}, 503)
-        except data.ReportUnavailable as exc:
+        except queries.ReportUnavailable as exc:
             self.reply({"error": str(exc)}, 501)
-        except data.ReportFailed as exc:
+        except queries.ReportFailed as exc:
             self.reply({"error": str(exc)}, exc.status)
         return None
 
@@ -89,21 +89,21 @@ class HealthHandler(DtworkHandler):
     @authorized
     async def get(self) -> None:
         exists = await asyncio.to_thread(lambda: default_store_path(self.root_dir).is_file())
-        self.reply({"ok": True, "version": dtwork.__version__, "store_exists": exists})
+        self.reply({"ok": True, "version": __version__, "store_exists": exists})
 
 
 class ClustersHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        await self.answer(data.list_clusters, self.root_dir)
+        await self.answer(queries.list_clusters, self.root_dir)
 
 
 class ClusterStopHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def post(self, cluster_id: str) -> None:
-        await self.answer(data.stop_cluster, cluster_id)
+        await self.answer(queries.stop_cluster, cluster_id)
 
 
 class RunsHandler(DtworkHandler):
@@ -111,18 +111,18 @@ class RunsHandler(DtworkHandler):
     @authorized
     async def get(self) -> None:
         try:
-            limit = int(self.get_query_argument("limit", str(data.DEFAULT_RUNS)))
+            limit = int(self.get_query_argument("limit", str(queries.DEFAULT_RUNS)))
         except ValueError:
             self.reply({"error": "limit must be a whole number"}, 400)
             return
-        await self.answer(data.list_runs, self.root_dir, min(max(limit, 1), data.MAX_RUNS))
+        await self.answer(queries.list_runs, self.root_dir, min(max(limit, 1), queries.MAX_RUNS))
 
 
 class RunHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, run_id: str) -> None:
-        await self.answer(lambda: data.get_run(self.root_dir, data.parse_run_id(run_id)))
+        await self.answer(lambda: queries.get_run(self.root_dir, queries.parse_run_id(run_id)))
 
 
 class RunMetricsHandler(DtworkHandler):
@@ -130,8 +130,8 @@ class RunMetricsHandler(DtworkHandler):
     @authorized
     async def get(self, run_id: str) -> None:
         try:
-            rid = data.parse_run_id(run_id)
-        except data.NotFound as exc:
+            rid = queries.parse_run_id(run_id)
+        except queries.NotFound as exc:
             self.reply({"error": str(exc)}, 404)
             return
         name = self.get_query_argument("name", "")
@@ -143,7 +143,7 @@ class RunMetricsHandler(DtworkHandler):
         except ValueError:
             self.reply({"error": "max_points must be a whole number"}, 400)
             return
-        await self.answer(lambda: data.run_metrics(self.root_dir, rid, name, max_points))
+        await self.answer(lambda: queries.run_metrics(self.root_dir, rid, name, max_points))
 
 
 class CellHandler(DtworkHandler):
@@ -151,7 +151,9 @@ class CellHandler(DtworkHandler):
     @authorized
     async def get(self, run_id: str, seq: str) -> None:
         await self.answer(
-            lambda: data.cell_live(self.root_dir, data.parse_run_id(run_id), data.parse_cell_seq(seq))
+            lambda: queries.cell_live(
+                self.root_dir, queries.parse_run_id(run_id), queries.parse_cell_seq(seq)
+            )
         )
 
 
@@ -160,18 +162,18 @@ class RunReportHandler(DtworkHandler):
     @authorized
     async def post(self, run_id: str) -> None:
         try:
-            environ = data.report_environ(self.request.body)
+            environ = queries.report_environ(self.request.body)
         except ValueError as exc:
             self.reply({"error": str(exc)}, 400)
             return
-        await self.answer(lambda: data.export_report(self.root_dir, data.parse_run_id(run_id), environ))
+        await self.answer(lambda: queries.export_report(self.root_dir, queries.parse_run_id(run_id), environ))
 
 
 class GpusHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        self.reply(await asyncio.to_thread(data.gpus))
+        self.reply(await asyncio.to_thread(queries.gpus))
 
 
 class NotFoundHandler(DtworkHandler):

@@ -31,9 +31,9 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtwork import plots
-from dtwork.cell_view import CELL_MIME, cell_bundle
-from dtwork.perf_rate import PerfThinner
-from dtwork.records import Row, to_rows
+from dtwork.plots.cell_view import CELL_MIME, cell_bundle
+from dtwork.shared.records import Row, to_rows
+from dtwork.store.perf_thinner import PerfThinner
 from dtwork.widgets.header import (
     BAR_COLOURS,
     STATUS_COLOURS,
@@ -169,7 +169,7 @@ class Dashboard(widgets.VBox):
     ) -> Dashboard:
         """Create the dashboard of a new cell (titled by the experiment's name), display it and
         start its drawer. With the cell's ``seq`` its output also names the run's cell, for the
-        view of a notebook reopened before the cell ends (:mod:`dtwork.cell_view`)."""
+        view of a notebook reopened before the cell ends (:mod:`dtwork.plots.cell_view`)."""
         dash = cls(run_id, ranks, title=title or "dtwork", global_batch=global_batch)
         if display:
             from IPython.display import display as show

@@ -4,7 +4,7 @@
  * The dashboard of a `%%dtrain` cell is ipywidgets, whose state a page loads from the kernel over
  * the shell channel: a page opened (or reloaded) while the cell trains gets no answer until the
  * cell ends, and then finds the widgets closed ("Loading widget..." for ever). So the dashboard's
- * output also carries CELL_MIME, naming the run and the cell (dtwork/cell_view.py). This renderer
+ * output also carries CELL_MIME, naming the run and the cell (dtwork/plots/cell_view.py). This renderer
  * takes that output: the live widget when this page holds its model (the page that ran the cell),
  * else the same figure read from the run store through the server, redrawn while the cell trains
  * and left as the finished figure once it ends.
@@ -28,7 +28,7 @@ const ENDED: Record<string, string> = { ok: 'finished', error: 'failed', interru
 
 type Registry = NotebookPanel['content']['rendermime'];
 
-/** GET /dtwork/runs/<id>/cells/<seq> (dtwork/server/data.py: cell_live). */
+/** GET /dtwork/runs/<id>/cells/<seq> (dtwork/server/queries.py: cell_live). */
 export interface ICellLive {
   run_id: number;
   seq: number;

@@ -69,7 +69,7 @@ describe('rendering', () => {
     expect(card?.querySelector('[data-stat="throughput"]')?.textContent).toBe('throughput1.2k samples/s');
     expect(card?.querySelector('[data-stat="efficiency"]')?.textContent).toContain('93%');
     expect(card?.querySelector('polyline')?.getAttribute('points')).toBe('1,1 119,27');
-    // the loss in its colour in every figure (dtwork/palette.py)
+    // the loss in its colour in every figure (dtwork/plots/palette.py)
     expect(card?.querySelector('polyline')?.getAttribute('style')).toBe('stroke: #1f77b4');
     (card?.querySelector('.dtwork-ReportLink') as HTMLElement).click();
     expect(onReport).toHaveBeenCalledWith(expect.objectContaining({ id: 3 }));

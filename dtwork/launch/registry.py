@@ -1,0 +1,308 @@
+"""Where running clusters register themselves, so that they can be found and cleaned.
+
+Each cluster writes one JSON file ``$DTWORK_HOME/clusters/<cluster_id>.json`` (default
+``~/.dtwork``) naming its kernel, the host it runs on and every process it owns (PID + create
+time, so a reused PID is never killed by mistake). The server extension lists these files;
+``start`` cleans the entries whose kernel is gone; a small reaper process per cluster kills
+the processes the moment the kernel dies, however it died.
+
+The clusters directory is the user's own (mode 0700) and its files 0600: they hold addresses and
+ports. An entry is trusted only once validated: its id by pattern and equal to its file's
+name, the files it may delete only ipyparallel's ``security/cluster-<id>.json``; a malformed
+file is skipped with a warning. A home shared over NFS holds other hosts' entries: a kernel
+is only judged dead on the host it runs on, so another host's cluster is never cleaned here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import socket
+import stat
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from dtwork.errors import DtworkError, DtworkWarning
+
+CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+# optional fields the panel reads, with the JSON types each may have
+_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "state": (str,),
+    "n": (int,),
+    "backend": (str,),
+    "profile": (str,),
+    "master": (str,),
+    "notebook": (str,),
+    "cwd": (str,),
+    "store": (str,),
+    "started_at": (int, float),
+    "updated_at": (int, float),
+    "ranks": (list,),
+}
+
+
+def home() -> Path:
+    """Return dtwork's per-user state directory (``$DTWORK_HOME`` or ``~/.dtwork``)."""
+    return Path(os.environ.get("DTWORK_HOME") or Path.home() / ".dtwork")
+
+
+def _private_dir(path: Path) -> Path:
+    """Make ``path`` (mode 0700) or narrow it to 0700; refuse a directory of another user."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise DtworkError(
+            f"{path} belongs to user id {st.st_uid}, not you: set DTWORK_HOME to a directory of your own"
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def clusters_dir() -> Path:
+    home().mkdir(mode=0o700, parents=True, exist_ok=True)  # one the user made is left as it is
+    return _private_dir(home() / "clusters")
+
+
+def entry_path(cluster_id: str) -> Path:
+    if not isinstance(cluster_id, str) or not CLUSTER_ID.fullmatch(cluster_id):
+        raise DtworkError(f"malformed cluster id {str(cluster_id)[:40]!r}: letters, digits, '-' and '_' only")
+    return clusters_dir() / f"{cluster_id}.json"
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+def proc_record(pid: int) -> dict[str, Any] | None:
+    """Return ``{"pid", "create_time"}`` for a live process, None when it is gone."""
+    try:
+        return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+    except psutil.Error:
+        return None
+
+
+def _matching(record: dict[str, Any]) -> psutil.Process | None:
+    """Return the live process a record names, only if it is the same process (not a reused PID)."""
+    try:
+        proc = psutil.Process(int(record["pid"]))
+        if abs(proc.create_time() - float(record["create_time"])) > 0.01:
+            return None
+        return proc
+    except (psutil.Error, KeyError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def alive(record: dict[str, Any] | None) -> bool:
+    """Whether the process a record names runs: a zombie (dead, not yet reaped by its parent) does not."""
+    proc = None if record is None else _matching(record)
+    return proc is not None and not _zombie(proc)
+
+
+def _zombie(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True  # gone meanwhile
+
+
+def write(cluster_id: str, data: dict[str, Any]) -> Path:
+    """Write (atomically, mode 0600) the registry entry of a cluster."""
+    path = entry_path(cluster_id)
+    entry = {"kernel_host": this_host(), **data, "cluster_id": cluster_id, "updated_at": time.time()}
+    tmp = path.with_name(f".{cluster_id}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)
+        f.write(json.dumps(entry, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+# -- reading and validating --------------------------------------------------------------------
+
+
+def _is_proc(rec: Any) -> bool:
+    return (
+        isinstance(rec, dict)
+        and type(rec.get("pid")) is int
+        and rec["pid"] > 0
+        and type(rec.get("create_time")) in (int, float)
+        and math.isfinite(rec["create_time"])
+    )
+
+
+def problem(path: Path, data: Any) -> str | None:
+    """Why ``data`` (read from ``path``) is not a valid registry entry; None when it is."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    cid = data.get("cluster_id")
+    if not isinstance(cid, str) or not CLUSTER_ID.fullmatch(cid):
+        return f"malformed cluster_id {str(cid)[:40]!r}"
+    if path.name != f"{cid}.json":
+        return f"cluster_id {cid!r} does not match the file name"
+    if not _is_proc(data.get("kernel")):
+        return "no valid kernel record (pid, create_time)"
+    if not isinstance(data.get("kernel_host"), str) or not data["kernel_host"]:
+        return "no kernel_host"
+    procs = data.get("processes", [])
+    if not isinstance(procs, list) or not all(_is_proc(p) for p in procs):
+        return "processes is not a list of (pid, create_time) records"
+    files = data.get("files", [])
+    if not isinstance(files, list) or not all(_own_file(cid, f) for f in files):
+        return f"files may only name ipyparallel's security/cluster-{cid}.json"
+    for key, types in _OPTIONAL.items():
+        value = data.get(key)
+        if value is not None and (type(value) not in types):
+            return f"{key} is a {type(value).__name__}"
+    return None
+
+
+def _own_file(cluster_id: str, name: Any) -> bool:
+    """Whether ``name`` is the ipyparallel cluster file of this cluster (the only file it may delete)."""
+    if not isinstance(name, str) or "\0" in name:
+        return False
+    path = Path(name)
+    return path.is_absolute() and path.name == f"cluster-{cluster_id}.json" and path.parent.name == "security"
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    """The validated entry in ``path``; None when it is gone or malformed (warned about)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        _warn(path, f"unreadable ({type(exc).__name__})")
+        return None
+    why = problem(path, data)
+    if why is not None:
+        _warn(path, why)
+        return None
+    return data  # type: ignore[no-any-return]
+
+
+def _warn(path: Path, why: str) -> None:
+    warnings.warn(
+        f"dtwork: skipping registry file {path}: {why}; delete it if no cluster of yours uses it",
+        DtworkWarning,
+        stacklevel=3,
+    )
+
+
+def remove(cluster_id: str) -> None:
+    entry_path(cluster_id).unlink(missing_ok=True)
+
+
+def is_local(entry: dict[str, Any]) -> bool:
+    """Whether an entry's kernel runs on this host (only there can it be seen dead)."""
+    return bool(entry.get("kernel_host") == this_host())
+
+
+def entries() -> list[dict[str, Any]]:
+    """Return every valid registered cluster, with ``local`` and ``kernel_alive`` filled in.
+
+    Another host's kernel cannot be checked from here: it counts as alive.
+    """
+    out = []
+    for path in sorted(clusters_dir().glob("*.json")):
+        data = read(path)
+        if data is not None:
+            data["local"] = is_local(data)
+            data["kernel_alive"] = alive(data["kernel"]) if data["local"] else True
+            out.append(data)
+    return out
+
+
+# -- cleaning ------------------------------------------------------------------------------------
+
+
+def kill_processes(records: Iterable[dict[str, Any]], grace: float = 3.0) -> list[int]:
+    """Terminate the named processes and their children; SIGKILL what is left after ``grace`` s.
+
+    Return the PIDs that were signalled.
+    """
+    procs: list[psutil.Process] = []
+    for rec in records:
+        proc = _matching(rec)
+        if proc is None:
+            continue
+        try:
+            procs.extend(proc.children(recursive=True))
+        except psutil.Error:
+            pass
+        procs.append(proc)
+    procs = [p for p in procs if not _zombie(p)]  # dead already: waiting for one would cost the grace
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, left = psutil.wait_procs(procs, timeout=grace)
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=grace)
+    return [p.pid for p in procs]
+
+
+def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
+    """Clean up after a dead kernel: kill a validated entry's processes, mark its runs interrupted,
+    cancel its scheduler jobs, delete its ipyparallel file and the entry itself."""
+    kill_processes(entry.get("processes", []), grace=grace)
+    _interrupt_runs(entry)
+    if entry.get("jobs"):  # a dead kernel's Slurm allocation would otherwise run to its time limit
+        from dtwork.launch.launchers import cancel  # imports ipyparallel: only for scheduler jobs
+
+        cancel([str(j) for j in entry["jobs"]])
+    cid = entry["cluster_id"]
+    for name in entry.get("files", []):
+        if _own_file(cid, name):  # validated already; checked again where it deletes
+            Path(name).unlink(missing_ok=True)
+    remove(cid)
+
+
+def _interrupt_runs(entry: dict[str, Any]) -> None:
+    """Mark the runs and cells a dead kernel left "running" in its store as interrupted: the kernel
+    cannot say so itself, and a run shown running for ever hides that it ended. Best effort: a
+    store that is gone or cannot be written is left as it is."""
+    path = entry.get("store")
+    if not path or not Path(path).is_file():
+        return
+    import sqlite3
+
+    from dtwork.errors import DtworkError
+    from dtwork.store.runs import RunStore
+
+    try:
+        with RunStore(path) as store:
+            for run in store.list_runs():
+                if run["status"] != "running" or run["cluster_id"] != entry["cluster_id"]:
+                    continue
+                for cell in store.cells(run["id"]):
+                    if cell["status"] == "running":
+                        store.finish_cell(run["id"], cell["seq"], "interrupted", "the kernel died")
+                store.set_run_status(run["id"], "interrupted", ended=True)
+                store.add_event(run["id"], "kernel_died", "the kernel died: its cluster was cleaned up")
+    except (DtworkError, sqlite3.Error, OSError):
+        pass
+
+
+def clean_stale() -> list[str]:
+    """Clean the clusters of this host whose kernel is gone; return their ids."""
+    cleaned = []
+    for entry in entries():
+        if entry["local"] and not entry["kernel_alive"]:
+            discard(entry)
+            cleaned.append(entry["cluster_id"])
+    return cleaned

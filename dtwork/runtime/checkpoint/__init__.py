@@ -1,0 +1,1 @@
+"""Checkpoints of a trial: folders, durable files, DCP shards. Imports runtime.core, measure, parallel."""

@@ -1,0 +1,101 @@
+"""The shards of FSDP models and their optimizers, through ``torch.distributed.checkpoint`` (DCP).
+
+``checkpoint`` writes a run with a sharded model as a folder, ``step-XXXXXXXX.dcp``: each rank
+writes its own shards there (``save``; no rank gathers the whole state) and DCP reshards them
+on ``load``, so a checkpoint written by 2 ranks resumes on 1 or on 4. ``dcp.async_save`` is not
+used: on the default gloo group it crashes or hangs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import format_utils
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule
+
+from dtwork.errors import DtworkError
+
+if TYPE_CHECKING:
+    from dtwork.runtime.core.state import RankState
+
+METADATA = ".metadata"  # DCP's index, written by its coordinator once every rank's shards are
+
+
+class ShardsUnreadable(DtworkError):
+    """DCP could not read a folder's shards (on every rank: DCP gathers the failures)."""
+
+
+def is_sharded_run(state: RankState) -> bool:
+    """Whether some model registered on ``ctx`` is FSDP-sharded (its checkpoints are DCP folders)."""
+    return any(isinstance(m, FSDPModule) for m in state.run_modules())
+
+
+def sharded_owner(state: RankState, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
+    """The FSDP model whose parameters ``optimizer`` steps, if any."""
+    mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    sharded = [m for m in state.run_modules() if isinstance(m, FSDPModule)]
+    return next((m for m in sharded if any(id(p) in mine for p in m.parameters())), None)
+
+
+def _states(state: RankState) -> dict[str, dict[str, Any]]:
+    """This rank's shards of the FSDP models and their optimizers, keyed by registration index."""
+    models = {
+        str(i): get_model_state_dict(m)
+        for i, m in enumerate(state.run_modules())
+        if isinstance(m, FSDPModule)
+    }
+    optims = {
+        str(i): get_optimizer_state_dict(owner, o)
+        for i, o in enumerate(state.run_objects("optimizers"))
+        if (owner := sharded_owner(state, o)) is not None
+    }
+    return {"models": models, "optimizers": optims}
+
+
+def save(state: RankState, folder: Path) -> None:
+    """Every rank writes its shards into ``folder``; returns once DCP's index is written."""
+    dcp.save(_states(state), checkpoint_id=folder)
+
+
+def load(state: RankState, folder: Path) -> None:
+    """Read ``folder``'s shards resharded onto this world and set them on the models and optimizers."""
+    target = _states(state)
+    try:
+        dcp.load(target, checkpoint_id=folder)
+    except (Exception, CheckpointException) as exc:  # a missing or torn shard: every rank raises
+        raise ShardsUnreadable(
+            f"checkpoint {folder} cannot be read ({_first_line(exc)}): it is damaged"
+        ) from None
+    for key, sd in target["models"].items():
+        set_model_state_dict(state.run_modules()[int(key)], sd)
+    for key, sd in target["optimizers"].items():
+        o = state.run_objects("optimizers")[int(key)]
+        owner = sharded_owner(state, o)
+        assert owner is not None  # _states keys only optimizers that have one
+        set_optimizer_state_dict(owner, o, sd)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of a rank's own failure (a CheckpointException wraps one per failed rank)."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        rank, (inner, _trace) = min(exc.failures.items())
+        return f"rank {rank}: {_first_line(inner)}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def whole(folder: Path, scratch: Path) -> dict[str, dict[int, Any]]:
+    """The unsharded models and optimizers of a DCP folder, by index; in any process, no group."""
+    format_utils.dcp_to_torch_save(folder, scratch)
+    found = torch.load(scratch, map_location="cpu", weights_only=True)
+    return {kind: {int(k): sd for k, sd in found.get(kind, {}).items()} for kind in ("models", "optimizers")}

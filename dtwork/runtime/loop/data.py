@@ -1,0 +1,148 @@
+"""Data for the ranks: sharded loaders with the per-slot batch, and synthetic datasets."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from dtwork.errors import DtworkError
+from dtwork.runtime.core import effective_args
+
+if TYPE_CHECKING:
+    from dtwork.runtime.core.state import RankState
+
+
+class SyntheticDataset(Dataset):  # type: ignore[type-arg]
+    """Random tensors of fixed shapes, generated once (so loading costs nothing).
+
+    ``SyntheticDataset((3, 32, 32), classes=10)`` yields ``(x, y)`` with ``x`` of that shape
+    and an integer label; several shapes yield several float tensors. Same ``seed``, same data.
+    """
+
+    def __init__(
+        self,
+        *shapes: Any,
+        size: int = 1024,
+        classes: int | None = None,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if not shapes:
+            raise DtworkError(
+                "ctx.synthetic needs at least one sample shape, e.g. ctx.synthetic((3, 32, 32), classes=10)"
+            )
+        if size < 1:
+            raise DtworkError(f"ctx.synthetic: size must be >= 1, got {size}")
+        gen = torch.Generator().manual_seed(seed)
+        self.tensors = [torch.randn((size, *_shape(s)), generator=gen, dtype=dtype) for s in shapes]
+        if classes is not None:
+            self.tensors.append(torch.randint(0, classes, (size,), generator=gen))
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, idx: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t[idx] for t in self.tensors)
+
+
+def _shape(s: Any) -> tuple[int, ...]:
+    return (int(s),) if isinstance(s, int) else tuple(int(v) for v in s)
+
+
+def make_loader(
+    state: RankState,
+    dataset: Any,
+    *,
+    batch_size: int | None = None,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    seed: int | None = None,
+    **kwargs: Any,
+) -> DataLoader:  # type: ignore[type-arg]
+    """A DataLoader over this rank's shard (DistributedSampler), with the per-slot batch size."""
+    bs = batch_size or state.per_slot_batch_size
+    if bs is None:
+        raise DtworkError(
+            "ctx.loader needs a batch size: set a global batch (%dtrain start --global-batch-size G, "
+            "or global_batch_size in the config) or pass batch_size="
+        )
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset,
+        num_replicas=state.world_size,
+        rank=state.rank,
+        shuffle=shuffle,
+        seed=state.config.seed if seed is None else seed,
+        drop_last=drop_last,
+    )
+    effective_args.note(
+        state,
+        "ctx.loader",
+        batch_size=bs,
+        shuffle=None if shuffle else False,
+        drop_last=drop_last or None,
+        seed=seed,
+        **kwargs,
+    )
+    kwargs.setdefault("pin_memory", state.device.type == "cuda")
+    return DataLoader(dataset, batch_size=bs, sampler=sampler, **kwargs)
+
+
+def first_layer(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The first module, in registration order, that holds parameters of its own: the input layer."""
+    for m in model.modules():
+        if next(m.parameters(recurse=False), None) is not None:
+            return m
+    return None
+
+
+def input_shape(model: torch.nn.Module) -> tuple[int, ...] | None:
+    """The shape of one example ``model`` takes, when its first layer is a Linear; None otherwise.
+
+    A convolution's channels are known but not its spatial size, so it gives None (see ``shape_hint``).
+    """
+    first = first_layer(model)
+    return (first.in_features,) if isinstance(first, torch.nn.Linear) else None
+
+
+_CONV_SHAPES = {torch.nn.Conv1d: "{c},L", torch.nn.Conv2d: "{c},H,W", torch.nn.Conv3d: "{c},D,H,W"}
+
+
+def shape_hint(model: torch.nn.Module, refused: tuple[int, ...] | None = None, said: str = "") -> str:
+    """One line for a model whose input shape is unknown (or ``refused``), naming ``--shape``."""
+    first = first_layer(model)
+    layer = f"its first layer is {type(first).__name__}" if first is not None else "it has no parameters"
+    example = "3,32,32"
+    for kind, form in _CONV_SHAPES.items():
+        if isinstance(first, kind):
+            example = form.format(c=first.in_channels)
+    name = type(model).__name__
+    if refused is None:
+        return f"could not infer the input shape of {name} ({layer}): pass --shape {example}"
+    shape = ",".join(map(str, refused))
+    return f"{name} refused inputs of shape {shape} ({said}; {layer}): pass --shape {example}"
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested) batch to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        moved = [to_device(b, device) for b in batch]
+        return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def batch_len(batch: Any) -> int:
+    """Number of examples in a batch (the first tensor's first dimension)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, (list, tuple)) and batch:
+        return batch_len(batch[0])
+    if isinstance(batch, dict) and batch:
+        return batch_len(next(iter(batch.values())))
+    return 1

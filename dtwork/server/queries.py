@@ -1,0 +1,484 @@
+"""What the ``/dtwork/`` routes answer: plain functions from the store, registry and NVML to JSON.
+
+Kept apart from the handlers so that they run in a worker thread (SQLite, psutil and NVML
+block) and can be read without tornado. Nothing here returns a file system path other than
+a notebook path relative to the server root, nor anything from the environment.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dtwork.errors import DtworkError
+from dtwork.launch import registry
+from dtwork.plots.palette import metric_colour
+from dtwork.shared import telemetry
+from dtwork.shared.records import DIVERGED, Kind, adaptive_decisions, batch_changes, divergence_text, finite
+from dtwork.store.runs import STORE_ERRORS, RunStore, default_store_path, store_problem
+from dtwork.store.schema import NoRunsYet
+
+RUN_ID = re.compile(r"[0-9]{1,18}")
+CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}")
+
+SPARKLINE_POINTS = 48  # loss points per run in GET /dtwork/runs
+DETAIL_POINTS = 200  # loss points in GET /dtwork/runs/<id>
+BATCH_CHANGES = 16  # adaptive batch changes per run in GET /dtwork/runs and /dtwork/runs/<id>
+DEFAULT_RUNS = 50  # runs listed by GET /dtwork/runs unless ?limit= says otherwise
+MAX_RUNS = 500
+CACHE_SIZE = 512
+MAX_ENVIRON = 4096  # variables accepted with an export request
+MAX_ENV_VALUE = 65536
+MAX_BODY = 8 * 2**20  # bytes of a request body (a kernel's environment is far smaller)
+READ_BUSY_SECONDS = 1.0  # how long a read waits for another program's lock (the panel polls every 2 s)
+
+# The metric names each panel column reads, first found wins.
+RANK_THROUGHPUT = "samples_per_s"  # each rank logs its own (runtime/loop/steps.py); the run's is their sum
+THROUGHPUT_NAMES = ("samples_per_s",)
+EFFICIENCY_NAMES = ("scaling_efficiency",)
+B_SIMPLE_NAMES = ("b_simple",)
+LOSS_NAME = "loss"
+
+CPU_MODE_REASON = "NVML sees no GPU (no NVIDIA driver or device): this machine runs in CPU mode"
+
+
+class NotFound(Exception):
+    """A malformed or unknown id; the message is safe to show (no paths)."""
+
+
+class StoreUnavailable(Exception):
+    """The run store exists but cannot be read (damaged, locked, newer): the message says why and
+    what to do, with the store named relative to the server root."""
+
+
+class ReportUnavailable(Exception):
+    """``dtwork.report`` cannot be imported (not installed yet, or a dependency is missing)."""
+
+
+class ReportFailed(Exception):
+    """The export raised; the message has its paths reduced to file names.
+
+    ``status`` is 409 when dtwork refused the export (a DtworkError: e.g. a run with no cells),
+    500 when it broke.
+    """
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- JSON hygiene ------------------------------------------------------------------------------
+
+
+def json_safe(value: Any) -> Any:
+    """Replace NaN and infinities by None, recursively: browsers' JSON.parse rejects them."""
+    if isinstance(value, float):
+        return finite(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def display_path(path: Any, root_dir: str) -> str | None:
+    """A notebook path relative to the server root, or its bare file name when outside it."""
+    if not path or not isinstance(path, str):
+        return None
+    try:
+        rel = Path(path).resolve().relative_to(Path(root_dir).resolve())
+        return rel.as_posix()
+    except (ValueError, OSError):
+        return Path(path).name or None
+
+
+# -- the run store -----------------------------------------------------------------------------
+
+
+@contextmanager
+def open_store(root_dir: str) -> Iterator[RunStore | None]:
+    """The store opened read-only, or None when there is none yet (or it holds no runs)."""
+    path = default_store_path(root_dir)
+    store = None
+    if path.is_file():
+        try:
+            store = RunStore(path, readonly=True, busy_seconds=READ_BUSY_SECONDS)
+        except NoRunsYet:
+            pass
+        except STORE_ERRORS as exc:
+            if path.is_file():  # not just removed meanwhile
+                raise _unavailable(exc, root_dir) from None
+    if store is None:
+        yield None
+        return
+    with store:
+        try:
+            yield store
+        except (sqlite3.Error, OSError) as exc:  # pages damaged past the header, a lock
+            raise _unavailable(exc, root_dir) from None
+
+
+def _unavailable(exc: BaseException, root_dir: str) -> StoreUnavailable:
+    shown = display_path(str(default_store_path(root_dir)), root_dir)
+    return StoreUnavailable(scrub(store_problem(exc, shown or "of this server")))
+
+
+def parse_run_id(text: str) -> int:
+    if not RUN_ID.fullmatch(text):
+        raise NotFound(f"malformed run id {text[:40]!r}: run ids are whole numbers")
+    return int(text)
+
+
+def parse_cell_seq(text: str) -> int:
+    if not RUN_ID.fullmatch(text):
+        raise NotFound(f"malformed cell number {text[:40]!r}: cells are numbered 1, 2, ... in their run")
+    return int(text)
+
+
+def _require_run(store: RunStore | None, run_id: int) -> dict[str, Any]:
+    if store is None:
+        raise NotFound(f"no run {run_id}: the run store is empty (run a %%dtrain cell first)")
+    try:
+        return store.get_run(run_id)
+    except DtworkError:
+        raise NotFound(f"no run {run_id} in the run store") from None
+
+
+def downsample(points: list[list[float]], n: int) -> list[list[float]]:
+    """At most ``n`` points, evenly spaced by index, first and last kept."""
+    if len(points) <= n:
+        return points
+    if n <= 1:
+        return points[-1:]
+    last = len(points) - 1
+    return [points[round(i * last / (n - 1))] for i in range(n)]
+
+
+def loss_points(store: RunStore, run_id: int, n: int) -> list[list[float]]:
+    """``[[step, loss], ...]`` of the aggregated loss (rank 0's when none is aggregated)."""
+    rows = store.metrics(run_id, LOSS_NAME) or store.metrics(run_id, LOSS_NAME, rank=0)
+    pts = [[float(r["step"]), float(r["value"])] for r in rows if finite(r["value"]) is not None]
+    return downsample(pts, n)
+
+
+def world_throughput(store: RunStore, run_id: int) -> float | None:
+    """Samples/s over all ranks: the sum of each rank's latest ``samples_per_s`` (as plots.py)."""
+    latest: dict[int, float] = {}
+    for row in store.metrics(run_id, RANK_THROUGHPUT, rank="all"):  # ordered by step
+        value = finite(row["value"])
+        if row["rank"] is not None and value is not None:
+            latest[row["rank"]] = value
+    return sum(latest.values()) if latest else None
+
+
+def adaptive_batch(store: RunStore, run_id: int, n: int = BATCH_CHANGES) -> dict[str, Any] | None:
+    """The adaptive batch's trajectory, or None for a run without adaptive decisions:
+    ``changes`` ``[[step, global_batch], ...]`` at the decisions that changed it (at most ``n``, first
+    and last kept; ``n_changes`` counts them all), and the last decision's ``global_batch`` and
+    ``lr_factor``. Two indexed reads by name: a run that never adapted costs one empty one."""
+    rows = [r for r in store.metrics(run_id, "global_batch") if r["kind"] == Kind.ADAPTIVE.value]
+    if not rows:
+        return None
+    decisions = adaptive_decisions(rows + store.metrics(run_id, "lr_factor"))
+    changes = [[step, v["global_batch"]] for step, v in batch_changes(decisions)]
+    last = decisions[-1][1]
+    return {
+        "changes": downsample(changes, n),
+        "n_changes": len(changes),
+        "global_batch": finite(last.get("global_batch")),
+        "lr_factor": finite(last.get("lr_factor")),
+    }
+
+
+def _pick(names: tuple[str, ...], values: dict[str, Any]) -> float | None:
+    """The first of ``names`` with a finite value."""
+    return next((v for v in (finite(values.get(n)) for n in names) if v is not None), None)
+
+
+_cache: dict[tuple[Any, ...], Any] = {}
+
+
+def _cached(store: RunStore, row: dict[str, Any], what: str, compute: Any) -> Any:
+    """Memoise per-run reads while the run has no new metrics (the panel polls every 2 s).
+
+    The key holds the run's last step and cell count, so a finished run is read once and a
+    running one again whenever it logs a new step.
+    """
+    key = (str(store.path), row["id"], row.get("last_step"), row.get("n_cells"), row.get("status"), what)
+    if key not in _cache:
+        if len(_cache) >= CACHE_SIZE:
+            _cache.clear()
+        _cache[key] = compute()
+    return _cache[key]
+
+
+def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: int) -> dict[str, Any]:
+    """One run as the panel lists it (matches RunSummary in extension/src/types.ts)."""
+    last = _cached(store, row, "last", lambda: store.last_metrics(row["id"]))
+    spark = _cached(store, row, f"loss{n_points}", lambda: loss_points(store, row["id"], n_points))
+    return {
+        "id": row["id"],
+        "name": row.get("name"),
+        "status": row.get("status"),
+        "created_at": row.get("created_at"),
+        "ended_at": row.get("ended_at"),
+        "world_size": row.get("world_size"),
+        "backend": row.get("backend"),
+        "cluster_id": row.get("cluster_id"),
+        "notebook": display_path(row.get("notebook"), root_dir),
+        "n_cells": row.get("n_cells"),
+        "last_step": row.get("last_step"),
+        "global_batch_size": row.get("global_batch_size"),
+        "throughput": _cached(store, row, "tput", lambda: world_throughput(store, row["id"]))
+        or _pick(THROUGHPUT_NAMES, last),
+        "scaling_efficiency": _pick(EFFICIENCY_NAMES, last),
+        "b_simple": _pick(B_SIMPLE_NAMES, last),
+        "loss": _pick((LOSS_NAME,), last),
+        "sparkline": spark,
+        "diverged": _cached(store, row, "diverged", lambda: diverged_text(store, row["id"])),
+        "adaptive_batch": _cached(store, row, "adaptive", lambda: adaptive_batch(store, row["id"])),
+        "sparkline_colour": metric_colour(LOSS_NAME),  # the loss's colour in every figure
+    }
+
+
+def list_runs(root_dir: str, limit: int = DEFAULT_RUNS) -> dict[str, Any]:
+    """GET /dtwork/runs: the newest ``limit`` runs first; ``total`` counts them all."""
+    with open_store(root_dir) as store:
+        if store is None:
+            return {"store_exists": default_store_path(root_dir).is_file(), "total": 0, "runs": []}
+        rows = store.list_runs()
+        runs = [_run_summary(store, row, root_dir, SPARKLINE_POINTS) for row in rows[:limit]]
+        return json_safe({"store_exists": True, "total": len(rows), "runs": runs})
+
+
+def get_run(root_dir: str, run_id: int) -> dict[str, Any]:
+    """GET /dtwork/runs/<id>: the summary, every metric's latest value, the loss curve."""
+    with open_store(root_dir) as store:
+        row = _require_run(store, run_id)
+        assert store is not None
+        run = _run_summary(store, row, root_dir, DETAIL_POINTS)
+        run["last_metrics"] = store.last_metrics(run_id)
+        run["metric_names"] = store.metric_names(run_id)
+        run["per_slot_batch_size"] = row.get("per_slot_batch_size")
+        # one step axis per run: last_step is the run's highest step over all of them
+        run["segments"] = [
+            {k: seg[k] for k in ("seq", "cell_seq", "first_step", "changed")}
+            for seg in store.segments(run_id)
+        ]
+        return json_safe({"run": run})
+
+
+def diverged_text(store: RunStore, run_id: int) -> str | None:
+    """ "diverged at step k (loss nan)" after the run's first non-finite logged value, else None."""
+    d = next((e["data"] for e in store.events(run_id, DIVERGED)), None)
+    return None if d is None else divergence_text(d)
+
+
+def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> dict[str, Any]:
+    """GET /dtwork/runs/<id>/metrics?name=NAME: the aggregated series of one metric."""
+    if not METRIC_NAME.fullmatch(name):
+        raise NotFound(f"malformed metric name {name[:40]!r}")
+    with open_store(root_dir) as store:
+        _require_run(store, run_id)
+        assert store is not None
+        names = store.metric_names(run_id)
+        if name not in names:
+            have = ", ".join(names) if names else "none yet"
+            raise NotFound(f"run {run_id} has no metric {name!r}; its metrics: {have}")
+        rows = store.metrics(run_id, name) or store.metrics(run_id, name, rank=0)
+        pts = [[r["step"], r["value"], r["time"]] for r in rows]
+        return json_safe(
+            {"run_id": run_id, "name": name, "total": len(pts), "points": downsample(pts, max_points)}
+        )
+
+
+def cell_live(root_dir: str, run_id: int, seq: int) -> dict[str, Any]:
+    """GET /dtwork/runs/<id>/cells/<seq>: the cell's status, last step and figure so far (the view
+    of a notebook reopened while the cell trains, and of its finished figures after)."""
+    from dtwork.plots.cell_view import cell_view  # plotly: loaded by the first reopened view only
+
+    with open_store(root_dir) as store:
+        _require_run(store, run_id)
+        assert store is not None
+        try:
+            return json_safe(cell_view(store, run_id, seq))
+        except DtworkError as exc:
+            raise NotFound(
+                f"{exc}: reopen the notebook that ran it, or list its cells with dtwork runs"
+            ) from None
+
+
+def require_run(root_dir: str, run_id: int) -> None:
+    with open_store(root_dir) as store:
+        _require_run(store, run_id)
+
+
+# -- reports ---------------------------------------------------------------------------------
+
+_ABS_PATH = re.compile(r"(?<![\w.])/[^\s'\",:;()]+")
+
+
+def scrub(message: str) -> str:
+    """Reduce every absolute path in a message to its file name."""
+    return _ABS_PATH.sub(lambda m: Path(m.group(0)).name or "/", message)
+
+
+def report_environ(body: bytes) -> dict[str, str]:
+    """The kernel's environment sent with an export request: ``{"environ": {"NAME": "value"}}``.
+
+    An empty body sends none; anything else that is not that shape is refused with a ValueError.
+    """
+    if len(body) > MAX_BODY:
+        raise ValueError(f"the request body is {len(body)} bytes: at most {MAX_BODY} are taken")
+    if not body.strip():
+        return {}
+    try:
+        environ = json.loads(body).get("environ", {})
+    except (AttributeError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: too deep
+        raise ValueError('the request body must be JSON: {"environ": {"NAME": "value"}}') from None
+    if (
+        not isinstance(environ, dict)
+        or len(environ) > MAX_ENVIRON
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and len(v) <= MAX_ENV_VALUE for k, v in environ.items()
+        )
+    ):
+        raise ValueError(
+            f"environ must map names to strings (at most {MAX_ENVIRON}, {MAX_ENV_VALUE} chars each)"
+        )
+    return environ
+
+
+def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """POST /dtwork/runs/<id>/report: ``dtwork.report.export`` into ``<root>/reports/``.
+
+    Secrets are scrubbed with the kernel's ``environ`` (sent by the client) and the server's own:
+    the server's alone would miss what only the kernel holds.
+    Returns the notebook's path relative to the server root, for the panel to open.
+    """
+    require_run(root_dir, run_id)
+    try:
+        module = importlib.import_module("dtwork.report")
+        export = module.export
+    except (ImportError, AttributeError) as exc:
+        raise ReportUnavailable(
+            f"report export is not available in this dtwork install ({type(exc).__name__}: {scrub(str(exc))})"
+        ) from None
+    target = Path(root_dir) / "reports" / f"run-{run_id}.ipynb"
+    kwargs: dict[str, Any] = {}
+    try:
+        params = set(inspect.signature(export).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    if "store" in params:
+        kwargs["store"] = default_store_path(root_dir)
+    if "environ" in params:
+        kwargs["environ"] = {**os.environ, **(environ or {})}
+    try:
+        result = export(run_id, target, **kwargs)
+    except DtworkError as exc:
+        raise ReportFailed(f"run {run_id} cannot be exported: {scrub(str(exc))}", status=409) from exc
+    except (sqlite3.Error, OSError) as exc:  # the store broke while the report read it
+        raise _unavailable(exc, root_dir) from exc
+    except Exception as exc:
+        raise ReportFailed(f"exporting run {run_id} failed: {type(exc).__name__}: {scrub(str(exc))}") from exc
+    written = getattr(result, "path", result)
+    path = Path(written) if isinstance(written, (str, os.PathLike)) else target
+    try:
+        rel = path.resolve().relative_to(Path(root_dir).resolve())
+    except ValueError:
+        raise ReportFailed(
+            f"run {run_id}'s report was written outside the Jupyter root ({path.name}): open it from there"
+        ) from None
+    return {"run_id": run_id, "path": rel.as_posix()}
+
+
+# -- clusters ----------------------------------------------------------------------------------
+
+
+def _rank(rank: dict[str, Any]) -> dict[str, Any]:
+    keys = ("rank", "hostname", "local_rank", "device", "gpu_name", "pid", "engine_id")
+    return {k: rank.get(k) for k in keys}
+
+
+def _cluster(entry: dict[str, Any], root_dir: str) -> dict[str, Any]:
+    """One registry entry as the panel shows it (matches ClusterInfo in types.ts)."""
+    kernel = entry.get("kernel") or {}
+    procs = [p.get("pid") for p in entry.get("processes") or [] if isinstance(p, dict)]
+    return {
+        "id": entry.get("cluster_id"),
+        "state": entry.get("state"),
+        "n": entry.get("n"),
+        "backend": entry.get("backend"),
+        "profile": entry.get("profile"),
+        "master": entry.get("master"),
+        "kernel_pid": kernel.get("pid") if isinstance(kernel, dict) else None,
+        "kernel_host": entry.get("kernel_host"),
+        "kernel_alive": bool(entry.get("kernel_alive")),
+        "notebook": display_path(entry.get("notebook"), root_dir),
+        "started_at": entry.get("started_at"),
+        "ranks": [_rank(r) for r in entry.get("ranks") or [] if isinstance(r, dict)],
+        "pids": [p for p in procs if isinstance(p, int)],
+    }
+
+
+def list_clusters(root_dir: str) -> dict[str, Any]:
+    """GET /dtwork/clusters."""
+    return json_safe({"clusters": [_cluster(e, root_dir) for e in registry.entries()]})
+
+
+def find_cluster(cluster_id: str) -> dict[str, Any]:
+    if not CLUSTER_ID.fullmatch(cluster_id):
+        raise NotFound(f"malformed cluster id {cluster_id[:40]!r}")
+    for entry in registry.entries():
+        if entry.get("cluster_id") == cluster_id:
+            return entry
+    raise NotFound(f"no cluster {cluster_id!r} is registered (it may have stopped already)")
+
+
+def stop_cluster(cluster_id: str) -> dict[str, Any]:
+    """POST /dtwork/clusters/<id>/stop: kill its processes, drop its registry entry."""
+    entry = find_cluster(cluster_id)
+    killed = registry.kill_processes(entry.get("processes") or [], grace=3.0)
+    registry.remove(cluster_id)
+    return {"stopped": cluster_id, "killed": sorted(set(killed))}
+
+
+# -- GPUs --------------------------------------------------------------------------------------
+
+
+def gpus() -> dict[str, Any]:
+    """GET /dtwork/gpus: inventory and one telemetry sample; never raises."""
+    try:
+        info = {g.index: g.to_dict() for g in telemetry.gpu_inventory()}
+        samples = telemetry.sample(sorted(info)) if info else []
+    except Exception as exc:  # a broken driver must not break the panel
+        return {"available": False, "reason": f"NVML failed: {type(exc).__name__}", "gpus": []}
+    if not info:
+        return {"available": False, "reason": CPU_MODE_REASON, "gpus": []}
+    out = []
+    for s in samples:
+        static = info.get(s.index, {})
+        out.append(
+            {
+                "index": s.index,
+                "name": static.get("name"),
+                "uuid": static.get("uuid"),
+                "driver": static.get("driver"),
+                "utilization": s.utilization,
+                "memory_used_mb": s.memory_used_mb,
+                "memory_total_mb": s.memory_total_mb,
+                "temperature_c": s.temperature_c,
+                "power_w": s.power_w,
+            }
+        )
+    return json_safe({"available": True, "reason": None, "gpus": out})

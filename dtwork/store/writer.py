@@ -1,0 +1,185 @@
+"""A run's writes on their way to the store: in order, kept and retried while the store refuses them.
+
+A full disk, a lock held by another program, a read-only or damaged file must not cost the
+records the ranks send meanwhile: each write waits in a queue until the store takes it, the
+user is told once what happened and what to do, and once more when the store works again.
+A write the store rejects as malformed is dropped with a warning; the rest go on.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dtwork.errors import DtworkError
+from dtwork.shared.records import Kind, to_rows
+from dtwork.store.runs import store_problem
+
+if TYPE_CHECKING:
+    from dtwork.store.runs import RunStore
+
+__all__ = ["StoreWriter"]
+
+RETRY_SECONDS = 1.0  # a refusing store is tried again at most this often (each try may wait 5 s)
+
+
+@dataclass
+class _Write:
+    """One queued write: what to call on the store, and how many records it carries."""
+
+    what: str  # "rows", "event", "cell", "status", "segment"
+    run_id: int
+    args: tuple[Any, ...]
+    records: int = 1
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class StoreWriter:
+    """The session's writes to its store, in order; what the store refuses waits for the next try."""
+
+    def __init__(self, store: Callable[[], RunStore], path: Path, say: Callable[[str], None] = _say) -> None:
+        self._store = store
+        self.path = path
+        self._say = say
+        self._queue: list[_Write] = []
+        self._lock = threading.Lock()
+        self.problem: str | None = None  # the line the user was told, while the store refuses writes
+        self._failed_at = 0.0
+        self._warned: set[str] = set()
+
+    # -- queueing ------------------------------------------------------------------------------
+
+    @property
+    def unsaved(self) -> int:
+        """How many records (rows, events, cell and run updates) wait for the store."""
+        with self._lock:
+            return sum(w.records for w in self._queue)
+
+    def records(self, run_id: int, seq: int | None, records: Iterable[Any]) -> None:
+        """Queue the ranks' records: their values as metric rows, their events as events."""
+        good: list[Mapping[str, Any]] = []
+        writes: list[_Write] = []
+        for rec in records:
+            if not isinstance(rec, Mapping) or not isinstance(rec.get("kind", ""), str):
+                self._warn("not a record", f"a rank sent {str(rec)[:80]!r}")
+                continue
+            if rec.get("kind") == Kind.EVENT:
+                writes.append(
+                    _Write("event", run_id, (str(rec.get("event", "rank")), str(rec.get("message", "")), rec))
+                )
+            elif not isinstance(rec.get("values"), Mapping):
+                self._warn("no values", f"a {rec.get('kind')} record without values: {str(dict(rec))[:80]}")
+            else:
+                good.append(rec)
+        rows = [{**row, "cell_seq": seq} for row in to_rows(good)]
+        if rows:
+            writes.insert(0, _Write("rows", run_id, (), records=len(rows), rows=rows))
+        with self._lock:
+            self._queue.extend(writes)
+
+    def event(self, run_id: int, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
+        with self._lock:
+            self._queue.append(_Write("event", run_id, (kind, message, data)))
+
+    def segment(
+        self, run_id: int, cell_seq: int | None, first_step: int, changed: list[str], data: Mapping[str, Any]
+    ) -> None:
+        with self._lock:
+            self._queue.append(_Write("segment", run_id, (cell_seq, first_step, changed, data)))
+
+    def finish_cell(self, run_id: int, seq: int, status: str, error: str | None = None) -> None:
+        with self._lock:
+            self._queue.append(_Write("cell", run_id, (seq, status, error)))
+
+    def run_status(self, run_id: int, status: str, *, ended: bool = True) -> None:
+        with self._lock:
+            self._queue.append(_Write("status", run_id, (status, ended)))
+
+    def lost(self, why: str) -> None:
+        """Give up what still waits (the session ends): say how many records are lost, and why."""
+        with self._lock:
+            waiting, self._queue = sum(w.records for w in self._queue), []
+        if waiting:
+            self._say(f"dtwork: {waiting} records could not be written: {why}")
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def flush(self, *, force: bool = False) -> bool:
+        """Write what waits, in order; return True when nothing is left.
+
+        After a refusal the store is tried again only after ``RETRY_SECONDS`` unless ``force``.
+        """
+        with self._lock:
+            if not self._queue:
+                return True
+            if not force and self.problem is not None and time.monotonic() - self._failed_at < RETRY_SECONDS:
+                return False
+            try:
+                while self._queue:
+                    self._write(self._merged())
+                    self._queue.pop(0)
+            except (sqlite3.Error, OSError, DtworkError) as exc:  # DtworkError: the store did not open
+                self._failed_at = time.monotonic()
+                if self.problem is None:
+                    self.problem = store_problem(exc, self.path)
+                    waiting = sum(w.records for w in self._queue)
+                    self._say(
+                        f"dtwork: {self.problem}; {waiting} records are kept and written when it works again"
+                    )
+                return False
+            if self.problem is not None:
+                self.problem = None
+                self._say(f"dtwork: the run store {self.path} takes writes again: every kept record is saved")
+            return True
+
+    def _merged(self) -> _Write:
+        """The first queued write, with the metric rows of the same run right behind it joined in."""
+        first = self._queue[0]
+        while first.what == "rows" and len(self._queue) > 1:
+            nxt = self._queue[1]
+            if nxt.what != "rows" or nxt.run_id != first.run_id:
+                break
+            first.rows.extend(nxt.rows)
+            first.records += nxt.records
+            del self._queue[1]
+        return first
+
+    def _write(self, w: _Write) -> None:
+        store = self._store()
+        try:
+            if w.what == "rows":
+                store.add_metrics(w.run_id, w.rows)
+            elif w.what == "event":
+                store.add_event(w.run_id, *w.args)
+            elif w.what == "cell":
+                store.finish_cell(w.run_id, *w.args)
+            elif w.what == "segment":
+                cell_seq, first, changed, data = w.args
+                store.add_segment(w.run_id, cell_seq=cell_seq, first_step=first, changed=changed, data=data)
+            else:
+                store.set_run_status(w.run_id, w.args[0], ended=w.args[1])
+        # The store refused this write's content (a malformed row, text SQLite cannot encode):
+        # the others go on.
+        except (DtworkError, UnicodeEncodeError) as exc:
+            if w.what == "rows" and len(w.rows) > 1:
+                while w.rows:  # one by one, each taken off once written: a retry repeats none
+                    self._write(_Write("rows", w.run_id, (), rows=[w.rows[0]]))
+                    w.rows.pop(0)
+                return
+            self._warn(w.what, f"the store refused a {w.what} write: {exc}")
+
+    def _warn(self, key: str, text: str) -> None:
+        """Say once per kind of problem that something malformed was dropped."""
+        if key not in self._warned:
+            self._warned.add(key)
+            self._say(f"dtwork: warning: dropped {text} (further ones are dropped silently)")
