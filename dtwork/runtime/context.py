@@ -220,9 +220,10 @@ class Context:
 
         from dtwork.runtime.loop.bucket_tuning import tune_before_wrap
         from dtwork.runtime.parallel.ddp import wrap_model
-        from dtwork.runtime.parallel.fsdp import check_strategy, is_sharded, shard_model
+        from dtwork.runtime.parallel.fsdp import check_strategy, shard_model
+        from dtwork.runtime.parallel.strategy import strategy_of
 
-        if isinstance(model, DistributedDataParallel) or is_sharded(model):
+        if isinstance(model, DistributedDataParallel) or strategy_of(model).sharded:
             raise DtworkError(
                 "ctx.wrap got a model that is already wrapped (DistributedDataParallel or FSDP): "
                 "use it as it is, or wrap the plain model (model.module) once"

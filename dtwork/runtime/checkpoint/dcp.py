@@ -21,9 +21,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule
 
 from dtwork.errors import DtworkError
+from dtwork.runtime.parallel.strategy import strategy_of
 
 if TYPE_CHECKING:
     from dtwork.runtime.core.state import RankState
@@ -37,22 +37,20 @@ class ShardsUnreadable(DtworkError):
 
 def is_sharded_run(state: RankState) -> bool:
     """Whether some model registered on ``ctx`` is FSDP-sharded (its checkpoints are DCP folders)."""
-    return any(isinstance(m, FSDPModule) for m in state.run_modules())
+    return any(strategy_of(m).sharded for m in state.run_modules())
 
 
 def sharded_owner(state: RankState, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
     """The FSDP model whose parameters ``optimizer`` steps, if any."""
     mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    sharded = [m for m in state.run_modules() if isinstance(m, FSDPModule)]
+    sharded = [m for m in state.run_modules() if strategy_of(m).sharded]
     return next((m for m in sharded if any(id(p) in mine for p in m.parameters())), None)
 
 
 def _states(state: RankState) -> dict[str, dict[str, Any]]:
     """This rank's shards of the FSDP models and their optimizers, keyed by registration index."""
     models = {
-        str(i): get_model_state_dict(m)
-        for i, m in enumerate(state.run_modules())
-        if isinstance(m, FSDPModule)
+        str(i): get_model_state_dict(m) for i, m in enumerate(state.run_modules()) if strategy_of(m).sharded
     }
     optims = {
         str(i): get_optimizer_state_dict(owner, o)

@@ -54,10 +54,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule
 
 from dtwork.errors import DtworkError, DtworkWarning
 from dtwork.runtime.checkpoint import dcp
+from dtwork.runtime.parallel.strategy import strategy_of
 
 if TYPE_CHECKING:
     from dtwork.runtime.core.state import RankState
@@ -211,7 +211,7 @@ def save(state: RankState, loop_state: dict[str, Any]) -> Path | None:
             "loop": loop_state,
             "rng": rngs,
             "models": [
-                None if isinstance(m, FSDPModule) else _module(m).state_dict() for m in state.run_modules()
+                None if strategy_of(m).sharded else _module(m).state_dict() for m in state.run_modules()
             ],
             "optimizers": [
                 None if dcp.sharded_owner(state, o) is not None else o.state_dict()
@@ -486,7 +486,7 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
     for m, sd in zip(state.run_modules(), payload["models"], strict=False):
         if sd is None:  # sharded: loaded from the DCP folder
             continue
-        if isinstance(m, FSDPModule):
+        if strategy_of(m).sharded:
             set_model_state_dict(m, sd, options=whole)
         else:
             _module(m).load_state_dict(sd)

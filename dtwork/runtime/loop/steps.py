@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from dtwork.errors import DtworkError
 from dtwork.runtime.checkpoint import trial as checkpoint
@@ -28,6 +26,7 @@ from dtwork.runtime.loop.adaptive import adaptive_for
 from dtwork.runtime.loop.data import batch_len, to_device
 from dtwork.runtime.loop.sync import StepHead, StepSync, SyncedStep
 from dtwork.runtime.measure.ddp_hooks import measure_state
+from dtwork.runtime.parallel.strategy import run_strategy, strategy_of
 from dtwork.shared.records import make_perf_record
 from dtwork.shared.timing import GPU_SECONDS, PERF_SECONDS
 
@@ -237,10 +236,7 @@ class StepLoop:
     def _one(self, batch: Any, data_time: float) -> Iterator[tuple[int, Any]]:
         self.is_last_micro = (self.micro + 1) % self.k == 0
         for m in self._models:
-            if isinstance(m, FSDPModule):  # reduce-scatter at the last micro-batch only, as DDP's no_sync
-                m.set_requires_gradient_sync(self.is_last_micro)
-            else:
-                m.require_backward_grad_sync = self.is_last_micro  # type: ignore[assignment]
+            strategy_of(m).set_gradient_sync(m, self.is_last_micro)
         batch = to_device(batch, self.state.device)
         n = batch_len(batch)
         self._micro_len = n
@@ -266,9 +262,7 @@ class StepLoop:
 
     def _setup_precision(self) -> None:
         mp = self.state.config.mixed_precision
-        # each FSDP rank sees only its shards' infs: ShardedGradScaler agrees on them across ranks
-        sharded = any(isinstance(m, FSDPModule) for m in self.state.run_modules())  # not a stale one's
-        kind = ShardedGradScaler if sharded else torch.amp.GradScaler
+        kind = run_strategy(self.state.run_modules()).scaler_kind  # the run's models, not a stale one's
         if mp == "fp16" and type(self.state.scaler) is not kind:
             self.state.scaler = kind(self.state.device.type)
         elif mp != "fp16":

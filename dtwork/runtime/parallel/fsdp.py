@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from dtwork.errors import DtworkError
@@ -32,11 +32,6 @@ def check_strategy(strategy: str) -> None:
     """Refuse an unknown ``strategy`` with the choices."""
     if strategy not in STRATEGIES:
         raise DtworkError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    """Whether ``model`` was wrapped with ``strategy="fsdp"``."""
-    return isinstance(model, FSDPModule)
 
 
 def _count(module: torch.nn.Module) -> int:
