@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from dtwork.config import load_config
 from dtwork.errors import DtworkError, DtworkWarning, RankFailure
+from dtwork.runtime.checkpoint import files, folders
 from dtwork.runtime.checkpoint import trial as checkpoint
 from dtwork.runtime.context import Context
 from dtwork.runtime.core.state import RankState
@@ -56,7 +57,7 @@ def make_ctx(
 
 
 def steps_in(folder: Path) -> list[int]:
-    return [int(p.stem.split("-")[1]) for p in checkpoint.checkpoints(folder)]
+    return [int(p.stem.split("-")[1]) for p in folders.checkpoints(folder)]
 
 
 def save_at(ctx: RankState, *steps: int) -> None:
@@ -81,14 +82,14 @@ def test_a_later_loop_of_the_same_run_is_newest_even_at_lower_steps(group: None,
     ctx, *_keep = make_ctx(tmp_path, run_id=3)
     save_at(ctx, 30, 40, 50, 10, 20)
     assert steps_in(tmp_path / "run-3") == [50, 10, 20]
-    assert checkpoint.latest(ctx) == tmp_path / "run-3" / "step-00000020.pt"
+    assert folders.latest(ctx) == tmp_path / "run-3" / "step-00000020.pt"
 
 
 def test_a_run_without_a_kernel_run_id_uses_the_config_name(group: None, tmp_path: Path) -> None:
     ctx, *_keep = make_ctx(tmp_path)
-    assert checkpoint.run_name(ctx) == "default"
+    assert folders.run_name(ctx) == "default"
     ctx.config = load_config({"name": "my exp/../x", "checkpoint": {"directory": str(tmp_path)}})
-    assert checkpoint.run_name(ctx) == "my-exp-..-x"
+    assert folders.run_name(ctx) == "my-exp-..-x"
     save_at(ctx, 4)
     assert steps_in(tmp_path / "my-exp-..-x") == [4]
 
@@ -97,19 +98,19 @@ def test_resume_targets(group: None, tmp_path: Path) -> None:
     other, *_keep_a = make_ctx(tmp_path, run_id=7)
     save_at(other, 30, 40, 50)
     ctx, *_keep_b = make_ctx(tmp_path, run_id=8)
-    assert checkpoint.find(ctx, True) is None  # this run has none yet: start from step 0
+    assert folders.find(ctx, True) is None  # this run has none yet: start from step 0
     save_at(ctx, 10, 20)
     run7, run8 = tmp_path / "run-7", tmp_path / "run-8"
-    assert checkpoint.find(ctx, True) == run8 / "step-00000020.pt"
+    assert folders.find(ctx, True) == run8 / "step-00000020.pt"
     for ref in (7, "7", "run-7", str(run7), run7, "run-7/"):
-        assert checkpoint.find(ctx, ref) == run7 / "step-00000050.pt", ref
-    assert checkpoint.find(ctx, run7 / "step-00000040.pt") == run7 / "step-00000040.pt"
+        assert folders.find(ctx, ref) == run7 / "step-00000050.pt", ref
+    assert folders.find(ctx, run7 / "step-00000040.pt") == run7 / "step-00000040.pt"
     with pytest.raises(DtworkError, match=r"resume=9: no checkpoint in .*run-9; .*: run-7, run-8"):
-        checkpoint.find(ctx, 9)
+        folders.find(ctx, 9)
     with pytest.raises(DtworkError, match="no checkpoint"):
-        checkpoint.find(ctx, str(tmp_path / "nowhere"))
+        folders.find(ctx, str(tmp_path / "nowhere"))
     with pytest.raises(DtworkError, match="pass True"):
-        checkpoint.find(ctx, 1.5)
+        folders.find(ctx, 1.5)
 
 
 def test_load_restores_model_optimizer_and_every_rng(group: None, tmp_path: Path) -> None:
@@ -180,8 +181,8 @@ def test_a_checkpoint_that_would_run_code_is_refused(group: None, tmp_path: Path
     marker = tmp_path / "pwned"
     folder = tmp_path / "run-1"
     folder.mkdir()
-    torch.save({"format": checkpoint.FORMAT, "loop": _RunsCode(marker)}, folder / "step-00000005.pt")
-    path = checkpoint.find(ctx, True)
+    torch.save({"format": files.FORMAT, "loop": _RunsCode(marker)}, folder / "step-00000005.pt")
+    path = folders.find(ctx, True)
     assert path is not None
     with pytest.raises(DtworkError, match="weights_only loading refuses .*add_safe_globals"):
         checkpoint.load(ctx, path)
@@ -197,26 +198,26 @@ def test_a_run_folder_belongs_to_its_store(group: None, tmp_path: Path) -> None:
     first, *_keep_a = make_ctx(tmp_path, run_id=7)
     first.run_store = "/home/a/.dtwork/runs.sqlite"
     save_at(first, 10, 20)
-    assert (tmp_path / "run-7" / checkpoint.OWNER).exists()
+    assert (tmp_path / "run-7" / folders.OWNER).exists()
     second, *_keep_b = make_ctx(tmp_path, run_id=7)
     second.run_store = "/home/b/.dtwork/runs.sqlite"
     refused = (
         r"checkpoint folder .*run-7 holds run run-7 of the run store /home/a/.*, not of this one \(/home/b/"
     )
     for attempt in (
-        lambda: checkpoint.check_owner(second),
-        lambda: checkpoint.find(second, True),
-        lambda: checkpoint.find(second, 7),
-        lambda: checkpoint.find(second, "run-7"),
+        lambda: folders.check_owner(second),
+        lambda: folders.find(second, True),
+        lambda: folders.find(second, 7),
+        lambda: folders.find(second, "run-7"),
     ):
         with pytest.raises(DtworkError, match=refused):
             attempt()
-    assert checkpoint.find(second, tmp_path / "run-7") == tmp_path / "run-7" / "step-00000020.pt"  # named
-    checkpoint.check_owner(first)
+    assert folders.find(second, tmp_path / "run-7") == tmp_path / "run-7" / "step-00000020.pt"  # named
+    folders.check_owner(first)
     save_at(first, 30)
     assert steps_in(tmp_path / "run-7") == [10, 20, 30]
     second.run_store = None  # no kernel store (a script of its own): the folder is anyone's
-    checkpoint.check_owner(second)
+    folders.check_owner(second)
 
 
 def test_checkpoints_are_owner_only_and_no_temp_file_stays(group: None, tmp_path: Path) -> None:
@@ -233,7 +234,7 @@ def test_checkpoints_are_owner_only_and_no_temp_file_stays(group: None, tmp_path
     for path in folder.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     assert sorted(p.name for p in folder.iterdir()) == [
-        checkpoint.OWNER,
+        folders.OWNER,
         "step-00000001.pt",
         "step-00000002.pt",
     ]
@@ -359,7 +360,7 @@ def test_a_cell_whose_run_folder_another_store_owns_fails_before_training(
     assert cluster.run("started = True", quiet=True).ok  # the run exists from its first cell
     folder = tmp_path / f"run-{cluster.session.run_id}"
     folder.mkdir()
-    (folder / checkpoint.OWNER).write_text('{"run": "run-1", "store": "/elsewhere/runs.sqlite"}')
+    (folder / folders.OWNER).write_text('{"run": "run-1", "store": "/elsewhere/runs.sqlite"}')
     with pytest.raises(RankFailure, match="holds run run-1 of the run store /elsewhere/runs.sqlite, not of"):
         cluster.run(TRAIN.replace("MAX", "20").replace("RESUME", "False"), quiet=True)
     assert cluster.pull("first") == [None, None] and steps_in(folder) == []  # not one step trained
@@ -367,7 +368,7 @@ def test_a_cell_whose_run_folder_another_store_owns_fails_before_training(
         {"global_batch_size": 8, "checkpoint": {"every": 10, "directory": str(tmp_path / "own")}}
     )
     train(cluster, 20)
-    owner = (tmp_path / "own" / f"run-{cluster.session.run_id}" / checkpoint.OWNER).read_text()
+    owner = (tmp_path / "own" / f"run-{cluster.session.run_id}" / folders.OWNER).read_text()
     assert str(cluster.store_file) in owner
 
 
@@ -398,7 +399,7 @@ def test_a_full_disk_on_the_ranks_fails_the_cell_with_one_line_and_no_temp_file(
     with pytest.raises(RankFailure, match=r"no space left in .*run-\d+ \(it needs about \d+\.\d MiB"):
         cluster.run(big.replace("MAX", "5").replace("RESUME", "False"), quiet=True)
     folder = small_disk / f"run-{cluster.session.run_id}"
-    assert [p.name for p in folder.iterdir()] == [checkpoint.OWNER]  # the temp file is gone
+    assert [p.name for p in folder.iterdir()] == [folders.OWNER]  # the temp file is gone
 
 
 def test_a_pending_folder_loads_by_its_name_and_adopt_keeps_a_run_folder_there(group, tmp_path) -> None:
@@ -407,13 +408,13 @@ def test_a_pending_folder_loads_by_its_name_and_adopt_keeps_a_run_folder_there(g
     checkpoint.save(ctx, {"step": 5, "epoch": 0, "micro": 0})
     pending = tmp_path / "pending-abc-1"
     # a kernel that died before the next cell: the folder keeps its name, and loads by it
-    assert checkpoint.find(ctx, "pending-abc-1") == pending / "step-00000005.pt"
+    assert folders.find(ctx, "pending-abc-1") == pending / "step-00000005.pt"
     assert not (tmp_path / "run-3").exists()
     (tmp_path / "run-4").mkdir()  # a folder of that run already there: neither is touched
     with pytest.warns(DtworkWarning, match="resume='pending-abc-1' loads them"):
-        checkpoint.adopt(ctx, "pending-abc-1", 4)
+        folders.adopt(ctx, "pending-abc-1", 4)
     assert steps_in(pending) == [5] and steps_in(tmp_path / "run-4") == []
-    checkpoint.adopt(ctx, "pending-abc-1", 5)
+    folders.adopt(ctx, "pending-abc-1", 5)
     assert steps_in(tmp_path / "run-5") == [5] and not pending.exists()
     assert '"run": "run-5"' in (tmp_path / "run-5" / "run.json").read_text()
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import dtwork
 from dtwork.config import load_config
 from dtwork.errors import DtworkWarning
+from dtwork.runtime.checkpoint import files, folders
 from dtwork.runtime.checkpoint import trial as checkpoint
 from dtwork.runtime.context import Context
 from tests.test_fsdp import MODEL, SETUP, TRAIN
@@ -59,7 +60,7 @@ def test_dcp_checkpoint_resumes_on_two_ranks_and_on_one(fresh_run: Any, tmp_path
     fresh_run.run(_cell(4, False), quiet=True)
     at_4, loss_4 = fresh_run.pull("params")[0], fresh_run.pull("loss")[0]
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    (saved,) = checkpoint.checkpoints(run)
+    (saved,) = folders.checkpoints(run)
     assert saved.name == "step-00000004.dcp"
     names = sorted(p.name for p in saved.iterdir())
     assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "extra.pt"]  # a shard file per rank
@@ -95,7 +96,7 @@ def test_dcp_checkpoint_resumes_on_two_ranks_and_on_one(fresh_run: Any, tmp_path
 def test_a_damaged_newest_dcp_folder_is_skipped_for_the_one_before(one_rank: None, tmp_path: Path) -> None:
     ns = _on_one_rank(tmp_path, _cell(4, False), every=2)
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir() and p.name != "pg"]
-    assert [p.name for p in checkpoint.checkpoints(run)] == ["step-00000002.dcp", "step-00000004.dcp"]
+    assert [p.name for p in folders.checkpoints(run)] == ["step-00000002.dcp", "step-00000004.dcp"]
     newest = run / "step-00000004.dcp"
     shard = newest / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # torn on disk
@@ -105,7 +106,7 @@ def test_a_damaged_newest_dcp_folder_is_skipped_for_the_one_before(one_rank: Non
         found = checkpoint.resume_from(ns["ctx"].state, True)
     assert found is not None and found[1]["step"] == 2
     (newest / ".metadata").unlink()
-    with pytest.raises(checkpoint.UnreadableCheckpoint, match=r"no \.metadata"):
+    with pytest.raises(files.UnreadableCheckpoint, match=r"no \.metadata"):
         checkpoint.resume_from(ns["ctx"].state, newest)
     shutil.rmtree(newest)
     with warnings.catch_warnings():

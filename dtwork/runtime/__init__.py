@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dtwork.runtime.context import Context
@@ -36,7 +36,7 @@ def set_current(ctx: Context | None) -> None:
     _CTX = ctx
 
 
-def call_with_ctx(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def call_with_ctx(fn: Callable[..., object], args: tuple[object, ...], kwargs: dict[str, object]) -> object:
     """Call ``fn`` on this rank, handing it ``ctx`` when it takes one: a parameter named ``ctx``,
     or one positional argument more than it was given (``cluster.run(lambda c: c.rank)``)."""
     if _CTX is None:
@@ -54,7 +54,7 @@ def call_with_ctx(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     return fn(*args, **kwargs)
 
 
-def _binds(sig: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def _binds(sig: inspect.Signature, args: tuple[object, ...], kwargs: dict[str, object]) -> bool:
     try:
         sig.bind(*args, **kwargs)
     except TypeError:

@@ -14,19 +14,34 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 import psutil
 
 from dtwork import runtime
 from dtwork.runtime.core import effective_args
+from dtwork.runtime.core.payloads import (
+    CellSettings,
+    ConfigApplied,
+    EngineProbe,
+    GpuFacts,
+    ModelSettings,
+    OptimizerSettings,
+    ProcessId,
+    RankJoined,
+    RankSpec,
+    Setting,
+)
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 _watching: set[int] = set()  # the kernel PIDs a watcher thread watches already
 
 
-def _watch_kernel(kernel: dict[str, Any], poll: float = 1.0) -> None:
+def _watch_kernel(kernel: ProcessId, poll: float = 1.0) -> None:
     """Exit this engine if the kernel that owns it dies (same host only); once per kernel."""
     if kernel["pid"] in _watching:
         return
@@ -53,7 +68,7 @@ def _watch_kernel(kernel: dict[str, Any], poll: float = 1.0) -> None:
     threading.Thread(target=loop, name="dtwork-kernel-watch", daemon=True).start()
 
 
-def probe(kernel: dict[str, Any] | None, kernel_host: str) -> dict[str, Any]:
+def probe(kernel: ProcessId | None, kernel_host: str) -> EngineProbe:
     """Describe this engine: host, addresses, PIDs, visible GPUs (via NVML, not CUDA)."""
     from dtwork.shared import devices, telemetry
 
@@ -61,25 +76,28 @@ def probe(kernel: dict[str, Any] | None, kernel_host: str) -> dict[str, Any]:
     if kernel is not None and host == kernel_host:
         _watch_kernel(kernel)
     me = psutil.Process()
-    return {
+    gpus = devices.visible([g.to_dict() for g in telemetry.cuda_devices()])
+    found: EngineProbe = {
         "hostname": host,
         "pid": me.pid,
         "create_time": me.create_time(),
         "parent": {"pid": me.ppid(), "create_time": psutil.Process(me.ppid()).create_time()},
         "addresses": devices.host_addresses(),
-        "gpus": (gpus := devices.visible([g.to_dict() for g in telemetry.cuda_devices()])),
+        "gpus": gpus,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "slurm_localid": devices.slurm_local_id(),
-        **(_torch_cuda() if gpus else {}),
     }
+    if gpus:
+        _torch_cuda(found)
+    return found
 
 
-def _torch_cuda() -> dict[str, Any]:
+def _torch_cuda(found: EngineProbe) -> None:
     """Whether this engine's torch is a CUDA build (asked without starting CUDA: the rank's
     CUDA_VISIBLE_DEVICES is set later, and CUDA reads it once)."""
     import torch
 
-    return {"torch": torch.__version__, "torch_cuda": bool(torch.backends.cuda.is_built())}
+    found["torch"], found["torch_cuda"] = torch.__version__, bool(torch.backends.cuda.is_built())
 
 
 def free_port(address: str) -> int:
@@ -122,7 +140,7 @@ def listen_once(address: str, seconds: float) -> int:
     return int(srv.getsockname()[1])
 
 
-def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
+def init_rank(spec: RankSpec) -> RankJoined:
     """Pin the GPU, join the process group, and create this rank's ``ctx``.
 
     ``spec`` holds rank, world_size, local_rank, backend, master_addr, master_port,
@@ -134,9 +152,10 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     # Before CUDA is initialised in this process: the rank sees exactly one device, named by
     # UUID so that CUDA's device order (fastest first) cannot differ from NVML's.
     os.environ.update(rank_environment(spec.get("gpu_uuid") if spec.get("gpu") is not None else None))
-    if spec.get("interface"):
-        os.environ["GLOO_SOCKET_IFNAME"] = spec["interface"]
-        os.environ["NCCL_SOCKET_IFNAME"] = spec["interface"]
+    interface = spec.get("interface")
+    if interface:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+        os.environ["NCCL_SOCKET_IFNAME"] = interface
     os.environ.update(
         MASTER_ADDR=spec["master_addr"],
         MASTER_PORT=str(spec["master_port"]),
@@ -167,7 +186,7 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         device = torch.device("cpu")
     with _warnings_for_the_kernel() as notes:
-        ctx = Context.from_spec(spec, device)
+        ctx = Context.from_spec(dict(spec), device)
     runtime.set_current(ctx)
     # The group's first all-reduce proves it works before the kernel reports "ready".
     group.join(_rendezvous_store(spec, timedelta(seconds=spec["timeout"])), spec, device)
@@ -183,7 +202,8 @@ def init_rank(spec: dict[str, Any]) -> dict[str, Any]:
         "pid": os.getpid(),
         "global_batch_size": ctx.global_batch_size,
         "warnings": notes,
-        **gpu,
+        "gpu_name": gpu["gpu_name"],
+        "gpu_uuid": gpu["gpu_uuid"],
     }
 
 
@@ -207,7 +227,7 @@ def _warnings_for_the_kernel() -> Iterator[list[str]]:
 _listener: socket.socket | None = None
 
 
-def _rendezvous_store(spec: dict[str, Any], timeout: timedelta) -> Any:
+def _rendezvous_store(spec: RankSpec, timeout: timedelta) -> dist.TCPStore:
     """The process group's TCPStore, listening on the master address only (not every interface).
 
     ``init_method="tcp://..."`` would make rank 0 listen on all interfaces; here rank 0 binds
@@ -245,7 +265,7 @@ def _warm_imports() -> None:
         pass
 
 
-def _gpu_facts(uuid: str | None) -> dict[str, Any]:
+def _gpu_facts(uuid: str | None) -> GpuFacts:
     if uuid is None:
         return {"gpu_name": None, "gpu_uuid": None}
     from dtwork.shared import telemetry
@@ -256,7 +276,7 @@ def _gpu_facts(uuid: str | None) -> dict[str, Any]:
     return {"gpu_name": None, "gpu_uuid": None}
 
 
-def set_config(config: dict[str, Any] | None, global_batch_size: int | None) -> dict[str, Any]:
+def set_config(config: dict[str, object] | None, global_batch_size: int | None) -> ConfigApplied:
     """Load a config (as a dict) into this rank's ctx; return the per-slot batch it implies."""
     ctx = runtime.current()
     with _warnings_for_the_kernel() as notes:
@@ -268,7 +288,7 @@ def set_config(config: dict[str, Any] | None, global_batch_size: int | None) -> 
     }
 
 
-def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+def call(fn: Callable[..., object], *args: object, **kwargs: object) -> list[object]:
     """Call ``fn`` on this rank (handing it ``ctx`` when it takes one) and return its value in a
     one-item list.
 
@@ -287,26 +307,29 @@ def optimizer_lrs() -> list[list[float]]:
     return [[float(g["lr"]) for g in opt.param_groups] for opt in runtime.current().optimizers]
 
 
-def cell_settings() -> dict[str, Any]:
+def cell_settings() -> CellSettings:
     """What the last cell trained with, as it left it: whether each wrapped model it used measures
     the noise scale, and each optimizer it used: class and hyperparameters by parameter group."""
     from dtwork.runtime.measure.ddp_hooks import measure_state
 
     state = runtime.current().state
-    models = [{"gns": bool(s.gns)} for m in state.used_now("models") if (s := measure_state(m)) is not None]
-    optimizers = [
+    models: list[ModelSettings] = [
+        {"gns": bool(s.gns)} for m in state.used_now("models") if (s := measure_state(m)) is not None
+    ]
+    optimizers: list[OptimizerSettings] = [
         {"class": type(opt).__name__, "groups": [_plain_settings(g) for g in opt.param_groups]}
         for opt in state.used_now("optimizers")
     ]
     return {"models": models, "optimizers": optimizers, "calls": effective_args.of_cell(state)}
 
 
-def _plain_settings(group: dict[str, Any]) -> dict[str, Any]:
+def _plain_settings(group: Mapping[str, object]) -> dict[str, Setting]:
     """A parameter group's hyperparameters that a report can print (numbers, flags, names)."""
-    out: dict[str, Any] = {}
+    out: dict[str, Setting] = {}
     for key, value in group.items():
-        if hasattr(value, "numel") and value.numel() == 1:  # a tensor learning rate (no torch import here)
-            value = value.item()
+        numel = getattr(value, "numel", None)
+        if numel is not None and numel() == 1:  # a tensor learning rate (no torch import here)
+            value = value.item()  # type: ignore[attr-defined]
         if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
             value = list(value)
         if key != "params" and isinstance(value, (bool, int, float, str, list, type(None))):
@@ -331,12 +354,12 @@ def set_run_id(
     ``new_axis``: the kernel began it (not a rank's training loop), so its steps start at 0;
     ``trained``: it had a loop; ``token``: names a pending folder (runtime/run_axis.py);
     ``adopt``: (run, pending folder) pairs of runs loops began mid-cell, renamed first."""
-    from dtwork.runtime.checkpoint import trial as checkpoint
+    from dtwork.runtime.checkpoint import folders
     from dtwork.runtime.core import run_axis
 
     ctx = runtime.current()
     for run, folder in adopt:
-        checkpoint.adopt(ctx.state, folder, run)
+        folders.adopt(ctx.state, folder, run)
     if new_axis and ctx.run_id != run_id:  # told again after a replay: its axis goes on
         run_axis.new_axis(ctx.state)
     ctx.run_id, ctx.run_store = run_id, store
@@ -364,7 +387,7 @@ def reload_modules(folder: str) -> list[str]:
     return autoreload.reload_changed(folder)
 
 
-def _user_namespace() -> dict[str, Any]:
+def _user_namespace() -> dict[str, object]:
     """The engine's interactive namespace, where cells run."""
     from IPython import get_ipython
 

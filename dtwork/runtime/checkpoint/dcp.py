@@ -9,21 +9,15 @@ used: on the default gloo group it crashes or hangs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import format_utils
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from dtwork.errors import DtworkError
-from dtwork.runtime.parallel.strategy import strategy_of
+from dtwork.runtime.parallel.strategy import StateDict, strategy_of
 
 if TYPE_CHECKING:
     from dtwork.runtime.core.state import RankState
@@ -47,14 +41,16 @@ def sharded_owner(state: RankState, optimizer: torch.optim.Optimizer) -> torch.n
     return next((m for m in sharded if any(id(p) in mine for p in m.parameters())), None)
 
 
-def _states(state: RankState) -> dict[str, dict[str, Any]]:
+def _states(state: RankState) -> dict[str, dict[str, StateDict]]:
     """This rank's shards of the FSDP models and their optimizers, keyed by registration index."""
     models = {
-        str(i): get_model_state_dict(m) for i, m in enumerate(state.run_modules()) if strategy_of(m).sharded
+        str(i): strategy_of(m).shard_state(m)
+        for i, m in enumerate(state.run_modules())
+        if strategy_of(m).sharded
     }
     optims = {
-        str(i): get_optimizer_state_dict(owner, o)
-        for i, o in enumerate(state.run_objects("optimizers"))
+        str(i): strategy_of(owner).optimizer_shard_state(owner, o)
+        for i, o in enumerate(state.run_optimizers())
         if (owner := sharded_owner(state, o)) is not None
     }
     return {"models": models, "optimizers": optims}
@@ -75,12 +71,13 @@ def load(state: RankState, folder: Path) -> None:
             f"checkpoint {folder} cannot be read ({_first_line(exc)}): it is damaged"
         ) from None
     for key, sd in target["models"].items():
-        set_model_state_dict(state.run_modules()[int(key)], sd)
+        model = state.run_modules()[int(key)]
+        strategy_of(model).set_shard_state(model, sd)
     for key, sd in target["optimizers"].items():
-        o = state.run_objects("optimizers")[int(key)]
+        o = state.run_optimizers()[int(key)]
         owner = sharded_owner(state, o)
         assert owner is not None  # _states keys only optimizers that have one
-        set_optimizer_state_dict(owner, o, sd)
+        strategy_of(owner).set_optimizer_shard_state(owner, o, sd)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -92,7 +89,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def whole(folder: Path, scratch: Path) -> dict[str, dict[int, Any]]:
+def whole(folder: Path, scratch: Path) -> dict[str, dict[int, StateDict]]:
     """The unsharded models and optimizers of a DCP folder, by index; in any process, no group."""
     format_utils.dcp_to_torch_save(folder, scratch)
     found = torch.load(scratch, map_location="cpu", weights_only=True)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import SupportsFloat, SupportsInt, cast
 
 from dtwork.errors import DtworkError
 
 
-def keyword_names(fn: Callable[..., Any]) -> list[str]:
+def keyword_names(fn: Callable[..., object]) -> list[str]:
     """The keyword arguments ``fn`` accepts by name."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds and p.name != "self"]
@@ -26,12 +26,12 @@ def check_keywords(where: str, given: Iterable[str], valid: list[str]) -> None:
         raise DtworkError(f"{where} got an unknown argument {name}=: {hint}")
 
 
-def check_count(where: str, name: str, value: Any, *, minimum: int = 0) -> None:
+def check_count(where: str, name: str, value: object, *, minimum: int = 0) -> None:
     """Refuse a count that is not an int (a string, a float) or below ``minimum``; None passes."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        example = f"{name}={int(value)}" if _integral(value) else f"{name}=10"
+        example = f"{name}={int(cast(SupportsInt, value))}" if _integral(value) else f"{name}=10"
         raise DtworkError(
             f"{where}: {name} must be an int, got {value!r} ({type(value).__name__}): use {example}"
         )
@@ -39,8 +39,8 @@ def check_count(where: str, name: str, value: Any, *, minimum: int = 0) -> None:
         raise DtworkError(f"{where}: {name} must be at least {minimum}, got {value}")
 
 
-def _integral(value: Any) -> bool:
+def _integral(value: object) -> bool:
     try:
-        return float(value) == int(float(value))
+        return float(cast(SupportsFloat, value)) == int(float(cast(SupportsFloat, value)))
     except (TypeError, ValueError):
         return False

@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import Any
 
 STOP_SIGNAL = signal.SIGUSR1
 _flag = threading.Event()
@@ -65,7 +64,7 @@ def cell_ranks() -> list[int] | None:
     return _ranks["cell"]
 
 
-def _shown_cell_starts(info: Any = None) -> None:
+def _shown_cell_starts(info: object = None) -> None:
     _ranks["cell"], _ranks["next"] = _ranks["next"], None
 
 
@@ -78,7 +77,7 @@ def left_loop_at(step: int) -> None:
     _left_step[:] = [step]
 
 
-def _cell_ran(result: Any) -> None:
+def _cell_ran(result: object) -> None:
     """A cell that failed on this rank aborts the group, so that no other rank waits for it."""
     error = getattr(result, "error_in_exec", None)
     if error is None:

@@ -3,24 +3,26 @@ so that the report records what ran: ``entry.cell_settings`` reads those of the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dtwork.runtime.core.payloads import Plain
 
 if TYPE_CHECKING:
     from dtwork.runtime.core.state import RankState
 
 
-def note(state: RankState, helper: str, **args: Any) -> None:
+def note(state: RankState, helper: str, **args: object) -> None:
     """Keep ``helper``'s arguments for the running cell (the last call of it wins, in call order)."""
     state.calls.pop(helper, None)
     state.calls[helper] = (state.cell, {k: plain(v) for k, v in args.items() if v is not None})
 
 
-def of_cell(state: RankState) -> dict[str, dict[str, Any]]:
+def of_cell(state: RankState) -> dict[str, dict[str, Plain]]:
     """The helpers the last cell called, with their arguments."""
     return {helper: args for helper, (cell, args) in state.calls.items() if cell == state.cell}
 
 
-def plain(value: Any) -> Any:
+def plain(value: object) -> Plain:
     """A value a report can print: numbers, flags and text as they are, anything else by its name."""
     if isinstance(value, (bool, int, float, str)):
         return value

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dtwork.errors import DtworkError
+from dtwork.runtime.core.payloads import RankSpec
 
 _Conn = tuple[int, Any, Any]  # (fd, local address, remote address) of an established TCP socket
 
@@ -32,7 +33,7 @@ class _Group:
 
     def __init__(self) -> None:
         self.store: dist.Store | None = None
-        self.spec: dict[str, Any] = {}
+        self.spec: RankSpec | None = None
         self.generation = 0
         self.sockets: set[_Conn] = set()
 
@@ -45,7 +46,7 @@ def _connections() -> set[_Conn]:
     return {(c.fd, c.laddr, c.raddr) for c in conns if c.fd != -1 and c.status == psutil.CONN_ESTABLISHED}
 
 
-def join(store: dist.Store, spec: dict[str, Any], device: torch.device) -> None:
+def join(store: dist.Store, spec: RankSpec, device: torch.device) -> None:
     """Join the default group on ``store`` and prove it with one all-reduce; keep its sockets."""
     _group.store, _group.spec = store, spec
     before = _connections()
@@ -85,7 +86,7 @@ def abort(reason: str) -> None:
     if store is None or not dist.is_initialized() or dist.get_world_size() < 2:
         return
     store.compare_set(_failed_key(), "", reason)
-    if _group.spec.get("backend") == "nccl":
+    if _group.spec is not None and _group.spec["backend"] == "nccl":
         dist.distributed_c10d._get_default_group().abort()
         return
     for fd, _, _ in _group.sockets & _connections():  # still the group's: not closed and reused
@@ -104,9 +105,9 @@ def abort(reason: str) -> None:
 
 def on_cell_error(error: BaseException, step: int | None) -> None:
     """A cell failed on this rank: abort the group unless another rank already did."""
-    rank = _group.spec.get("rank")
-    if rank is None:  # not joined yet
+    if _group.spec is None:  # not joined yet
         return
+    rank = _group.spec["rank"]
     if failed() is not None:
         abort("")  # passes the teardown on to ranks that wait on this one
         return
@@ -126,7 +127,7 @@ def repair() -> str | None:
     """After a cell failed: if a rank aborted the group, every rank joins a new one (the wrapped
     models follow at their next forward, see ``ddp.rebind``); return why, else None."""
     reason = failed()
-    if reason is None or _group.store is None:
+    if reason is None or _group.store is None or _group.spec is None:
         return None
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from typing import Any
 
 from dtwork.errors import DtworkWarning
 from dtwork.shared.records import Kind, Record, make_record
@@ -25,7 +24,7 @@ from dtwork.shared.timing import FLUSH_SECONDS
 MAX_KEPT = 10_000  # records a rank keeps while its publishes fail (a few minutes of a busy loop)
 
 
-def _publish(data: dict[str, Any]) -> None:
+def _publish(data: dict[str, object]) -> None:
     """Send ``data`` to the kernel; raise what the transport raises."""
     try:
         from ipykernel.zmqshell import ZMQInteractiveShell
@@ -53,7 +52,7 @@ class Publisher:
         self._unsent: dict[str, list[Record]] = {}  # batches by key, oldest first, until published
         self._seq = 0
         self._last = time.monotonic()  # the first batch goes out an interval after the rank starts
-        self._progress: dict[str, Any] | None = None
+        self._progress: dict[str, object] | None = None
         self.failing: str | None = None  # why the last publish failed, until one succeeds
         self.dropped = 0  # records dropped past ``max_kept`` while publishing failed
 
@@ -62,7 +61,7 @@ class Publisher:
         """Records waiting to be published (flushed but refused, or not flushed yet)."""
         return len(self._buf) + sum(len(batch) for batch in self._unsent.values())
 
-    def record(self, kind: Kind | str, step: int | None, values: dict[str, float], **extra: Any) -> None:
+    def record(self, kind: Kind | str, step: int | None, values: dict[str, float], **extra: object) -> None:
         self.add(make_record(kind, step, self.rank, values, **extra))
 
     def add(self, record: Record) -> None:
@@ -70,7 +69,7 @@ class Publisher:
         self._buf.append(record)
         self.maybe_flush()
 
-    def progress(self, **fields: Any) -> None:
+    def progress(self, **fields: object) -> None:
         self._progress = {"rank": self.rank, "time": time.time(), **fields}
         self.maybe_flush()
 
@@ -84,7 +83,7 @@ class Publisher:
             self._unsent[f"r{self._seq:08d}"] = self._buf
             self._seq += 1
             self._buf = []
-        data: dict[str, Any] = dict(self._unsent)
+        data: dict[str, object] = dict(self._unsent)
         if self._progress is not None:
             data["progress"] = self._progress
         if not data:

@@ -14,7 +14,7 @@ renames the folder to the run's (``checkpoint.adopt``). The rank decides; the ke
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, SupportsFloat, cast
 
 from dtwork.errors import DtworkError
 from dtwork.shared.records import SEGMENT
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def begin(
-    state: RankState, new_run: bool | None, loop: str, *, resuming: bool = False, **settings: Any
+    state: RankState, new_run: bool | None, loop: str, *, resuming: bool = False, **settings: object
 ) -> int:
     """Open a segment for a training loop; return its first step (0 for a new run). A loop that
     resumes this run's checkpoint (``resuming``) goes on with the run, even after a new wrap."""
@@ -76,10 +76,10 @@ def told_run(state: RankState, trained: bool, token: str | None) -> None:
     state.run_trained, state.pending_token, state.pending_count, state.run_folder = trained, token, 0, None
 
 
-def train_settings(state: RankState) -> dict[str, Any]:
+def train_settings(state: RankState) -> dict[str, object]:
     """What a segment trains with: each optimizer's learning rates now (after its schedule) and
     the batch, for the kernel to tell what changed between segments."""
-    lrs = [[_number(g.get("lr")) for g in opt.param_groups] for opt in state.run_objects("optimizers")]
+    lrs = [[_number(g.get("lr")) for g in opt.param_groups] for opt in state.run_optimizers()]
     return {
         "lr": lrs,
         "global_batch_size": state.global_batch_size,
@@ -89,8 +89,8 @@ def train_settings(state: RankState) -> dict[str, Any]:
     }
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     try:
-        return float(value)
+        return float(cast(SupportsFloat, value))
     except (TypeError, ValueError):  # a tensor learning rate with more than one element, say
         return None

@@ -19,9 +19,13 @@ import torch.distributed as dist
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
 from dtwork.runtime.core import control
+from dtwork.runtime.core.payloads import Plain
 from dtwork.runtime.core.publish import Publisher
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.optim.lr_scheduler import LRScheduler
+
     from dtwork.analysis.gns import GNSEstimator
 
 KINDS = ("models", "optimizers", "schedulers")  # what a trial registers (and a checkpoint holds)
@@ -38,7 +42,7 @@ class RunningLoop(Protocol):
     memory_noted: bool  # whether this loop recorded what the rank holds
     pending_optimizers: list[dict[str, Any]]  # a resume's optimizer states no known optimizer took
 
-    def add_log(self, scalars: dict[str, Any]) -> None: ...
+    def add_log(self, scalars: dict[str, object]) -> None: ...
 
     def before_backward(self) -> None: ...
 
@@ -46,9 +50,10 @@ class RunningLoop(Protocol):
 
 
 @dataclass(eq=False)
-class RankState:
+class RankState:  # the rank's state between cells, one field per thing kept; grouped by section below
     """One rank's identity, configuration and training state (the fields are public)."""
 
+    # who the rank is, and what it trains with
     rank: int
     world_size: int
     local_rank: int
@@ -58,35 +63,40 @@ class RankState:
     hostname: str = field(default_factory=socket.gethostname)
     global_batch_size: int | None = None  # the effective one: per_slot_batch_size x world_size
     per_slot_batch_size: int | None = None
+    gpu_index: int | None = None  # the physical GPU (NVML index) this rank samples
     publisher: Publisher = field(init=False, repr=False)
+    # what the trial registered, and what the running cell used and called
     registered: dict[str, list[weakref.ref[Any]]] = field(
         default_factory=lambda: {k: [] for k in KINDS}, repr=False
     )
+    cell: int = 0  # counts the cells this rank ran (pre_execute), to tell what a cell used
+    used: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
+    calls: dict[str, tuple[int, dict[str, Plain]]] = field(
+        default_factory=dict, repr=False
+    )  # effective_args.py
+    # training state kept between cells
     loop: RunningLoop | None = field(default=None, repr=False)  # the running ctx.steps, if any
     gns: float | None = None  # the latest B_simple estimate
     gns_state: GNSEstimator | None = None
     scaler: torch.amp.GradScaler | None = None  # the fp16 loss scaler of ctx.steps
     log_step: int = -1  # the step of the last ctx.log outside ctx.steps
-    gpu_index: int | None = None  # the physical GPU (NVML index) this rank samples
+    fusion_tuned_for: ExperimentConfig | None = None  # the config the bucket size was tuned for
+    mesh: DeviceMesh | None = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
+    adaptive: Any = None  # the AdaptiveBatch of the last ctx.loader(adaptive=True) (runtime.adaptive)
+    # the run the rank trains in: its checkpoint folder, its step axis (runtime/core/run_axis.py)
     auto_resume: bool = False  # set when the cluster restarts a failed trial
     run_id: int | None = None  # the kernel's run (names its checkpoint folder), set per run
     run_store: str | None = None  # the kernel's store of that run (owns the folder)
-    fusion_tuned_for: ExperimentConfig | None = None  # the config the bucket size was tuned for
-    cell: int = 0  # counts the cells this rank ran (pre_execute), to tell what a cell used
-    used: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
-    mesh: Any = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
-    adaptive: Any = None  # the AdaptiveBatch of the last ctx.loader(adaptive=True) (runtime.adaptive)
     run_step: int = 0  # the steps the run's step axis holds so far (the next loop's first step)
     wrapped: list[weakref.ref[Any]] = field(default_factory=list, repr=False)  # ctx.wrap since the last loop
     run_models: list[weakref.ref[Any]] | None = None  # what the run trains (None: every live model)
     fresh_wrap: bool = False  # a ctx.wrap since the last training loop: the next one starts a new run
-    # A loop that starts a new run mid-cell (runtime/core/run_axis.py) checkpoints into a pending folder
-    # until the kernel names that run at the next cell: the run had a loop, the kernel's token, the folder.
+    # A loop that starts a new run mid-cell checkpoints into a pending folder until the kernel names
+    # that run at the next cell: the run had a loop, the kernel's token, the folder.
     run_trained: bool = False
     pending_token: str | None = None
     pending_count: int = 0
     run_folder: str | None = None
-    calls: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict, repr=False)  # called.py
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.rank)
@@ -100,7 +110,7 @@ class RankState:
         self.registered[kind] = [r for r, obj in zip(refs, live, strict=True) if obj is not None]
         return [obj for obj in live if obj is not None]
 
-    def touch(self, obj: Any) -> None:
+    def touch(self, obj: object) -> None:
         """Note that the running cell used ``obj`` (wrapped, created, stepped or trained)."""
         self.used[obj] = self.cell
 
@@ -132,7 +142,15 @@ class RankState:
         """The run's models (``run_objects("models")``), typed."""
         return self.run_objects("models")
 
-    def register(self, kind: str, obj: Any) -> None:
+    def run_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The run's optimizers (``run_objects("optimizers")``), typed."""
+        return self.run_objects("optimizers")
+
+    def run_schedulers(self) -> list[LRScheduler]:
+        """The run's schedulers (``run_objects("schedulers")``), typed."""
+        return self.run_objects("schedulers")
+
+    def register(self, kind: str, obj: object) -> None:
         self.touch(obj)
         refs = self.registered[kind]
         if refs and refs[-1]() is obj:  # the common case: ctx.step(opt) on every step
@@ -149,7 +167,7 @@ class RankState:
         return self.live("optimizers")
 
     @property
-    def schedulers(self) -> list[Any]:
+    def schedulers(self) -> list[LRScheduler]:
         return self.live("schedulers")
 
     def batch_size(self, default: int = 32) -> int:

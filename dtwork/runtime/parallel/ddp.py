@@ -68,12 +68,12 @@ def rebind(model: torch.nn.Module) -> None:
     model.__dict__.update(fresh.__dict__)
 
 
-def _follow_group(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+def _follow_group(module: torch.nn.Module, args: tuple[object, ...]) -> None:
     """After the group was rebuilt (a failed cell), rebind at the next forward: every rank runs it
     at the same point, whatever models each rank still holds."""
     if isinstance(module, DDP) and module.process_group is not dist.group.WORLD:
         rebind(module)
 
 
-def _counter(state: MeasureState) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
+def _counter(state: MeasureState) -> Callable[[torch.nn.Module, tuple[object, ...]], None]:
     return lambda _module, args: count_forward(state, args)

@@ -65,8 +65,9 @@ def make_mesh(state: RankState, dp: int | None, tp: int) -> DeviceMesh:
         raise DtworkError(
             f"ctx.mesh(dp={dp}, tp={tp}) needs dp x tp = {world} (the world size): pick factors of {world}"
         )
-    state.mesh = init_device_mesh(state.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
-    return state.mesh
+    mesh: DeviceMesh = init_device_mesh(state.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    state.mesh = mesh
+    return mesh
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
@@ -130,11 +131,11 @@ def shard_model(
     return model
 
 
-def _refuse_old_group(group: Any) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
+def _refuse_old_group(group: object) -> Callable[[torch.nn.Module, tuple[object, ...]], None]:
     """A forward pre-hook refusing to run after a failed cell rebuilt the group: the shards'
     mesh is bound to the old one (DDP models rebind; FSDP ones do not yet)."""
 
-    def hook(_module: torch.nn.Module, _args: tuple[Any, ...]) -> None:
+    def hook(_module: torch.nn.Module, _args: tuple[object, ...]) -> None:
         if dist.group.WORLD is not group:
             raise DtworkError(
                 "this FSDP model was sharded over a process group that a failed cell replaced: "

@@ -3,9 +3,16 @@ so that they never test its class themselves."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -13,6 +20,11 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 __all__ = ["DDP", "FSDP", "Strategy", "run_strategy", "strategy_of"]
+
+# torch's state dicts, as torch types them (tensors, numbers, nested dicts and lists): passed on
+# between torch and a checkpoint, never read here
+StateDict = dict[str, Any]
+_WHOLE = StateDictOptions(full_state_dict=True)  # every rank read the whole state: each keeps its shards
 
 
 class Strategy:
@@ -25,6 +37,43 @@ class Strategy:
     def set_gradient_sync(self, model: torch.nn.Module, enabled: bool) -> None:
         """Exchange gradients at the next backward (the last micro-batch) or keep them local."""
         model.require_backward_grad_sync = enabled  # type: ignore[assignment]
+
+    # -- checkpoints: a file holds the whole state of a replicated model, the DCP folder a shard's --
+
+    def file_state(self, model: torch.nn.Module) -> StateDict | None:
+        """What a checkpoint file holds of ``model``: its whole state, as the plain module's
+        (None: each rank writes its shards through DCP instead)."""
+        return _module(model).state_dict()
+
+    def set_whole_state(self, model: torch.nn.Module, state: StateDict) -> None:
+        """Load a whole state dict (a checkpoint file's) into ``model``."""
+        _module(model).load_state_dict(state)
+
+    def optimizer_file_state(self, optimizer: torch.optim.Optimizer) -> StateDict | None:
+        """What a checkpoint file holds of an optimizer over this kind of model's parameters."""
+        return optimizer.state_dict()
+
+    def set_whole_optimizer_state(
+        self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, state: StateDict
+    ) -> None:
+        """Load a whole optimizer state into ``optimizer`` (over ``model``'s parameters, if known)."""
+        optimizer.load_state_dict(state)  # moves the state to each parameter's device
+
+    def shard_state(self, model: torch.nn.Module) -> StateDict:
+        """This rank's part of ``model``'s state, as DCP writes and reads it."""
+        return get_model_state_dict(model)
+
+    def set_shard_state(self, model: torch.nn.Module, state: StateDict) -> None:
+        set_model_state_dict(model, state)
+
+    def optimizer_shard_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> StateDict:
+        """This rank's part of the state of ``optimizer`` over ``model``, as DCP writes and reads it."""
+        return get_optimizer_state_dict(model, optimizer)
+
+    def set_optimizer_shard_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: StateDict
+    ) -> None:
+        set_optimizer_state_dict(model, optimizer, state)
 
 
 class _Sharded(Strategy):
@@ -39,9 +88,30 @@ class _Sharded(Strategy):
         """Reduce-scatter at the last micro-batch only, as DDP's ``no_sync``."""
         model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
 
+    def file_state(self, model: torch.nn.Module) -> StateDict | None:
+        return None  # its shards are in the checkpoint's DCP folder
+
+    def set_whole_state(self, model: torch.nn.Module, state: StateDict) -> None:
+        set_model_state_dict(model, state, options=_WHOLE)
+
+    def optimizer_file_state(self, optimizer: torch.optim.Optimizer) -> StateDict | None:
+        return None
+
+    def set_whole_optimizer_state(
+        self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, state: StateDict
+    ) -> None:
+        assert model is not None  # a sharded optimizer state is set through its model
+        set_optimizer_state_dict(model, optimizer, state, options=_WHOLE)
+
 
 DDP = Strategy()
 FSDP = _Sharded()
+
+
+def _module(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain module inside a DDP wrapper (a plain module is its own)."""
+    inner: torch.nn.Module = getattr(model, "module", model)
+    return inner
 
 
 def strategy_of(model: torch.nn.Module) -> Strategy:

@@ -14,7 +14,7 @@ import site
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 # Folders of the Python installation: modules from there stay imported, as a library does.
 INSTALLED: tuple[str, ...] = tuple(
@@ -34,7 +34,7 @@ INSTALLED: tuple[str, ...] = tuple(
 
 _files: dict[str, tuple[int, str | None]] = {}  # module name -> (id, its user file or None)
 _seen: dict[str, tuple[int, tuple[str, int, int]]] = {}  # module name -> (id, its file's stamp when loaded)
-_old_objects: dict[Any, Any] = {}  # superreload's memory of the objects each reload replaced
+_old_objects: dict[object, object] = {}  # superreload's memory of the objects each reload replaced
 
 
 def within(path: str, folders: tuple[str, ...]) -> bool:
@@ -42,7 +42,7 @@ def within(path: str, folders: tuple[str, ...]) -> bool:
     return any(path == f or path.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
 
 
-def _user_file(name: str, module: Any) -> str | None:
+def _user_file(name: str, module: object) -> str | None:
     """The module's resolved source file when it is the user's (not installed, not dtwork); cached."""
     known = _files.get(name)
     if known is not None and known[0] == id(module):
@@ -57,7 +57,7 @@ def _user_file(name: str, module: Any) -> str | None:
     return user
 
 
-def user_modules(folders: tuple[str, ...]) -> dict[str, Any]:
+def user_modules(folders: tuple[str, ...]) -> dict[str, ModuleType]:
     """Modules imported from ``folders`` and not from the Python installation (nor dtwork)."""
     found = {}
     for name, module in list(sys.modules.items()):

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ class _Setting:
     set: Callable[[Any], None]
 
 
-def _attr(obj: Any, name: str, label: str) -> _Setting:
+def _attr(obj: object, name: str, label: str) -> _Setting:
     return _Setting(label, lambda: getattr(obj, name), lambda v: setattr(obj, name, v))
 
 
@@ -113,16 +114,16 @@ def exit_callbacks() -> Iterator[None]:
     A library that registers one while it is first imported keeps it for the process's exit,
     since it stays imported; everything else (loggers, trackers, profilers) flushes now.
     """
-    registered: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+    registered: list[tuple[Callable[..., object], tuple[object, ...], dict[str, object]]] = []
     real_register, real_unregister = atexit.register, atexit.unregister
 
-    def register(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    def register(fn: Callable[..., object], *args: object, **kwargs: object) -> Callable[..., object]:
         if _importing_a_library(sys._getframe(1)):
             return real_register(fn, *args, **kwargs)
         registered.append((fn, args, kwargs))
         return fn
 
-    def unregister(fn: Callable[..., Any]) -> None:
+    def unregister(fn: Callable[..., object]) -> None:
         registered[:] = [r for r in registered if r[0] != fn]
         real_unregister(fn)
 
@@ -138,7 +139,7 @@ def exit_callbacks() -> Iterator[None]:
                 traceback.print_exc()  # as the interpreter does at exit, and go on
 
 
-def _importing_a_library(frame: Any) -> bool:
+def _importing_a_library(frame: FrameType | None) -> bool:
     """Whether the innermost module body on the stack is an installed library's (its import)."""
     while frame is not None:
         if frame.f_code.co_name == "<module>":

@@ -17,7 +17,7 @@ import sys
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,9 @@ from dtwork.errors import DtworkError
 from dtwork.runtime.scripts import autoreload, fresh_process
 
 if TYPE_CHECKING:
+    from dtwork.config import ExperimentConfig
     from dtwork.runtime.context import Context
+    from dtwork.runtime.core.payloads import RankSpec
 
 _facts: dict[str, str] = {}  # what torchrun would have said about this rank, set at init_rank
 
@@ -35,7 +37,7 @@ class ScriptExit(DtworkError):
     """A script ended with a non-zero ``sys.exit``: the cell fails, the engine stays up."""
 
 
-def install(spec: Mapping[str, Any]) -> None:
+def install(spec: RankSpec) -> None:
     """Remember this rank's torchrun facts and route ``%run`` through ``run_script`` (at init_rank)."""
     # A rank pinned to one GPU sees it as cuda:0, so the device index a script derives from
     # LOCAL_RANK must be 0 there.
@@ -118,7 +120,7 @@ def run_magic(line: str) -> None:
     run_script(argv[0], argv[1:], namespace=get_ipython().user_ns)
 
 
-def run_script(path: str, args: Sequence[str] = (), namespace: dict[str, Any] | None = None) -> None:
+def run_script(path: str, args: Sequence[str] = (), namespace: dict[str, object] | None = None) -> None:
     """Execute ``path`` as ``__main__`` like ``torchrun`` would on this rank.
 
     The script's top-level names land in ``namespace`` afterwards (as ``%run`` does), except
@@ -191,7 +193,7 @@ def _rank_process() -> Iterator[None]:
             setattr(sys, k, v)
 
 
-def _backend_family(backend: Any, warm: str) -> bool:
+def _backend_family(backend: object, warm: str) -> bool:
     """Whether a requested backend can use the warm group (None, the same name, or a device map naming it)."""
     if backend is None:
         return True
@@ -206,7 +208,7 @@ def _warm_group() -> Iterator[None]:
     real_destroy = c10d.destroy_process_group
     warm, world, rank = _identity()
 
-    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
+    def init_process_group(backend: object = None, *args: object, **kwargs: object) -> None:
         if not _backend_family(backend, warm):
             raise DtworkError(
                 f"the script asks for the {backend} backend, but dtwork's warm group uses {warm}: "
@@ -220,7 +222,7 @@ def _warm_group() -> Iterator[None]:
                 f"{rank} of {world}: read them from the environment (RANK, WORLD_SIZE) as torchrun sets them"
             )
 
-    def destroy_process_group(group: Any = None) -> None:
+    def destroy_process_group(group: dist.ProcessGroup | None = None) -> None:
         if group is None or group is c10d.GroupMember.WORLD:
             return  # the warm group outlives the script
         real_destroy(group)
@@ -243,7 +245,7 @@ def _no_worker_processes() -> Iterator[None]:
     """Refuse launchers that start a process per rank (Fabric ddp_spawn/ddp_notebook, notebook_launcher)."""
     import torch.multiprocessing as mp
 
-    def refuse(*args: Any, **kwargs: Any) -> Any:
+    def refuse(*args: object, **kwargs: object) -> NoReturn:
         raise DtworkError(
             "this starts a process per rank, but every dtwork rank already is one process of the group: "
             'use Fabric(strategy="ddp") or a plain Accelerator(), or call the training function directly'
@@ -260,7 +262,10 @@ def _no_worker_processes() -> Iterator[None]:
 
 
 def context_from_env(
-    *, global_batch_size: int | None = None, config: Any = None, backend: str | None = None
+    *,
+    global_batch_size: int | None = None,
+    config: str | os.PathLike[str] | Mapping[str, object] | ExperimentConfig | None = None,
+    backend: str | None = None,
 ) -> Context:
     """Join the group torchrun describes (env://) and return this rank's ``ctx``.
 
