@@ -8,7 +8,7 @@ from typing import TypedDict
 from dtwork.shared.devices import Device
 
 Plain = bool | int | float | str | list[bool | int | float | str]  # a value a report prints as it is
-Setting = bool | int | float | str | list[int | float] | None  # a parameter group's hyperparameter
+Setting = bool | int | float | str | list[object] | None  # a parameter group's hyperparameter, as printed
 
 
 class ProcessId(TypedDict):
