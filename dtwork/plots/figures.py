@@ -21,15 +21,8 @@ from plotly.subplots import make_subplots
 from dtwork.analysis.gns import tradeoff, tradeoff_curve
 from dtwork.analysis.scaling import ScalingResult, best_bucket
 from dtwork.plots.palette import metric_colour
-from dtwork.plots.series import (
-    GnsSeries,
-    GpuSeries,
-    MetricsSeries,
-    Series,
-    StepTimeSeries,
-    ThroughputSeries,
-    Trace,
-)
+from dtwork.plots.rank_series import GpuSeries, StepTimeSeries, ThroughputSeries
+from dtwork.plots.series import GnsSeries, MetricsSeries, Series, Trace
 from dtwork.shared.records import finite
 
 __all__ = [
