@@ -70,6 +70,7 @@ def take(seq: Sequence[float], keep: np.ndarray | None, array: bool) -> Points:
     """
     if not array:
         return list(seq) if keep is None else [seq[i] for i in keep.tolist()]
+    out: np.ndarray
     if isinstance(seq, Column) and len(seq):
         # a copy, never a view: a column exporting its buffer could not grow any more
         view = np.frombuffer(seq, dtype=np.int64 if seq.typecode == "q" else np.float64)
