@@ -103,8 +103,8 @@ class Series(abc.ABC):
         report's JSON)."""
         changed = False
         for r in cast("Iterable[Row]", rows):
-            value = finite(r["value"])
-            if value is not None:  # a NaN or an infinity is a gap in the line
+            value = r["value"]
+            if value is not None and finite(value) is not None:  # a NaN or an infinity is a gap in the line
                 changed = self._add(r, value) or changed
         if changed:
             self.version += 1
@@ -112,7 +112,7 @@ class Series(abc.ABC):
 
     @abc.abstractmethod
     def _add(self, row: Row, value: float) -> bool:
-        """Take one row (its finite ``value``) if it concerns this figure; return whether it did."""
+        """Take one row (``value``: its value, finite) if it concerns this figure; return whether it did."""
 
     @abc.abstractmethod
     def traces(self, max_points: int | None = None) -> list[Trace]:
