@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,6 +51,16 @@ def no_data(fig: go.Figure) -> bool:
     return any(a.name == plots.NO_DATA_NAME for a in fig.layout.annotations)
 
 
+def wait_until(condition: Callable[[], bool], within: float = 30.0) -> bool:
+    """Poll ``condition`` until it holds (return True) or ``within`` seconds pass (return False)."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 @pytest.fixture
 def dash() -> Iterator[Dashboard]:
     d = Dashboard.for_cell(7, [0, 1], title="mnist", global_batch=64, display=False)
@@ -86,7 +96,7 @@ def test_throughput_trace_is_the_sum_over_ranks(dash: Dashboard) -> None:
     assert list(trace(fig, "global").y) == [300.0 + 2 * s for s in range(5)]
     assert list(trace(fig, "rank 1").y) == [200.0 + s for s in range(5)]
     assert list(trace(dash.figures["step_time"], "compute").y) == pytest.approx([0.08] * 5)
-    assert "308 samples/s" in dash._header.value  # 104 + 204 at the last step
+    assert "308 samples/s" in dash.header.html  # 104 + 204 at the last step
 
 
 def test_progress_sets_bars_value_max_and_label() -> None:
@@ -96,20 +106,20 @@ def test_progress_sets_bars_value_max_and_label() -> None:
     dash.progress({0: {"rank": 0, "time": 110.0, "step": 20, "total": 100, "phase": "train", "epoch": 0}})
     dash.progress({1: {"rank": 1, "time": 110.0, "step": 20, "total": None, "phase": "train", "epoch": 0}})
     dash.flush()
-    bars = dash._rank_bars.bars
+    bars = dash.header.rank_bars
     assert (bars[0].value, bars[0].max) == (20, 100)
     # 10 steps in 10 s -> 1 s/step, 80 steps left
     assert bars[0].description == "rank 0: step 20/100 · 250 samples/s · ETA 1 min 20 s"
     assert bars[1].value == 20 and bars[1].description == "rank 1: step 20 · 240 samples/s"
-    assert "step 20/100" in dash._header.value and "ETA 1 min 20 s" in dash._header.value
+    assert "step 20/100" in dash.header.html and "ETA 1 min 20 s" in dash.header.html
     # the bars are drawn in the header's one widget: each rank's label, then its bar filled to value / max
-    shown = dash._header.value
+    shown = dash.header.html
     assert shown.count("dtwork-rank-bar") == 2
     assert shown.index("rank 0: step 20/100 · 250 samples/s · ETA 1 min 20 s") < shown.index("width:20.0%")
     assert shown.index("rank 1: step 20 · 240 samples/s") < shown.index(
         "width:100.0%"
     )  # no total: full at its step
-    assert dash.children[0] is dash._header and not any(
+    assert dash.children[0] is dash.header.widget and not any(
         isinstance(c, widgets.IntProgress) for c in dash.children
     )
     dash.close()
@@ -120,20 +130,20 @@ def test_progress_eta_falls_back_to_step_times() -> None:
     dash.feed([perf(s, 0, 100.0, step_time=2.0) for s in range(3)])
     dash.progress({0: {"rank": 0, "time": 5.0, "step": 3, "total": 10}})
     dash.flush()
-    assert dash._rank_bars.bars[0].description.endswith("ETA 14 s")
+    assert dash.header.rank_bars[0].description.endswith("ETA 14 s")
     dash.close()
 
 
 def test_feeding_twice_within_the_interval_redraws_once_unless_flushed() -> None:
-    """The drawer (stepped by hand here: ``_wake`` is one of its wakes) redraws at most once an
+    """The drawer (stepped by hand here: ``wake`` is one of its wakes) redraws at most once an
     interval; ``flush`` draws now."""
     clock = FakeClock()
     dash = Dashboard(1, [0], clock=clock)
     dash.feed([log(0, loss=1.0)])
-    dash._wake()
+    dash.wake()
     clock.now += 0.1
     dash.feed([log(1, loss=0.5)])
-    dash._wake()
+    dash.wake()
     assert dash.redraws == 1
     assert list(trace(dash.figures["metrics"], "loss").x) == [0]
     dash.flush()
@@ -141,9 +151,9 @@ def test_feeding_twice_within_the_interval_redraws_once_unless_flushed() -> None
     assert list(trace(dash.figures["metrics"], "loss").x) == [0, 1]
     clock.now += 1.0
     dash.feed([log(2, loss=0.25)])
-    dash._wake()
+    dash.wake()
     assert dash.redraws == 3
-    dash._wake()
+    dash.wake()
     assert dash.redraws == 3  # nothing new
     dash.close()
 
@@ -155,7 +165,7 @@ def test_the_default_dashboard_redraws_twice_a_second_while_records_flow() -> No
     dash = Dashboard(1, [0], clock=clock, draw_share=None)
     for step in range(40):
         dash.feed([log(step, loss=1.0 / (step + 1))])
-        dash._wake()
+        dash.wake()
         clock.now += 0.125
     assert dash.redraws == 10
     dash.close()
@@ -171,20 +181,20 @@ def test_late_wakes_do_not_slow_the_redraws_and_a_pause_does_not_bunch_them() ->
     while clock.now - start < 10.0:
         dash.feed([log(step, loss=1.0)])
         step += 1
-        dash._wake()
-        clock.now = max(clock.now, dash._last_draw + dash.interval + 0.05)
+        dash.wake()
+        clock.now = max(clock.now, dash.next_draw + 0.05)
     assert dash.redraws == 20
     clock.now += 3.0  # nothing fed for 3 s
     dash.feed([log(step, loss=1.0)])
-    dash._wake()
+    dash.wake()
     assert dash.redraws == 21
     for _ in range(4):  # 0.1 s apart: none of these is due yet
         clock.now += 0.1
         dash.feed([log(step := step + 1, loss=1.0)])
-        dash._wake()
+        dash.wake()
     assert dash.redraws == 21
     clock.now += 0.1
-    dash._wake()
+    dash.wake()
     assert dash.redraws == 22
     dash.close()
 
@@ -198,21 +208,21 @@ def test_costly_redraws_come_less_often() -> None:
     for s in (0, 1):
         for dash in (cheap, costly):
             dash.feed([log(s, loss=1.0 / (s + 1))])
-            dash._wake()
+            dash.wake()
         if s == 0:
             assert costly.interval == 0.1  # the first redraw's one-time cost sets nothing
         clock.now += 0.2
     assert cheap.interval == 0.1 and costly.interval > 1000  # any redraw costs more than 1 us
     for dash in (cheap, costly):
         dash.feed([log(2, loss=0.25)])
-        dash._wake()
+        dash.wake()
     assert (cheap.redraws, costly.redraws) == (3, 2)
     costly.flush()  # a flush still draws now
     assert list(trace(costly.figures["metrics"], "loss").x) == [0, 1, 2]
     generous = Dashboard(1, [0], clock=clock, min_interval=0.1, draw_share=1.0)
     for s in (0, 1):
         generous.feed([log(s, loss=1.0)])
-        generous._wake()
+        generous.wake()
         clock.now += 0.2
     assert generous.redraws == 2 and generous.interval == 0.1  # a redraw's CPU time is well under 0.1 s
     for dash in (cheap, costly, generous):
@@ -226,12 +236,10 @@ def test_records_fed_after_a_redraw_are_drawn_by_the_drawer_without_more_feeding
     dash.start_drawer()
     for step in range(2):
         dash.feed([log(step, loss=1.0 / (step + 1))])
-        deadline = time.monotonic() + 30.0
-        while len(trace_or_none(dash, "loss")) <= step and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_until(lambda step=step: len(trace_or_none(dash, "loss")) > step)
     assert list(trace(dash.figures["metrics"], "loss").x) == [0, 1]
     dash.close()
-    assert dash._drawer is None
+    assert not dash.drawing
 
 
 def trace_or_none(dash: Dashboard, name: str) -> list[Any]:
@@ -245,23 +253,20 @@ def test_a_drawer_reads_and_draws_what_is_fed_in_its_own_thread_at_idle_priority
     view does not take a core from ranks that fill the machine."""
     dash = Dashboard(1, [0], min_interval=0.05, draw_share=None)
     drawn_in: list[tuple[str, int | None]] = []
-    draw = dash._draw
+    draw = dash.redraw
 
     def spy() -> None:
         policy = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
         drawn_in.append((threading.current_thread().name, policy))
         draw()
 
-    dash._draw = spy  # type: ignore[method-assign]
+    dash.redraw = spy  # type: ignore[method-assign]
     dash.start_drawer()
     for s in range(40):
         dash.feed([log(s, loss=float(s)), perf(s, 0, 100.0)])
         dash.progress({0: {"step": s + 1, "total": 40, "time": 10.0 + s}})
-        time.sleep(0.005)
-    deadline = time.monotonic() + 30.0
-    while dash.rows_fed < 40 * 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert dash.rows_fed == 40 * 5 and dash.redraws >= 1
+        time.sleep(0.005)  # the workload: records arrive over time, as from a training loop
+    assert wait_until(lambda: dash.rows_fed == 40 * 5 and dash.redraws >= 1)
     assert {name for name, _ in drawn_in} == {"dtwork-dashboard"}  # never in the feeding thread
     if sys.platform.startswith("linux"):
         assert {policy for _, policy in drawn_in} == {os.SCHED_IDLE}
@@ -269,12 +274,12 @@ def test_a_drawer_reads_and_draws_what_is_fed_in_its_own_thread_at_idle_priority
     dash.finish(
         CellResult(seq=1, ranks=[0], status="ok", seconds=1.0)
     )  # stops the drawer, then draws what it had not read
-    assert dash._drawer is None and not any(
+    assert not dash.drawing and not any(
         t.name == "dtwork-dashboard" and t.is_alive() for t in threading.enumerate()
     )
     assert drawn_in[-1][0] == threading.current_thread().name
     assert list(trace(dash.figures["metrics"], "loss").x) == list(range(41))
-    assert "step 40/40" in dash._header.value
+    assert "step 40/40" in dash.header.html
     dash.close()
 
 
@@ -340,12 +345,12 @@ def test_finish_header_says_how_the_cell_ended(
     dash: Dashboard, status: str, word: str, bar_style: str
 ) -> None:
     dash.progress({0: {"rank": 0, "time": 1.0, "step": 5, "total": 10}})
-    assert "running" in dash._header.value
+    assert "running" in dash.header.html
     dash.finish(CellResult(seq=1, ranks=[0, 1], status=status, seconds=75.0))
-    assert f"{word} in 1 min 15 s" in dash._header.value
-    assert "running" not in dash._header.value
-    assert dash._rank_bars.bars[0].bar_style == bar_style
-    assert f"background:{BAR_COLOURS[bar_style]}" in dash._header.value  # the bar takes the ending's colour
+    assert f"{word} in 1 min 15 s" in dash.header.html
+    assert "running" not in dash.header.html
+    assert dash.header.rank_bars[0].bar_style == bar_style
+    assert f"background:{BAR_COLOURS[bar_style]}" in dash.header.html  # the bar takes the ending's colour
     assert dash.status == word
 
 
@@ -365,10 +370,8 @@ def test_for_cell_displays_with_its_title(monkeypatch: pytest.MonkeyPatch) -> No
     dash = Dashboard.for_cell(12, [0, 1, 2, 3], title="cifar", global_batch=64)
     assert shown == [dash._repr_mimebundle_()]  # the widget, named by its model
     assert isinstance(dash, widgets.VBox)
-    assert (
-        "cifar" in dash._header.value and "run 12" in dash._header.value and "ranks 0-3" in dash._header.value
-    )
-    assert sorted(dash._rank_bars.bars) == [0, 1, 2, 3]
+    assert "cifar" in dash.header.html and "run 12" in dash.header.html and "ranks 0-3" in dash.header.html
+    assert sorted(dash.header.rank_bars) == [0, 1, 2, 3]
     dash.close()
     bare = Dashboard.for_cell(1, [0], display=False)
     assert bare.title == "dtwork" and bare.global_batch is None
@@ -446,20 +449,9 @@ def test_a_cells_logged_steps_reach_its_live_dashboard(cluster: Any) -> None:
         cluster.session.live = False
 
 
-def _read_fed(dash: Dashboard) -> int:
-    """The rows fed to ``dash`` so far, what its drawer has not read yet included."""
-    dash._add_queued()
-    return dash.rows_fed
-
-
-def _settled(read: Any, quiet: float = 0.3, within: float = 10.0) -> Any:
-    """Return ``read()`` once it has not changed for ``quiet`` seconds."""
-    value, since, deadline = read(), time.monotonic(), time.monotonic() + within
-    while time.monotonic() - since < quiet and time.monotonic() < deadline:
-        time.sleep(0.02)
-        if (now := read()) != value:
-            value, since = now, time.monotonic()
-    return value
+def _stored(session: Any) -> int:
+    """The loss rows the store holds for the session's run."""
+    return len(session.store.metrics(session.run_id, "loss"))
 
 
 def test_switching_live_off_mid_cell_pauses_the_dashboard_but_not_the_store(cluster: Any) -> None:
@@ -470,21 +462,21 @@ def test_switching_live_off_mid_cell_pauses_the_dashboard_but_not_the_store(clus
         "import time\n"
         "for step, _ in ctx.steps(range(60), max_steps=60):\n"
         "    ctx.log(loss=float(step))\n"
-        "    time.sleep(0.08)\n"
+        "    time.sleep(0.08)\n"  # the workload: a step that takes a while
     )
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             cluster.run(source, bg=True)
-            deadline = time.monotonic() + 30
-            while (
-                session.dashboard is None or session.dashboard.rows_fed == 0
-            ) and time.monotonic() < deadline:
-                time.sleep(0.02)
+            assert wait_until(lambda: session.dashboard is not None and session.dashboard.rows_fed > 0)
             session.live = False
-            # a batch fed at the switch lands; what was fed is read at once here, not at the drawer's pace
-            paused_at = _settled(lambda: _read_fed(session.dashboard), quiet=1.0)
-            time.sleep(0.8)
-            assert _read_fed(session.dashboard) == paused_at  # nothing fed while paused
+            # a batch handed over at the switch lands; the collector writes a batch to the store before
+            # it feeds it, so once the store holds a batch written after the switch nothing more comes
+            switched = _stored(session)
+            assert wait_until(lambda: _stored(session) > switched)
+            paused_at = session.dashboard.read_fed()  # read at once here, not at the drawer's pace
+            stored = _stored(session)
+            assert wait_until(lambda: _stored(session) >= stored + 5)  # the ranks train on, paused
+            assert session.dashboard.read_fed() == paused_at  # nothing fed while paused
             session.live = True
             session.wait_background()
         assert session.dashboard.rows_fed > paused_at  # fed again after the pause
@@ -503,9 +495,9 @@ def test_the_dashboard_modules_load_once_in_a_thread() -> None:
     widgets.warm_dashboard()
     assert widgets.dashboard_ready(60.0)
     assert "plotly.basewidget" in sys.modules and "dtwork.widgets.dashboard" in sys.modules
-    first = widgets._warming
+    first = widgets.warming()
     widgets.warm_dashboard()
-    assert widgets._warming is first  # started once
+    assert widgets.warming() is first is not None  # started once
 
 
 WARM_PROBE = """
@@ -515,7 +507,7 @@ c = Cluster(n=2, backend="gloo")
 c.session.live = True  # as in a notebook (a script shows no live view)
 try:
     c.start()
-    out = {"spare": c.engines.spare_core(), "started": widgets._warming is not None,
+    out = {"spare": c.engines.spare_core(), "started": widgets.warming() is not None,
            "loaded_at_start": widgets.dashboard_ready(0), "plotly_at_start": "plotly.basewidget" in sys.modules}
     c.session.run_cell("x = 1", ranks=None, rank0=False, bg=False, quiet=False)
     out["loaded_after_cell"] = widgets.dashboard_ready(0)
@@ -557,11 +549,11 @@ def test_the_three_base_figures_are_rows_of_one_widget_updated_in_one_restyle(da
     for step in range(2):  # the first draws add the traces (and plotly settles the axes once)
         dash.feed([log(step, loss=1.0 / (step + 1)), *(perf(step, r, 100.0 + step) for r in (0, 1))])
         dash.flush()
-    edits = panel.figure._last_trace_edit_id
+    edits = panel.figure.trace_edits
     for step in range(2, 5):
         dash.feed([log(step, loss=1.0 / (step + 1)), *(perf(step, r, 100.0 + step) for r in (0, 1))])
         dash.flush()
-        assert panel.figure._last_trace_edit_id == edits + step - 1  # one restyle for the three rows
+        assert panel.figure.trace_edits == edits + step - 1  # one restyle for the three rows
     assert list(trace(dash.figures["metrics"], "loss").y) == [1.0, 0.5, 1 / 3, 0.25, 0.2]
     assert list(trace(dash.figures["throughput"], "global").y) == [200.0, 202.0, 204.0, 206.0, 208.0]
     assert [t.name for t in dash.figures["metrics"].data] == ["loss"]
@@ -591,14 +583,15 @@ def test_a_restyle_is_one_widget_message_that_stays_until_the_next_one_and_the_e
     # one message a redraw; the first ones also ask the browser to fit the figure to the cell's width
     fit = {"_py2js_restyle", "_py2js_relayout", "_last_layout_edit_id", "_last_trace_edit_id"}
     assert sent == [fit] * 3, sent
-    assert fig._py2js_relayout["relayout_data"] == {"autosize": True}
-    msg = fig._py2js_restyle
-    assert msg["trace_edit_id"] == fig._last_trace_edit_id
-    assert msg["layout_edit_id"] + 1 == fig._py2js_relayout["layout_edit_id"] == fig._last_layout_edit_id
+    relayout, msg = fig.pending_relayout, fig.pending_restyle
+    assert relayout is not None and msg is not None
+    assert relayout["relayout_data"] == {"autosize": True}
+    assert msg["trace_edit_id"] == fig.trace_edits
+    assert msg["layout_edit_id"] + 1 == relayout["layout_edit_id"] == fig.layout_edits
     at = [t.name for t in fig.data].index("loss")
     assert list(msg["restyle_data"]["y"][msg["restyle_traces"].index(at)]) == [10.0, 9.0, 8.0, 7.0]
     dash.finish(CellResult(seq=1, ranks=[0, 1], status="ok"))
-    assert fig._py2js_restyle is None and fig._py2js_relayout is None
+    assert fig.pending_restyle is None and fig.pending_relayout is None
     assert list(trace(dash.figures["metrics"], "loss").y) == [10.0, 9.0, 8.0, 7.0]
 
 
@@ -616,7 +609,7 @@ def test_a_redraw_leaves_the_figure_as_plotlys_own_restyle_would(dash: Dashboard
     JSON), and a trace that comes later is still added after the ones on screen."""
     panel = dash.panels["metrics"]
     other = Dashboard.for_cell(7, [0, 1], title="mnist", global_batch=64, display=False)
-    slow = other._rows.figure
+    slow = other.panels["metrics"].figure
     slow.restyle_xy = lambda xs, ys, index: slow.plotly_restyle({"x": list(xs), "y": list(ys)}, list(index))
     try:
         for step in range(8):

@@ -74,11 +74,11 @@ def test_many_ranks_show_one_bar_for_all_then_the_slowest() -> None:
 
     n = BAND_RANKS * 4
     dash = Dashboard(1, list(range(n)), min_interval=0.0, draw_share=None)
-    assert dash._header.value.count("dtwork-rank-bar") == 1 and f"{n} ranks: waiting" in dash._header.value
+    assert dash.header.html.count("dtwork-rank-bar") == 1 and f"{n} ranks: waiting" in dash.header.html
     steps = {r: 100 for r in range(n)} | {17: 5, 40: 60, 3: 99, 9: 99}
     dash.progress({r: {"rank": r, "time": 1.0, "step": s, "total": 1000} for r, s in steps.items()})
     dash.flush()
-    shown = dash._header.value
+    shown = dash.header.html
     assert shown.count("dtwork-rank-bar") == 1 + SLOWEST
     assert f"{n} ranks: steps 5-100/1000 (median 100)" in shown
     order = [shown.index(f"rank {r}: step {steps[r]}/1000") for r in (17, 40, 3, 9)]  # slowest first

@@ -116,8 +116,8 @@ def test_dashboard_shows_it_beside_throughput_not_among_the_metrics() -> None:
     dash.feed([perf(0, 3, 100.0, 0.1, 0.02), perf(1, 3, 100.0, 0.1, 0.02)])
     dash.feed([make_record("log", 3, 0, {"loss": 1.0}), make_record("scaling", 3, 0, {EFFICIENCY_NAME: 0.8})])
     dash.flush()
-    assert "samples/s · 80% scaling efficiency" in dash._header.value
-    assert [t.name for t in dash._series["metrics"].traces()] == ["loss"]
+    assert "samples/s · 80% scaling efficiency" in dash.header.html
+    assert [t.name for t in dash.series["metrics"].traces()] == ["loss"]
     dash.close()
 
 

@@ -67,7 +67,7 @@ def test_gns_bookkeeping_values_are_not_plotted_as_metrics(dash: Dashboard) -> N
 def test_each_row_of_the_live_figure_has_its_own_legend_and_axes(dash: Dashboard) -> None:
     dash.feed([r for s in range(3) for r in (log(s, loss=1.0), perf(s, 0), perf(s, 1))])
     dash.flush()
-    layout = dash._rows.figure.layout
+    layout = dash.panels["metrics"].figure.layout
     for row, key in enumerate(("metrics", "throughput", "step_time"), 1):
         legend = plots.row_legend(row)
         x_axis, y_axis = plots.row_axes(row)
@@ -84,11 +84,11 @@ def test_each_row_of_the_live_figure_has_its_own_legend_and_axes(dash: Dashboard
 def test_a_loss_falling_by_decades_goes_on_a_log_axis_live_and_in_the_report(dash: Dashboard) -> None:
     dash.feed([log(s, loss=2.0 / (s + 1)) for s in range(5)])  # 2.0 -> 0.4: one linear axis
     dash.flush()
-    assert dash._rows.figure.layout.yaxis.type == "linear"
+    assert dash.panels["metrics"].figure.layout.yaxis.type == "linear"
     dash.feed([log(s, loss=2.0 * 10 ** (-s / 10)) for s in range(5, 40)])  # down to ~1e-4
     dash.flush()
-    assert dash._rows.figure.layout.yaxis.type == "log"
-    assert dash._rows.figure.layout.yaxis2.type != "log"  # throughput keeps its own axis
+    assert dash.panels["metrics"].figure.layout.yaxis.type == "log"
+    assert dash.panels["metrics"].figure.layout.yaxis2.type != "log"  # throughput keeps its own axis
     falling = to_rows([log(s, loss=2.0 * 10 ** (-s / 10)) for s in range(40)])
     assert plots.metrics_figure(falling).layout.yaxis.type == "log"
     with_zero = to_rows([log(s, loss=2.0 * 10 ** (-s / 10), acc=s / 40) for s in range(40)])
@@ -173,10 +173,10 @@ def test_a_finished_cell_leaves_plotly_json_in_its_output_and_closes_its_widgets
     assert "finished" in last.data["text/plain"]
     loss = next(t for t in spec["data"] if t["name"] == "loss")
     assert loss["y"] == [1.0 / (s + 1) for s in range(10)]  # plain lists, which every reader takes
-    figures = [dash._rows.figure, dash.panels["gns"].figure]
-    assert all(f._esm == "export default {};" and f.comm is None for f in figures)
-    assert dash.comm is None and dash._header.comm is None
-    assert dash._drawer is None
+    figures = [dash.panels["metrics"].figure, dash.panels["gns"].figure]
+    assert all(f.released and f.comm is None for f in figures)
+    assert dash.comm is None and dash.header.widget.comm is None
+    assert not dash.drawing
 
 
 def test_the_gns_axis_says_not_yet_settled_until_the_records_say_settled() -> None:

@@ -33,30 +33,26 @@ from dtwork.plots.figures import (
     throughput_figure,
     tradeoff_figure,
 )
+from dtwork.plots.rank_series import GpuSeries, StepTimeSeries, ThroughputSeries, global_throughput
 from dtwork.plots.series import (
     ADAPTIVE_NAMES,
-    BASE_FIGURES,
     EFFICIENCY_NAME,
     GNS_INTERVAL,
     GNS_NAMES,
     GPU_NAMES,
-    KIND_FIGURES,
     LOG_SPAN,
     PERF_NAMES,
     STEP_PARTS,
     AdaptiveSeries,
+    AxisLayout,
     GnsSeries,
-    GpuSeries,
     MetricsSeries,
     Series,
-    StepTimeSeries,
-    ThroughputSeries,
     Trace,
-    cell_series,
-    global_throughput,
     off_scale,
     robust_range,
 )
+from dtwork.plots.training import BASE_FIGURES, KIND_FIGURES, cell_series
 
 __all__ = [
     "ADAPTIVE_NAMES",
@@ -64,6 +60,7 @@ __all__ = [
     "KIND_FIGURES",
     "cell_series",
     "AdaptiveSeries",
+    "AxisLayout",
     "EFFICIENCY_NAME",
     "GNS_INTERVAL",
     "GNS_NAMES",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -74,7 +73,7 @@ class RankBands:
     def reset(self) -> None:
         self._kept.clear()
 
-    def traces(self, what: str, style: dict[str, Any], array: bool) -> list[Trace]:
+    def traces(self, what: str, style: Mapping[str, object], array: bool) -> list[Trace]:
         """The p10, p90 and median traces (named "ranks {what}p10" ...), axes from ``style``."""
         series = [s for s in self.ranks.values() if len(s.steps)]
         if not series:
@@ -113,6 +112,6 @@ class RankBands:
         return out
 
 
-def banded(ranks: Mapping[int, Any]) -> bool:
+def banded(ranks: Mapping[int, object]) -> bool:
     """Whether a series with per-rank lines of ``ranks`` draws them as bands."""
     return len(ranks) > BAND_RANKS

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 import json
-from typing import Any
+from typing import TypedDict
 
 import plotly.io as pio
 
@@ -21,19 +21,30 @@ from dtwork import plots
 from dtwork.errors import DtworkError
 from dtwork.store.runs import RunStore
 
-__all__ = ["CELL_MIME", "MAX_POINTS", "cell_bundle", "cell_view"]
+__all__ = ["CELL_MIME", "MAX_POINTS", "CellView", "cell_bundle", "cell_view"]
 
 CELL_MIME = "application/vnd.dtwork.cell+json"
 MAX_POINTS = 1000  # per trace, as the live dashboard draws them
 ENDED = {"ok": "finished", "error": "failed"}  # a cell's stored status, as the title says it
 
 
-def cell_bundle(run_id: int, seq: int) -> dict[str, Any]:
+class CellView(TypedDict):
+    """A cell's view as ``GET /dtwork/runs/<id>/cells/<seq>`` answers it."""
+
+    run_id: int
+    seq: int
+    status: str
+    running: bool
+    step: int | None
+    figure: dict[str, object]  # plotly JSON
+
+
+def cell_bundle(run_id: int, seq: int) -> dict[str, int]:
     """The data of a cell's ``CELL_MIME`` output: which run and which of its cells."""
     return {"run_id": int(run_id), "seq": int(seq)}
 
 
-def cell_view(store: RunStore, run_id: int, seq: int) -> dict[str, Any]:
+def cell_view(store: RunStore, run_id: int, seq: int) -> CellView:
     """The cell's status, last step and figure (plotly JSON) as the store has them now.
 
     Raises ``DtworkError`` when the run has no such cell.

@@ -10,13 +10,14 @@ from __future__ import annotations
 import bisect
 from array import array as Column
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 
 __all__ = [
     "Column",
     "MeanColumn",
+    "Points",
     "RankSeries",
     "StepMeans",
     "Steps",
@@ -26,6 +27,9 @@ __all__ = [
     "take",
     "value_column",
 ]
+
+
+Points: TypeAlias = "list[float] | np.ndarray"  # a trace's x or y: a list, or a numpy array for the widgets
 
 
 class Trace(NamedTuple):
@@ -38,11 +42,11 @@ class Trace(NamedTuple):
     style: dict[str, Any]
 
 
-def step_column() -> Column:
+def step_column() -> Column[int]:
     return Column("q")
 
 
-def value_column() -> Column:
+def value_column() -> Column[float]:
     return Column("d")
 
 
@@ -58,7 +62,7 @@ def pick(n: int, max_points: int | None) -> np.ndarray | None:
     return keep
 
 
-def take(seq: Sequence[Any], keep: np.ndarray | None, array: bool) -> Any:
+def take(seq: Sequence[float], keep: np.ndarray | None, array: bool) -> Points:
     """Return ``seq`` (or its items at ``keep``) as a list, or as a numpy array for the widgets.
 
     Integer arrays come as int32 when they fit (else float64): the widget protocol sends those
@@ -66,6 +70,7 @@ def take(seq: Sequence[Any], keep: np.ndarray | None, array: bool) -> Any:
     """
     if not array:
         return list(seq) if keep is None else [seq[i] for i in keep.tolist()]
+    out: np.ndarray
     if isinstance(seq, Column) and len(seq):
         # a copy, never a view: a column exporting its buffer could not grow any more
         view = np.frombuffer(seq, dtype=np.int64 if seq.typecode == "q" else np.float64)
@@ -119,7 +124,7 @@ class RankSeries:
         """The value at the last step at or before ``step`` (``keys``: sorted_keys())."""
         return self.values[self.at[keys[bisect.bisect_right(keys, step) - 1]]]
 
-    def trace(self, keep_max: int | None, array: bool) -> tuple[Any, Any]:
+    def trace(self, keep_max: int | None, array: bool) -> tuple[Points, Points]:
         keep = pick(len(self.steps), keep_max)
         return take(self.steps, keep, array), take(self.values, keep, array)
 
@@ -199,7 +204,7 @@ class MeanColumn:
         self.means = means
         self.values = value_column()
 
-    def update(self, steps: Sequence[int], changed: int) -> Column:
+    def update(self, steps: Sequence[int], changed: int) -> Column[float]:
         """Bring the column up to date; ``changed``: the lowest index of ``steps`` that changed
         (inserted) since the last update. Return the column (one value per step)."""
         start = min(changed, len(self.values))

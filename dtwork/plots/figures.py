@@ -20,16 +20,10 @@ from plotly.subplots import make_subplots
 
 from dtwork.analysis.gns import tradeoff, tradeoff_curve
 from dtwork.analysis.scaling import ScalingResult, best_bucket
+from dtwork.plots.columns import Points
 from dtwork.plots.palette import metric_colour
-from dtwork.plots.series import (
-    GnsSeries,
-    GpuSeries,
-    MetricsSeries,
-    Series,
-    StepTimeSeries,
-    ThroughputSeries,
-    Trace,
-)
+from dtwork.plots.rank_series import GpuSeries, StepTimeSeries, ThroughputSeries
+from dtwork.plots.series import AxisLayout, GnsSeries, MetricsSeries, Series, Trace
 from dtwork.shared.records import finite
 
 __all__ = [
@@ -100,7 +94,7 @@ def _titled(fig: go.Figure, title: str, x: str, y: str, *, log_x: bool = False) 
     return fig
 
 
-def no_data_note(text: str = NO_DATA) -> dict[str, Any]:
+def no_data_note(text: str = NO_DATA) -> dict[str, object]:
     """The centred "no data yet" annotation (named NO_DATA_NAME)."""
     return {
         "name": NO_DATA_NAME,
@@ -120,7 +114,7 @@ def _no_data(fig: go.Figure, text: str = NO_DATA) -> go.Figure:
     return fig
 
 
-def _line(x: Sequence[float], y: Sequence[float], name: str, **kw: Any) -> go.Scatter:
+def _line(x: Points | Sequence[float], y: Points | Sequence[float], name: str, **kw: object) -> go.Scatter:
     """A line trace; numpy arrays stay arrays (plotly validates lists item by item, slowly)."""
     x = x if isinstance(x, np.ndarray) else list(x)
     y = y if isinstance(y, np.ndarray) else list(y)
@@ -138,7 +132,7 @@ def scatter(trace: Trace) -> go.Scatter:
 
 # -- series figures ------------------------------------------------------------------------------
 
-_EMPTY: dict[type, dict[str, Any]] = {}  # empty_figure() by class of series
+_EMPTY: dict[type, dict[str, object]] = {}  # empty_figure() by class of series
 
 
 def _blank(series: Series) -> go.Figure:
@@ -168,7 +162,7 @@ def series_figure(series: Series, max_points: int | None = None) -> go.Figure:
     return _assemble(series, series.traces(max_points))
 
 
-def empty_figure(series: Series) -> dict[str, Any]:
+def empty_figure(series: Series) -> dict[str, object]:
     """The figure of ``series`` without data ("no data yet") as a plotly dict, built once per class
     of series: the live dashboard starts every cell's figures from it without validating plotly's
     layout again."""
@@ -178,7 +172,7 @@ def empty_figure(series: Series) -> dict[str, Any]:
     return copy.deepcopy(_EMPTY[key])
 
 
-_STACKED: dict[tuple[type, ...], dict[str, Any]] = {}  # stacked_figure() by series classes
+_STACKED: dict[tuple[type, ...], dict[str, object]] = {}  # stacked_figure() by series classes
 
 
 def row_axes(row: int) -> tuple[str, str]:
@@ -223,7 +217,7 @@ def _on_row(trace: Trace, row: int) -> Trace:
     return trace._replace(style={**trace.style, "xaxis": xa, "yaxis": ya, "legend": row_legend(row)})
 
 
-def stacked_figure(series: Sequence[Series]) -> dict[str, Any]:
+def stacked_figure(series: Sequence[Series]) -> dict[str, object]:
     """Empty figures of ``series`` as the rows of one figure, as a plotly dict.
 
     Each row has its title, its axes and its legend, "no data yet" in its middle (an annotation
@@ -254,7 +248,7 @@ def dashboard_figure(parts: Sequence[tuple[Series, Sequence[Trace]]], title: str
     """Series with their traces as the rows of one static figure (what a finished cell's live view
     leaves in the notebook): each row with its own axes, the y axis that fits it, and its own legend.
     A series of side-by-side plots (the GPUs) takes a row for each."""
-    rows: list[tuple[str, str, list[Trace], dict[str, Any]]] = []
+    rows: list[tuple[str, str, list[Trace], AxisLayout]] = []
     for series, traces in parts:
         if not series.subplots:
             rows.append((series.title, series.y_title, list(traces), series.y_axis(traces)))
@@ -277,7 +271,7 @@ def dashboard_figure(parts: Sequence[tuple[Series, Sequence[Trace]]], title: str
 # -- training figures ----------------------------------------------------------------------------
 
 
-def metrics_figure(rows: Iterable[Mapping[str, Any]], names: Sequence[str] | None = None) -> go.Figure:
+def metrics_figure(rows: Iterable[Mapping[str, object]], names: Sequence[str] | None = None) -> go.Figure:
     """Plot each aggregated metric against step, one trace per metric named after it.
 
     ``names`` picks and orders the metrics; by default every logged metric (kind "log"), in the
@@ -286,12 +280,12 @@ def metrics_figure(rows: Iterable[Mapping[str, Any]], names: Sequence[str] | Non
     return series_figure(MetricsSeries(names).add(rows))
 
 
-def throughput_figure(rows: Iterable[Mapping[str, Any]]) -> go.Figure:
+def throughput_figure(rows: Iterable[Mapping[str, object]]) -> go.Figure:
     """Plot global samples/s (the sum over ranks at each step) and one trace per rank "rank r"."""
     return series_figure(ThroughputSeries().add(rows))
 
 
-def step_time_figure(rows: Iterable[Mapping[str, Any]]) -> go.Figure:
+def step_time_figure(rows: Iterable[Mapping[str, object]]) -> go.Figure:
     """Stack compute, communication wait and data-loading time per step (means over ranks).
 
     A part no rank measured (e.g. communication wait on a backend without timing) is left out;
@@ -301,12 +295,12 @@ def step_time_figure(rows: Iterable[Mapping[str, Any]]) -> go.Figure:
     return series_figure(StepTimeSeries().add(rows))
 
 
-def gpu_figure(rows: Iterable[Mapping[str, Any]]) -> go.Figure:
+def gpu_figure(rows: Iterable[Mapping[str, object]]) -> go.Figure:
     """Plot GPU utilization (%) and memory used (MB) against step, per rank, side by side."""
     return series_figure(GpuSeries().add(rows))
 
 
-def gns_figure(rows: Iterable[Mapping[str, Any]], global_batch: int | None = None) -> go.Figure:
+def gns_figure(rows: Iterable[Mapping[str, object]], global_batch: int | None = None) -> go.Figure:
     """Plot the gradient noise scale B_simple = tr(Sigma)/|G|^2 against step.
 
     With ``global_batch`` a dashed line marks the current global batch: well below B_simple
@@ -362,7 +356,9 @@ def scaling_figure(result: ScalingResult | None) -> go.Figure:
     return fig
 
 
-def _bars(sizes: Sequence[int], mid: Mapping[int, float], bounds: Mapping[int, tuple[float, float]]) -> Any:
+def _bars(
+    sizes: Sequence[int], mid: Mapping[int, float], bounds: Mapping[int, tuple[float, float]]
+) -> dict[str, object] | None:
     """Asymmetric error bars from (low, high) bounds; none where a size has no bounds."""
     if not bounds:
         return None
@@ -440,7 +436,7 @@ def mark_segments(fig: go.Figure, starts: Iterable[int], color: str = "#888888")
     a dotted vertical line, named "segment", at each first step but the run's first."""
     try:  # a figure of subplots (compare's panels) gets the line in every panel
         fig.get_subplot(1, 1)
-        where: dict[str, Any] = {"row": "all", "col": 1}
+        where: dict[str, object] = {"row": "all", "col": 1}
     except Exception:
         where = {}
     for step in sorted({int(s) for s in starts if s}):

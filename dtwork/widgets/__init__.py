@@ -33,6 +33,11 @@ def warm_dashboard() -> None:
             _warming.start()
 
 
+def warming() -> threading.Thread | None:
+    """The thread :func:`warm_dashboard` started, if it did (it starts one per process)."""
+    return _warming
+
+
 def dashboard_ready(timeout: float | None = None) -> bool:
     """Wait for :func:`warm_dashboard` (if it was started); return whether it has finished."""
     thread = _warming

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import ipywidgets as w
@@ -28,11 +28,11 @@ class ClusterFacts(Protocol):
     @property
     def global_batch_size(self) -> int | None: ...
     @property
-    def rank_info(self) -> list[dict[str, Any]]: ...
+    def rank_info(self) -> Sequence[Mapping[str, object]]: ...
 
 
 class Watched(ClusterFacts, Protocol):
-    def on_change(self, fn: Callable[[Any], None]) -> None: ...
+    def on_change(self, fn: Callable[[ClusterFacts], None]) -> None: ...
 
 
 _STATE_COLOURS = {"running": "#2e7d32", "starting": "#f9a825", "stopped": "#757575", "failed": "#c62828"}

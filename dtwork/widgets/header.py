@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TypedDict
+
+import ipywidgets as widgets
 
 from dtwork.plots.bands import BAND_RANKS
 
@@ -16,11 +18,14 @@ __all__ = [
     "BAR_STYLES",
     "STATUS_COLOURS",
     "Bars",
+    "Header",
     "RankBar",
+    "RankProgress",
     "bars_html",
     "format_duration",
     "ranks_text",
     "slowest",
+    "step_text",
     "summary_bar",
 ]
 
@@ -34,6 +39,17 @@ BAR_COLOURS = {
     "danger": STATUS_COLOURS["failed"],
     "warning": STATUS_COLOURS["interrupted"],
 }
+
+
+class RankProgress(TypedDict, total=False):
+    """A rank's latest progress as it publishes it (``runtime.core.publish``)."""
+
+    rank: int
+    time: float
+    step: int | None
+    total: int | None
+    phase: str
+    epoch: int
 
 
 class RankBar:
@@ -56,7 +72,7 @@ class RankBar:
     def html(self) -> str:
         share = 100.0 * min(max(self.value / self.max, 0.0), 1.0) if self.max > 0 else 0.0
         colour = BAR_COLOURS.get(self.bar_style, BAR_COLOURS[""])
-        # two cells of the bars' grid (see Dashboard._bars_html): the label, then the bar
+        # two cells of the bars' grid (see bars_html): the label, then the bar
         return (
             f"<span class='dtwork-rank-bar' style='white-space:nowrap'>{html.escape(self.description)}</span>"
             "<div style='min-width:80px;height:10px;background:#e0e0e0;border-radius:5px;overflow:hidden'>"
@@ -82,12 +98,12 @@ def bars_html(bars: Iterable[RankBar]) -> str:
     )
 
 
-def slowest(progress: Mapping[int, Mapping[str, Any]]) -> list[int]:
+def slowest(progress: Mapping[int, RankProgress]) -> list[int]:
     """The SLOWEST ranks furthest behind (fewest steps; a rank not yet stepping first), slowest first."""
     return sorted(progress, key=lambda r: (int(progress[r].get("step") or 0), r))[:SLOWEST]
 
 
-def summary_bar(progress: Mapping[int, Mapping[str, Any]], ranks: int) -> RankBar:
+def summary_bar(progress: Mapping[int, RankProgress], ranks: int) -> RankBar:
     """One bar for every rank: filled to the slowest rank's step, labelled with the steps' spread."""
     bar = RankBar(0)
     steps = sorted(int(p.get("step") or 0) for p in progress.values())
@@ -123,7 +139,7 @@ class Bars:
 
     def draw(
         self,
-        progress: Mapping[int, Mapping[str, Any]],
+        progress: Mapping[int, RankProgress],
         rates: Mapping[int, float],
         etas: Mapping[int, float | None],
         status: str,
@@ -155,3 +171,103 @@ class Bars:
         if self.summary is not None:
             return bars_html([self.summary, *self.bars.values()])
         return bars_html(self.bars[r] for r in sorted(self.bars))
+
+
+class Header:
+    """The dashboard's first widget: the status line (title, run, ranks, step, throughput,
+    efficiency, ETA, how the cell is going) and the bars, in one HTML widget."""
+
+    def __init__(self, run_id: int | None, ranks: Sequence[int], title: str) -> None:
+        self.run_id = run_id
+        self.ranks = list(ranks)
+        self.title = title
+        self.status = "running"
+        self.diverged: str | None = None  # "diverged at step k (loss nan)", once the run has
+        self.seconds: float | None = None  # how long the cell took, once it ended
+        self.bars = Bars(self.ranks)
+        self.widget = widgets.HTML(self._line({}, {}, None, None, None) + self.bars.html())
+
+    @property
+    def html(self) -> str:
+        """What the header shows now (the status line and the bars)."""
+        return str(self.widget.value)
+
+    @property
+    def rank_bars(self) -> Mapping[int, RankBar]:
+        """The bars of single ranks on screen, by rank."""
+        return self.bars.bars
+
+    def draw(
+        self,
+        progress: Mapping[int, RankProgress],
+        rates: Mapping[int, float],
+        etas: Mapping[int, float | None],
+        total: float | None,
+        efficiency: float | None,
+        last_step: int | None,
+    ) -> None:
+        """Redraw the bars and the line: one widget message (sent only when it changed)."""
+        self.bars.draw(progress, rates, etas, self.status)
+        self.widget.value = self._line(progress, etas, total, efficiency, last_step) + self.bars.html()
+
+    def _line(
+        self,
+        progress: Mapping[int, RankProgress],
+        etas: Mapping[int, float | None],
+        total: float | None,
+        efficiency: float | None,
+        last_step: int | None,
+    ) -> str:
+        parts = [
+            f"<b>{html.escape(self.title)}</b>",
+            f"run {self.run_id}",
+            f"ranks {ranks_text(self.ranks)}",
+        ]
+        parts.append(step_text(progress, last_step))
+        if total:
+            parts.append(f"{total:,.0f} samples/s")
+        if efficiency is not None:
+            parts.append(f"{efficiency:.0%} scaling efficiency")
+        known = [eta for eta in etas.values() if eta is not None]
+        if known and self.status == "running":
+            parts.append(f"ETA {format_duration(max(known))}")
+        if self.diverged:
+            parts.append(
+                f"<span style='color:{STATUS_COLOURS.get('error', '#c00')}'>{html.escape(self.diverged)}</span>"
+            )
+        seconds = self.seconds
+        state = self.status + (
+            f" in {format_duration(seconds)}" if seconds and self.status != "running" else ""
+        )
+        colour = STATUS_COLOURS.get(self.status, "#555")
+        parts.append(f"<span style='color:{colour}'>● {html.escape(state)}</span>")
+        return f"<div class='dtwork-dashboard-header'>{' · '.join(parts)}</div>"
+
+    def summary(
+        self, progress: Mapping[int, RankProgress], efficiency: float | None, last_step: int | None
+    ) -> str:
+        """The line for a finished cell: what ran, how far, how it ended."""
+        parts = [
+            f"<b>{html.escape(self.title)}</b>",
+            f"run {self.run_id}",
+            f"ranks {ranks_text(self.ranks)}",
+        ]
+        parts.append(step_text(progress, last_step))
+        if efficiency is not None:
+            parts.append(f"{efficiency:.0%} scaling efficiency")
+        if self.diverged:
+            parts.append(html.escape(self.diverged))
+        seconds = self.seconds
+        parts.append(self.status + (f" in {format_duration(seconds)}" if seconds else ""))
+        return " · ".join(parts)
+
+
+def step_text(progress: Mapping[int, RankProgress], last_step: int | None) -> str:
+    """The furthest rank's step (of the largest total), else the last step fed: "step 20/100"."""
+    steps = [int(step) for p in progress.values() if (step := p.get("step")) is not None]
+    totals = [int(total) for p in progress.values() if (total := p.get("total"))]
+    if not steps and last_step is not None:
+        steps = [last_step]
+    if not steps:
+        return "step —"
+    return f"step {max(steps)}" + (f"/{max(totals)}" if totals else "")

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 
 from dtwork import plots
 
-__all__ = ["FigurePanel", "LiveFigureWidget", "RowView", "RowsPanel"]
+__all__ = ["RELEASED_ESM", "FigurePanel", "LiveFigureWidget", "RowView", "RowsPanel"]
 
 FIT_FIRST = 10  # restyles that each ask the browser to fit the figure to the cell's width
 FIT_EVERY = 4  # after those, every this many restyles ask again
+RELEASED_ESM = "export default {};"  # the JavaScript module of a released figure widget
 
 
 class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
@@ -33,7 +34,10 @@ class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
     """
 
     def _send_restyle_msg(
-        self, restyle_data: dict[str, Any], trace_indexes: Any = None, source_view_id: str | None = None
+        self,
+        restyle_data: dict[str, object],
+        trace_indexes: int | Sequence[int] | None = None,
+        source_view_id: str | None = None,
     ) -> None:
         trace_indexes = self._normalize_trace_indexes(trace_indexes)
         with self.hold_sync():
@@ -49,12 +53,37 @@ class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
                 "source_view_id": source_view_id,
             }
 
-    def __init__(self, fig: go.Figure | dict[str, Any]) -> None:
+    def __init__(self, fig: go.Figure | Mapping[str, object]) -> None:
         super().__init__(fig)
         self._config = {"responsive": True}  # follows the browser window's width
         self._restyles = 0
 
-    def restyle_xy(self, xs: Sequence[Any], ys: Sequence[Any], index: Sequence[int]) -> None:
+    @property
+    def trace_edits(self) -> int:
+        """plotly's trace edit id: one more with every restyle sent."""
+        return int(self._last_trace_edit_id)
+
+    @property
+    def layout_edits(self) -> int:
+        """plotly's layout edit id: one more with every restyle and relayout sent."""
+        return int(self._last_layout_edit_id)
+
+    @property
+    def pending_restyle(self) -> dict[str, object] | None:
+        """The last restyle message, while it stays in place (:meth:`settle` clears it)."""
+        return self._py2js_restyle  # type: ignore[no-any-return]  # a traitlets Dict
+
+    @property
+    def pending_relayout(self) -> dict[str, object] | None:
+        """The last relayout message, while it stays in place (:meth:`settle` clears it)."""
+        return self._py2js_relayout  # type: ignore[no-any-return]  # a traitlets Dict
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` replaced plotly's JavaScript module with the stub."""
+        return bool(self.has_trait("_esm") and self._esm == RELEASED_ESM)
+
+    def restyle_xy(self, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], index: Sequence[int]) -> None:
         """Set ``x`` and ``y`` of the traces at ``index`` and send them in one restyle.
 
         What ``plotly_restyle`` does for these arrays, without its checks (key paths validated per
@@ -96,7 +125,7 @@ class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
         a notebook executed headlessly saves every widget's last state, and plotly's module is
         megabytes per figure. Call it only once no view shows the figure."""
         if self.has_trait("_esm"):
-            self._esm = "export default {};"
+            self._esm = RELEASED_ESM
 
     def settle(self) -> None:
         """Clear the last restyle and relayout (the figure's data hold them already)."""
@@ -109,27 +138,27 @@ class LiveFigureWidget(go.FigureWidget):  # type: ignore[misc]
 class FigurePanel:
     """One figure on screen, drawn from a series' traces."""
 
-    def __init__(self, fig: go.Figure | dict[str, Any]) -> None:
+    def __init__(self, fig: go.Figure | Mapping[str, object]) -> None:
         """Show ``fig`` (a figure from :mod:`dtwork.plots`, or its dict)."""
         self.figure = LiveFigureWidget(fig)
         self.view = self.figure
         self.names = [trace.name for trace in self.figure.data]
-        self.axes: dict[str, dict[str, Any]] = {}  # the y axes' layout set so far, by axis name
+        self.axes: dict[str, plots.AxisLayout] = {}  # the y axes' layout set so far, by axis name
 
-    def _set_axis(self, name: str, axis: Mapping[str, Any]) -> None:
+    def _set_axis(self, name: str, axis: plots.AxisLayout) -> None:
         """Set the y axis ``name`` ("yaxis", "yaxis2", ...) when its layout changed."""
         if axis and self.axes.get(name) != axis:
             self.figure.layout[name].update(axis)
-            self.axes[name] = dict(axis)
+            self.axes[name] = axis.copy()
 
-    def show(self, traces: Sequence[plots.Trace], axis: Mapping[str, Any] | None = None) -> None:
+    def show(self, traces: Sequence[plots.Trace], axis: plots.AxisLayout | None = None) -> None:
         """Draw ``traces`` (a series' ``traces(...)``) on a y axis laid out as ``axis``: in place when
         the figure has those traces already, the new ones added at the end, all of them again when
         their order changed.
         """
         self._show(traces, axis or {})
 
-    def _show(self, traces: Sequence[plots.Trace], axis: Mapping[str, Any]) -> None:
+    def _show(self, traces: Sequence[plots.Trace], axis: plots.AxisLayout) -> None:
         names = [t.name for t in traces]
         have = len(self.names)
         if names[:have] != self.names:  # order changed: draw them all again
@@ -168,11 +197,11 @@ class RowView:
         self.key = key
 
     @property
-    def data(self) -> tuple[Any, ...]:
+    def data(self) -> tuple[go.Scatter, ...]:
         return tuple(t for t in self.panel.figure.data if t.legendgroup == self.key)
 
     @property
-    def layout(self) -> Any:
+    def layout(self) -> types.SimpleNamespace:
         ref = f"{plots.row_axes(self.panel.keys.index(self.key) + 1)[0]} domain"
         notes = tuple(a for a in self.panel.figure.layout.annotations if a.xref == ref)
         return types.SimpleNamespace(annotations=notes)
@@ -195,7 +224,7 @@ class RowsPanel(FigurePanel):
         return RowView(self, key)
 
     def show_rows(
-        self, rows: Mapping[str, Sequence[plots.Trace]], axes: Mapping[str, Mapping[str, Any]] | None = None
+        self, rows: Mapping[str, Sequence[plots.Trace]], axes: Mapping[str, plots.AxisLayout] | None = None
     ) -> None:
         """Draw each row's traces (a series' ``traces(...)``) on its y axis laid out as ``axes[row]``:
         the ones on screen already in one restyle, the new ones added at the end; a row whose traces
@@ -203,7 +232,7 @@ class RowsPanel(FigurePanel):
         self._show_rows(rows, axes or {})
 
     def _show_rows(
-        self, rows: Mapping[str, Sequence[plots.Trace]], axes: Mapping[str, Mapping[str, Any]]
+        self, rows: Mapping[str, Sequence[plots.Trace]], axes: Mapping[str, plots.AxisLayout]
     ) -> None:
         fig = self.figure
         have = {key: [name for k, name in self.order if k == key] for key in rows}

@@ -24,7 +24,7 @@ __all__ = ["UpdatingFigure", "plotly_bundle"]
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
-def plotly_bundle(fig: go.Figure, fallback: str = "plotly figure") -> dict[str, Any]:
+def plotly_bundle(fig: go.Figure, fallback: str = "plotly figure") -> dict[str, object]:
     """The figure as a raw display bundle: plotly JSON and a plain-text title."""
     title = re.sub("<[^>]+>", "", fig.layout.title.text or fallback)
     return {PLOTLY_MIME: json.loads(pio.to_json(fig, validate=False)), "text/plain": title}

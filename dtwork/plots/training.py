@@ -1,0 +1,25 @@
+"""Which series a training cell shows, in which order: the live dashboard and the view a reopened
+notebook reads back from the store (:mod:`.cell_view`) draw the same ones."""
+
+from __future__ import annotations
+
+from dtwork.plots.rank_series import GpuSeries, StepTimeSeries, ThroughputSeries
+from dtwork.plots.series import AdaptiveSeries, GnsSeries, MetricsSeries, Series
+
+__all__ = ["BASE_FIGURES", "KIND_FIGURES", "cell_series"]
+
+BASE_FIGURES = ("metrics", "throughput", "step_time")  # a training cell's rows, always shown
+KIND_FIGURES = ("gpu", "gns", "adaptive")  # shown once they have data, in this order
+
+
+def cell_series(global_batch: int | None = None) -> dict[str, Series]:
+    """A training cell's series by figure key: the live dashboard and the view a reopened notebook
+    reads back from the store draw the same ones."""
+    return {
+        "metrics": MetricsSeries(),
+        "throughput": ThroughputSeries(),
+        "step_time": StepTimeSeries(),
+        "gpu": GpuSeries(),
+        "gns": GnsSeries(global_batch),
+        "adaptive": AdaptiveSeries(),
+    }
