@@ -109,7 +109,7 @@ def alive(record: dict[str, Any] | None) -> bool:
 
 def _zombie(proc: psutil.Process) -> bool:
     try:
-        return proc.status() == psutil.STATUS_ZOMBIE
+        return bool(proc.status() == psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return True  # gone meanwhile
 
@@ -262,7 +262,7 @@ def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
     kill_processes(entry.get("processes", []), grace=grace)
     _interrupt_runs(entry)
     if entry.get("jobs"):  # a dead kernel's Slurm allocation would otherwise run to its time limit
-        from dtwork.launch.launchers import cancel  # imports ipyparallel: only for scheduler jobs
+        from dtwork.launch.slurm import cancel  # imports ipyparallel: only for scheduler jobs
 
         cancel([str(j) for j in entry["jobs"]])
     cid = entry["cluster_id"]
