@@ -13,18 +13,36 @@ import json
 import os
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from dtwork.errors import DtworkError
 from dtwork.launch import registry
 from dtwork.plots.palette import metric_colour
+from dtwork.server.wire import (
+    AdaptiveBatch,
+    ClusterInfo,
+    ClustersReply,
+    GpuInfo,
+    GpusReply,
+    MetricsReply,
+    RankInfo,
+    ReportReply,
+    RunDetail,
+    RunReply,
+    RunsReply,
+    RunSummary,
+    StopReply,
+)
 from dtwork.shared import telemetry
 from dtwork.shared.records import DIVERGED, Kind, adaptive_decisions, batch_changes, divergence_text, finite
+from dtwork.store.rows import RunRow
 from dtwork.store.runs import STORE_ERRORS, RunStore, default_store_path, store_problem
 from dtwork.store.schema import NoRunsYet
+
+T = TypeVar("T")
 
 RUN_ID = re.compile(r"[0-9]{1,18}")
 CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -79,18 +97,19 @@ class ReportFailed(Exception):
 # -- JSON hygiene ------------------------------------------------------------------------------
 
 
-def json_safe(value: Any) -> Any:
-    """Replace NaN and infinities by None, recursively: browsers' JSON.parse rejects them."""
+def json_safe(value: T) -> T:
+    """Replace NaN and infinities by None, recursively: browsers' JSON.parse rejects them (the
+    answers' TypedDicts already allow None wherever a float may be)."""
     if isinstance(value, float):
-        return finite(value)
+        return cast(T, finite(value))
     if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
+        return cast(T, {str(k): json_safe(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
+        return cast(T, [json_safe(v) for v in value])
     return value
 
 
-def display_path(path: Any, root_dir: str) -> str | None:
+def display_path(path: object, root_dir: str) -> str | None:
     """A notebook path relative to the server root, or its bare file name when outside it."""
     if not path or not isinstance(path, str):
         return None
@@ -144,7 +163,7 @@ def parse_cell_seq(text: str) -> int:
     return int(text)
 
 
-def _require_run(store: RunStore | None, run_id: int) -> dict[str, Any]:
+def _require_run(store: RunStore | None, run_id: int) -> RunRow:
     if store is None:
         raise NotFound(f"no run {run_id}: the run store is empty (run a %%dtrain cell first)")
     try:
@@ -153,7 +172,7 @@ def _require_run(store: RunStore | None, run_id: int) -> dict[str, Any]:
         raise NotFound(f"no run {run_id} in the run store") from None
 
 
-def downsample(points: list[list[float]], n: int) -> list[list[float]]:
+def downsample(points: list[T], n: int) -> list[T]:
     """At most ``n`` points, evenly spaced by index, first and last kept."""
     if len(points) <= n:
         return points
@@ -166,7 +185,7 @@ def downsample(points: list[list[float]], n: int) -> list[list[float]]:
 def loss_points(store: RunStore, run_id: int, n: int) -> list[list[float]]:
     """``[[step, loss], ...]`` of the aggregated loss (rank 0's when none is aggregated)."""
     rows = store.metrics(run_id, LOSS_NAME) or store.metrics(run_id, LOSS_NAME, rank=0)
-    pts = [[float(r["step"]), float(r["value"])] for r in rows if finite(r["value"]) is not None]
+    pts = [[float(r["step"]), v] for r in rows if (v := finite(r["value"])) is not None]
     return downsample(pts, n)
 
 
@@ -180,7 +199,7 @@ def world_throughput(store: RunStore, run_id: int) -> float | None:
     return sum(latest.values()) if latest else None
 
 
-def adaptive_batch(store: RunStore, run_id: int, n: int = BATCH_CHANGES) -> dict[str, Any] | None:
+def adaptive_batch(store: RunStore, run_id: int, n: int = BATCH_CHANGES) -> AdaptiveBatch | None:
     """The adaptive batch's trajectory, or None for a run without adaptive decisions:
     ``changes`` ``[[step, global_batch], ...]`` at the decisions that changed it (at most ``n``, first
     and last kept; ``n_changes`` counts them all), and the last decision's ``global_batch`` and
@@ -199,15 +218,15 @@ def adaptive_batch(store: RunStore, run_id: int, n: int = BATCH_CHANGES) -> dict
     }
 
 
-def _pick(names: tuple[str, ...], values: dict[str, Any]) -> float | None:
+def _pick(names: tuple[str, ...], values: Mapping[str, float]) -> float | None:
     """The first of ``names`` with a finite value."""
     return next((v for v in (finite(values.get(n)) for n in names) if v is not None), None)
 
 
-_cache: dict[tuple[Any, ...], Any] = {}
+_cache: dict[tuple[object, ...], object] = {}
 
 
-def _cached(store: RunStore, row: dict[str, Any], what: str, compute: Any) -> Any:
+def _cached(store: RunStore, row: RunRow, what: str, compute: Callable[[], T]) -> T:
     """Memoise per-run reads while the run has no new metrics (the panel polls every 2 s).
 
     The key holds the run's last step and cell count, so a finished run is read once and a
@@ -218,10 +237,10 @@ def _cached(store: RunStore, row: dict[str, Any], what: str, compute: Any) -> An
         if len(_cache) >= CACHE_SIZE:
             _cache.clear()
         _cache[key] = compute()
-    return _cache[key]
+    return cast(T, _cache[key])
 
 
-def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: int) -> dict[str, Any]:
+def _run_summary(store: RunStore, row: RunRow, root_dir: str, n_points: int) -> RunSummary:
     """One run as the panel lists it (matches RunSummary in extension/src/types.ts)."""
     last = _cached(store, row, "last", lambda: store.last_metrics(row["id"]))
     spark = _cached(store, row, f"loss{n_points}", lambda: loss_points(store, row["id"], n_points))
@@ -250,31 +269,40 @@ def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: 
     }
 
 
-def list_runs(root_dir: str, limit: int = DEFAULT_RUNS) -> dict[str, Any]:
+def list_runs(root_dir: str, limit: int = DEFAULT_RUNS) -> RunsReply:
     """GET /dtwork/runs: the newest ``limit`` runs first; ``total`` counts them all."""
     with open_store(root_dir) as store:
         if store is None:
             return {"store_exists": default_store_path(root_dir).is_file(), "total": 0, "runs": []}
         rows = store.list_runs()
         runs = [_run_summary(store, row, root_dir, SPARKLINE_POINTS) for row in rows[:limit]]
-        return json_safe({"store_exists": True, "total": len(rows), "runs": runs})
+        reply: RunsReply = {"store_exists": True, "total": len(rows), "runs": runs}
+        return json_safe(reply)
 
 
-def get_run(root_dir: str, run_id: int) -> dict[str, Any]:
+def get_run(root_dir: str, run_id: int) -> RunReply:
     """GET /dtwork/runs/<id>: the summary, every metric's latest value, the loss curve."""
     with open_store(root_dir) as store:
         row = _require_run(store, run_id)
         assert store is not None
-        run = _run_summary(store, row, root_dir, DETAIL_POINTS)
-        run["last_metrics"] = store.last_metrics(run_id)
-        run["metric_names"] = store.metric_names(run_id)
-        run["per_slot_batch_size"] = row.get("per_slot_batch_size")
-        # one step axis per run: last_step is the run's highest step over all of them
-        run["segments"] = [
-            {k: seg[k] for k in ("seq", "cell_seq", "first_step", "changed")}
-            for seg in store.segments(run_id)
-        ]
-        return json_safe({"run": run})
+        run: RunDetail = {
+            **_run_summary(store, row, root_dir, DETAIL_POINTS),
+            "last_metrics": store.last_metrics(run_id),
+            "metric_names": store.metric_names(run_id),
+            "per_slot_batch_size": row.get("per_slot_batch_size"),
+            # one step axis per run: last_step is the run's highest step over all of them
+            "segments": [
+                {
+                    "seq": seg["seq"],
+                    "cell_seq": seg["cell_seq"],
+                    "first_step": seg["first_step"],
+                    "changed": seg["changed"],
+                }
+                for seg in store.segments(run_id)
+            ],
+        }
+        reply: RunReply = {"run": run}
+        return json_safe(reply)
 
 
 def diverged_text(store: RunStore, run_id: int) -> str | None:
@@ -283,7 +311,7 @@ def diverged_text(store: RunStore, run_id: int) -> str | None:
     return None if d is None else divergence_text(d)
 
 
-def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> dict[str, Any]:
+def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> MetricsReply:
     """GET /dtwork/runs/<id>/metrics?name=NAME: the aggregated series of one metric."""
     if not METRIC_NAME.fullmatch(name):
         raise NotFound(f"malformed metric name {name[:40]!r}")
@@ -295,10 +323,14 @@ def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> dict[
             have = ", ".join(names) if names else "none yet"
             raise NotFound(f"run {run_id} has no metric {name!r}; its metrics: {have}")
         rows = store.metrics(run_id, name) or store.metrics(run_id, name, rank=0)
-        pts = [[r["step"], r["value"], r["time"]] for r in rows]
-        return json_safe(
-            {"run_id": run_id, "name": name, "total": len(pts), "points": downsample(pts, max_points)}
-        )
+        pts: list[list[float | None]] = [[r["step"], r["value"], r["time"]] for r in rows]
+        reply: MetricsReply = {
+            "run_id": run_id,
+            "name": name,
+            "total": len(pts),
+            "points": downsample(pts, max_points),
+        }
+        return json_safe(reply)
 
 
 def cell_live(root_dir: str, run_id: int, seq: int) -> dict[str, Any]:
@@ -358,7 +390,7 @@ def report_environ(body: bytes) -> dict[str, str]:
     return environ
 
 
-def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = None) -> dict[str, Any]:
+def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = None) -> ReportReply:
     """POST /dtwork/runs/<id>/report: ``dtwork.report.export`` into ``<root>/reports/``.
 
     Secrets are scrubbed with the kernel's ``environ`` (sent by the client) and the server's own:
@@ -405,17 +437,17 @@ def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = N
 # -- clusters ----------------------------------------------------------------------------------
 
 
-def _rank(rank: dict[str, Any]) -> dict[str, Any]:
+def _rank(rank: Mapping[str, object]) -> RankInfo:
     keys = ("rank", "hostname", "local_rank", "device", "gpu_name", "pid", "engine_id")
-    return {k: rank.get(k) for k in keys}
+    return cast(RankInfo, {k: rank.get(k) for k in keys})
 
 
-def _cluster(entry: dict[str, Any], root_dir: str) -> dict[str, Any]:
-    """One registry entry as the panel shows it (matches ClusterInfo in types.ts)."""
+def _cluster(entry: dict[str, Any], root_dir: str) -> ClusterInfo:
+    """One registry entry (JSON from its file, validated) as the panel shows it (ClusterInfo)."""
     kernel = entry.get("kernel") or {}
     procs = [p.get("pid") for p in entry.get("processes") or [] if isinstance(p, dict)]
     return {
-        "id": entry.get("cluster_id"),
+        "id": entry["cluster_id"],  # validated by the registry: every entry has one
         "state": entry.get("state"),
         "n": entry.get("n"),
         "backend": entry.get("backend"),
@@ -431,12 +463,13 @@ def _cluster(entry: dict[str, Any], root_dir: str) -> dict[str, Any]:
     }
 
 
-def list_clusters(root_dir: str) -> dict[str, Any]:
+def list_clusters(root_dir: str) -> ClustersReply:
     """GET /dtwork/clusters."""
-    return json_safe({"clusters": [_cluster(e, root_dir) for e in registry.entries()]})
+    reply: ClustersReply = {"clusters": [_cluster(e, root_dir) for e in registry.entries()]}
+    return json_safe(reply)
 
 
-def find_cluster(cluster_id: str) -> dict[str, Any]:
+def find_cluster(cluster_id: str) -> dict[str, Any]:  # the registry entry: JSON from its file
     if not CLUSTER_ID.fullmatch(cluster_id):
         raise NotFound(f"malformed cluster id {cluster_id[:40]!r}")
     for entry in registry.entries():
@@ -445,7 +478,7 @@ def find_cluster(cluster_id: str) -> dict[str, Any]:
     raise NotFound(f"no cluster {cluster_id!r} is registered (it may have stopped already)")
 
 
-def stop_cluster(cluster_id: str) -> dict[str, Any]:
+def stop_cluster(cluster_id: str) -> StopReply:
     """POST /dtwork/clusters/<id>/stop: kill its processes, drop its registry entry."""
     entry = find_cluster(cluster_id)
     killed = registry.kill_processes(entry.get("processes") or [], grace=3.0)
@@ -456,7 +489,7 @@ def stop_cluster(cluster_id: str) -> dict[str, Any]:
 # -- GPUs --------------------------------------------------------------------------------------
 
 
-def gpus() -> dict[str, Any]:
+def gpus() -> GpusReply:
     """GET /dtwork/gpus: inventory and one telemetry sample; never raises."""
     try:
         info = {g.index: g.to_dict() for g in telemetry.gpu_inventory()}
@@ -465,7 +498,7 @@ def gpus() -> dict[str, Any]:
         return {"available": False, "reason": f"NVML failed: {type(exc).__name__}", "gpus": []}
     if not info:
         return {"available": False, "reason": CPU_MODE_REASON, "gpus": []}
-    out = []
+    out: list[GpuInfo] = []
     for s in samples:
         static = info.get(s.index, {})
         out.append(
@@ -481,4 +514,5 @@ def gpus() -> dict[str, Any]:
                 "power_w": s.power_w,
             }
         )
-    return json_safe({"available": True, "reason": None, "gpus": out})
+    reply: GpusReply = {"available": True, "reason": None, "gpus": out}
+    return json_safe(reply)

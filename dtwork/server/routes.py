@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import tornado.web
@@ -51,7 +51,7 @@ class DtworkHandler(APIHandler):
     def root_dir(self) -> str:
         return str(self.settings["dtwork_root_dir"])
 
-    def reply(self, payload: dict[str, Any], status: int = 200) -> None:
+    def reply(self, payload: Mapping[str, object], status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
@@ -64,7 +64,7 @@ class DtworkHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": message}))
 
-    async def blocking(self, fn: Callable[..., T], *args: Any) -> T | None:
+    async def blocking(self, fn: Callable[..., T], *args: object) -> T | None:
         """Run ``fn`` in a thread; answer 404/503/501/500 for the errors the data layer raises."""
         try:
             return await asyncio.to_thread(fn, *args)
@@ -78,7 +78,7 @@ class DtworkHandler(APIHandler):
             self.reply({"error": str(exc)}, exc.status)
         return None
 
-    async def answer(self, fn: Callable[..., dict[str, Any]], *args: Any) -> None:
+    async def answer(self, fn: Callable[..., Mapping[str, object]], *args: object) -> None:
         result = await self.blocking(fn, *args)
         if result is not None:
             self.reply(result)
@@ -207,7 +207,7 @@ ROUTES: list[tuple[tuple[str, ...], type[DtworkHandler]]] = [
 ]
 
 
-def setup_handlers(web_app: Any, root_dir: str) -> None:
+def setup_handlers(web_app: tornado.web.Application, root_dir: str) -> None:
     """Mount every route at ``<base_url>/dtwork/...``."""
     base_url = web_app.settings["base_url"]
     web_app.settings["dtwork_root_dir"] = root_dir
