@@ -1,8 +1,9 @@
-"""What the ``/dtwork/`` routes answer: plain functions from the store, registry and NVML to JSON.
+"""What the ``/dtwork/`` routes answer about runs: plain functions from the run store to JSON, and
+the report export.
 
-Kept apart from the handlers so that they run in a worker thread (SQLite, psutil and NVML
-block) and can be read without tornado. Nothing here returns a file system path other than
-a notebook path relative to the server root, nor anything from the environment.
+Kept apart from the handlers so that they run in a worker thread (SQLite blocks) and can be read
+without tornado. Nothing here returns a file system path other than a notebook path relative to
+the server root, nor anything from the environment. Clusters and GPUs: :mod:`dtwork.server.machines`.
 """
 
 from __future__ import annotations
@@ -19,24 +20,30 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from dtwork.errors import DtworkError
-from dtwork.launch import registry
 from dtwork.plots.palette import metric_colour
+
+# The clusters' and GPUs' answers and the wire's errors and hygiene, by their former names here.
+from dtwork.server.machines import CLUSTER_ID as CLUSTER_ID
+from dtwork.server.machines import CPU_MODE_REASON as CPU_MODE_REASON
+from dtwork.server.machines import find_cluster as find_cluster
+from dtwork.server.machines import gpus as gpus
+from dtwork.server.machines import list_clusters as list_clusters
+from dtwork.server.machines import stop_cluster as stop_cluster
 from dtwork.server.wire import (
     AdaptiveBatch,
-    ClusterInfo,
-    ClustersReply,
-    GpuInfo,
-    GpusReply,
     MetricsReply,
-    RankInfo,
+    NotFound,
+    ReportFailed,
     ReportReply,
+    ReportUnavailable,
     RunDetail,
     RunReply,
     RunsReply,
     RunSummary,
-    StopReply,
+    StoreUnavailable,
+    display_path,
+    json_safe,
 )
-from dtwork.shared import telemetry
 from dtwork.shared.records import DIVERGED, Kind, adaptive_decisions, batch_changes, divergence_text, finite
 from dtwork.store.rows import RunRow
 from dtwork.store.runs import STORE_ERRORS, RunStore, default_store_path, store_problem
@@ -45,7 +52,6 @@ from dtwork.store.schema import NoRunsYet
 T = TypeVar("T")
 
 RUN_ID = re.compile(r"[0-9]{1,18}")
-CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}")
 
 SPARKLINE_POINTS = 48  # loss points per run in GET /dtwork/runs
@@ -65,59 +71,6 @@ THROUGHPUT_NAMES = ("samples_per_s",)
 EFFICIENCY_NAMES = ("scaling_efficiency",)
 B_SIMPLE_NAMES = ("b_simple",)
 LOSS_NAME = "loss"
-
-CPU_MODE_REASON = "NVML sees no GPU (no NVIDIA driver or device): this machine runs in CPU mode"
-
-
-class NotFound(Exception):
-    """A malformed or unknown id; the message is safe to show (no paths)."""
-
-
-class StoreUnavailable(Exception):
-    """The run store exists but cannot be read (damaged, locked, newer): the message says why and
-    what to do, with the store named relative to the server root."""
-
-
-class ReportUnavailable(Exception):
-    """``dtwork.report`` cannot be imported (not installed yet, or a dependency is missing)."""
-
-
-class ReportFailed(Exception):
-    """The export raised; the message has its paths reduced to file names.
-
-    ``status`` is 409 when dtwork refused the export (a DtworkError: e.g. a run with no cells),
-    500 when it broke.
-    """
-
-    def __init__(self, message: str, status: int = 500) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-# -- JSON hygiene ------------------------------------------------------------------------------
-
-
-def json_safe(value: T) -> T:
-    """Replace NaN and infinities by None, recursively: browsers' JSON.parse rejects them (the
-    answers' TypedDicts already allow None wherever a float may be)."""
-    if isinstance(value, float):
-        return cast(T, finite(value))
-    if isinstance(value, dict):
-        return cast(T, {str(k): json_safe(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return cast(T, [json_safe(v) for v in value])
-    return value
-
-
-def display_path(path: object, root_dir: str) -> str | None:
-    """A notebook path relative to the server root, or its bare file name when outside it."""
-    if not path or not isinstance(path, str):
-        return None
-    try:
-        rel = Path(path).resolve().relative_to(Path(root_dir).resolve())
-        return rel.as_posix()
-    except (ValueError, OSError):
-        return Path(path).name or None
 
 
 # -- the run store -----------------------------------------------------------------------------
@@ -432,87 +385,3 @@ def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = N
             f"run {run_id}'s report was written outside the Jupyter root ({path.name}): open it from there"
         ) from None
     return {"run_id": run_id, "path": rel.as_posix()}
-
-
-# -- clusters ----------------------------------------------------------------------------------
-
-
-def _rank(rank: Mapping[str, object]) -> RankInfo:
-    keys = ("rank", "hostname", "local_rank", "device", "gpu_name", "pid", "engine_id")
-    return cast(RankInfo, {k: rank.get(k) for k in keys})
-
-
-def _cluster(entry: dict[str, Any], root_dir: str) -> ClusterInfo:
-    """One registry entry (JSON from its file, validated) as the panel shows it (ClusterInfo)."""
-    kernel = entry.get("kernel") or {}
-    procs = [p.get("pid") for p in entry.get("processes") or [] if isinstance(p, dict)]
-    return {
-        "id": entry["cluster_id"],  # validated by the registry: every entry has one
-        "state": entry.get("state"),
-        "n": entry.get("n"),
-        "backend": entry.get("backend"),
-        "profile": entry.get("profile"),
-        "master": entry.get("master"),
-        "kernel_pid": kernel.get("pid") if isinstance(kernel, dict) else None,
-        "kernel_host": entry.get("kernel_host"),
-        "kernel_alive": bool(entry.get("kernel_alive")),
-        "notebook": display_path(entry.get("notebook"), root_dir),
-        "started_at": entry.get("started_at"),
-        "ranks": [_rank(r) for r in entry.get("ranks") or [] if isinstance(r, dict)],
-        "pids": [p for p in procs if isinstance(p, int)],
-    }
-
-
-def list_clusters(root_dir: str) -> ClustersReply:
-    """GET /dtwork/clusters."""
-    reply: ClustersReply = {"clusters": [_cluster(e, root_dir) for e in registry.entries()]}
-    return json_safe(reply)
-
-
-def find_cluster(cluster_id: str) -> dict[str, Any]:  # the registry entry: JSON from its file
-    if not CLUSTER_ID.fullmatch(cluster_id):
-        raise NotFound(f"malformed cluster id {cluster_id[:40]!r}")
-    for entry in registry.entries():
-        if entry.get("cluster_id") == cluster_id:
-            return entry
-    raise NotFound(f"no cluster {cluster_id!r} is registered (it may have stopped already)")
-
-
-def stop_cluster(cluster_id: str) -> StopReply:
-    """POST /dtwork/clusters/<id>/stop: kill its processes, drop its registry entry."""
-    entry = find_cluster(cluster_id)
-    killed = registry.kill_processes(entry.get("processes") or [], grace=3.0)
-    registry.remove(cluster_id)
-    return {"stopped": cluster_id, "killed": sorted(set(killed))}
-
-
-# -- GPUs --------------------------------------------------------------------------------------
-
-
-def gpus() -> GpusReply:
-    """GET /dtwork/gpus: inventory and one telemetry sample; never raises."""
-    try:
-        info = {g.index: g.to_dict() for g in telemetry.gpu_inventory()}
-        samples = telemetry.sample(sorted(info)) if info else []
-    except Exception as exc:  # a broken driver must not break the panel
-        return {"available": False, "reason": f"NVML failed: {type(exc).__name__}", "gpus": []}
-    if not info:
-        return {"available": False, "reason": CPU_MODE_REASON, "gpus": []}
-    out: list[GpuInfo] = []
-    for s in samples:
-        static = info.get(s.index, {})
-        out.append(
-            {
-                "index": s.index,
-                "name": static.get("name"),
-                "uuid": static.get("uuid"),
-                "driver": static.get("driver"),
-                "utilization": s.utilization,
-                "memory_used_mb": s.memory_used_mb,
-                "memory_total_mb": s.memory_total_mb,
-                "temperature_c": s.temperature_c,
-                "power_w": s.power_w,
-            }
-        )
-    reply: GpusReply = {"available": True, "reason": None, "gpus": out}
-    return json_safe(reply)

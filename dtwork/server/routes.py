@@ -32,7 +32,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from dtwork.server import queries
+from dtwork.server import machines, queries, wire
 from dtwork.shared.version import __version__
 from dtwork.store.runs import default_store_path
 
@@ -68,13 +68,13 @@ class DtworkHandler(APIHandler):
         """Run ``fn`` in a thread; answer 404/503/501/500 for the errors the data layer raises."""
         try:
             return await asyncio.to_thread(fn, *args)
-        except queries.NotFound as exc:
+        except wire.NotFound as exc:
             self.reply({"error": str(exc)}, 404)
-        except queries.StoreUnavailable as exc:
+        except wire.StoreUnavailable as exc:
             self.reply({"error": str(exc)}, 503)
-        except queries.ReportUnavailable as exc:
+        except wire.ReportUnavailable as exc:
             self.reply({"error": str(exc)}, 501)
-        except queries.ReportFailed as exc:
+        except wire.ReportFailed as exc:
             self.reply({"error": str(exc)}, exc.status)
         return None
 
@@ -96,14 +96,14 @@ class ClustersHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        await self.answer(queries.list_clusters, self.root_dir)
+        await self.answer(machines.list_clusters, self.root_dir)
 
 
 class ClusterStopHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def post(self, cluster_id: str) -> None:
-        await self.answer(queries.stop_cluster, cluster_id)
+        await self.answer(machines.stop_cluster, cluster_id)
 
 
 class RunsHandler(DtworkHandler):
@@ -131,7 +131,7 @@ class RunMetricsHandler(DtworkHandler):
     async def get(self, run_id: str) -> None:
         try:
             rid = queries.parse_run_id(run_id)
-        except queries.NotFound as exc:
+        except wire.NotFound as exc:
             self.reply({"error": str(exc)}, 404)
             return
         name = self.get_query_argument("name", "")
@@ -173,7 +173,7 @@ class GpusHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        self.reply(await asyncio.to_thread(queries.gpus))
+        self.reply(await asyncio.to_thread(machines.gpus))
 
 
 class NotFoundHandler(DtworkHandler):

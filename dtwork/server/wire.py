@@ -1,11 +1,17 @@
-"""The JSON answers of the ``/dtwork/`` routes, one TypedDict each (mirrored in ``extension/src/types.ts``).
+"""What the ``/dtwork/`` routes send: their JSON answers, one TypedDict each (mirrored in
+``extension/src/types.ts``), the errors the handlers turn into statuses, and the JSON hygiene.
 
 A None stands for "not known" (NaN and infinities travel as null).
 """
 
 from __future__ import annotations
 
-from typing import TypedDict
+from pathlib import Path
+from typing import TypedDict, TypeVar, cast
+
+from dtwork.shared.records import finite
+
+T = TypeVar("T")
 
 __all__ = [
     "AdaptiveBatch",
@@ -14,14 +20,20 @@ __all__ = [
     "GpuInfo",
     "GpusReply",
     "MetricsReply",
+    "NotFound",
     "RankInfo",
+    "ReportFailed",
     "ReportReply",
+    "ReportUnavailable",
     "RunDetail",
     "RunReply",
     "RunSummary",
     "RunsReply",
     "SegmentInfo",
     "StopReply",
+    "StoreUnavailable",
+    "display_path",
+    "json_safe",
 ]
 
 
@@ -77,7 +89,7 @@ class AdaptiveBatch(TypedDict):
     lr_factor: float | None
 
 
-class RunSummary(TypedDict):
+class RunSummary(TypedDict):  # one field per column of the panel's runs table (IRunSummary)
     """One run as the panel lists it (IRunSummary)."""
 
     id: int
@@ -170,3 +182,57 @@ class GpusReply(TypedDict):
     available: bool
     reason: str | None
     gpus: list[GpuInfo]
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+class NotFound(Exception):
+    """A malformed or unknown id; the message is safe to show (no paths)."""
+
+
+class StoreUnavailable(Exception):
+    """The run store exists but cannot be read (damaged, locked, newer): the message says why and
+    what to do, with the store named relative to the server root."""
+
+
+class ReportUnavailable(Exception):
+    """``dtwork.report`` cannot be imported (not installed yet, or a dependency is missing)."""
+
+
+class ReportFailed(Exception):
+    """The export raised; the message has its paths reduced to file names.
+
+    ``status`` is 409 when dtwork refused the export (a DtworkError: e.g. a run with no cells),
+    500 when it broke.
+    """
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- JSON hygiene ------------------------------------------------------------------------------
+
+
+def json_safe(value: T) -> T:
+    """Replace NaN and infinities by None, recursively: browsers' JSON.parse rejects them (the
+    answers' TypedDicts already allow None wherever a float may be)."""
+    if isinstance(value, float):
+        return cast(T, finite(value))
+    if isinstance(value, dict):
+        return cast(T, {str(k): json_safe(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return cast(T, [json_safe(v) for v in value])
+    return value
+
+
+def display_path(path: object, root_dir: str) -> str | None:
+    """A notebook path relative to the server root, or its bare file name when outside it."""
+    if not path or not isinstance(path, str):
+        return None
+    try:
+        rel = Path(path).resolve().relative_to(Path(root_dir).resolve())
+        return rel.as_posix()
+    except (ValueError, OSError):
+        return Path(path).name or None
