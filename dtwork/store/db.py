@@ -106,11 +106,8 @@ def parse_run_id(run_id: object) -> int:
 
 def next_seq(cur: sqlite3.Cursor, table: Literal["cells", "segments"], run_id: int) -> int:
     """The number the run's next row of ``table`` takes: 1, 2, ... per run."""
-    return int(
-        cur.execute(f"SELECT COALESCE(MAX(seq), 0) + 1 FROM {table} WHERE run_id = ?", (run_id,)).fetchone()[
-            0
-        ]
-    )
+    sql = f"SELECT COALESCE(MAX(seq), 0) + 1 FROM {table} WHERE run_id = ?"
+    return int(cur.execute(sql, (run_id,)).fetchone()[0])
 
 
 class Database:
