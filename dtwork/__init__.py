@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from dtwork.config import load_config
     from dtwork.runtime.checkpoint.trial import export_checkpoint
     from dtwork.runtime.context import Context
+    from dtwork.store.rows import RunRow
 
 _LAZY = {
     "Cluster": ("dtwork.cluster", "Cluster"),
@@ -86,7 +87,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dtwork' has no attribute {name!r}")
 
 
-def runs(store: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+def runs(store: str | os.PathLike[str] | None = None) -> list[RunRow]:
     """The runs in the run store, newest first (``%dtrain runs`` as data); ``store`` as ``--store``
     takes it: a file, or a folder or notebook with ``.dtwork/runs.sqlite`` beside it."""
     from dtwork.store.runs import RunStore, store_path

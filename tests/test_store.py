@@ -58,8 +58,8 @@ def test_creates_parent_dirs_schema_and_pragmas(store: RunStore, store_path: Pat
         assert "metrics_run_name_step" in indexes
     finally:
         conn.close()
-    assert store._connection().execute("PRAGMA busy_timeout").fetchone()[0] == 5000
-    assert store._connection().execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    assert store.db.connection().execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+    assert store.db.connection().execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
 
 
 def test_default_store_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ class _Full:
     """The disk is full for the store: SQLite may not grow the file past its present size."""
 
     def __init__(self, store: RunStore) -> None:
-        self.conn = store._connection()  # the kernel's own connection: the limit is per connection
+        self.conn = store.db.connection()  # the kernel's own connection: the limit is per connection
 
     def refuse(self) -> None:
         pages = self.conn.execute("PRAGMA page_count").fetchone()[0]
@@ -115,7 +115,7 @@ def _locked(path: Path) -> BaseException:
     holder.execute("BEGIN EXCLUSIVE")
     try:
         with RunStore(path) as s:
-            s._connection().execute("PRAGMA busy_timeout = 0")
+            s.db.connection().execute("PRAGMA busy_timeout = 0")
             s.add_event(None, "x", "y")
     except sqlite3.Error as exc:
         return exc
@@ -126,7 +126,7 @@ def _locked(path: Path) -> BaseException:
 
 def _full(path: Path) -> BaseException:
     with RunStore(path) as s:
-        conn = s._connection()
+        conn = s.db.connection()
         conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
         try:
             s.add_event(None, "x", "y" * 100_000)

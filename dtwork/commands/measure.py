@@ -493,7 +493,8 @@ def _interval_text(store: RunStore, run_id: int) -> str:
         low = (
             lo is not None
             and hi is not None
-            and GNSInterval(rows[-1]["value"], lo, hi, 0.0, False).low_settled
+            and (estimate := rows[-1]["value"]) is not None  # a missing value: nothing settled
+            and GNSInterval(estimate, lo, hi, 0.0, False).low_settled
         )
         text += (
             ", its lower end settled (a larger batch can rest on it), its upper end still wide"

@@ -71,8 +71,8 @@ def run_view(store: RunStore, run_id: int | str) -> RunView:
     rid = int(run["id"])
     params: dict[str, str | int | float | bool] = {}
     for key in ("world_size", "backend", "global_batch_size", "per_slot_batch_size"):
-        if run.get(key) is not None:
-            params[key] = run[key]
+        if (value := run[key]) is not None:
+            params[key] = value
     if run.get("config_yaml"):
         cfg = load_config(run["config_yaml"]).to_dict()
         _flatten("hparams", cfg.pop("hyperparameters", {}), params)

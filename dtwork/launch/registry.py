@@ -24,9 +24,9 @@ import socket
 import stat
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
@@ -82,7 +82,7 @@ def this_host() -> str:
     return socket.gethostname()
 
 
-def proc_record(pid: int) -> dict[str, Any] | None:
+def proc_record(pid: int) -> dict[str, float] | None:
     """Return ``{"pid", "create_time"}`` for a live process, None when it is gone."""
     try:
         return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
@@ -90,18 +90,19 @@ def proc_record(pid: int) -> dict[str, Any] | None:
         return None
 
 
-def _matching(record: dict[str, Any]) -> psutil.Process | None:
+def _matching(record: Mapping[str, object]) -> psutil.Process | None:
     """Return the live process a record names, only if it is the same process (not a reused PID)."""
     try:
-        proc = psutil.Process(int(record["pid"]))
-        if abs(proc.create_time() - float(record["create_time"])) > 0.01:
+        # JSON from a registry file: int() and float() check it, the except below takes their refusal
+        proc = psutil.Process(int(cast(int, record["pid"])))
+        if abs(proc.create_time() - float(cast(float, record["create_time"]))) > 0.01:
             return None
         return proc
     except (psutil.Error, KeyError, TypeError, ValueError, OverflowError):
         return None
 
 
-def alive(record: dict[str, Any] | None) -> bool:
+def alive(record: Mapping[str, object] | None) -> bool:
     """Whether the process a record names runs: a zombie (dead, not yet reaped by its parent) does not."""
     proc = None if record is None else _matching(record)
     return proc is not None and not _zombie(proc)
@@ -109,12 +110,12 @@ def alive(record: dict[str, Any] | None) -> bool:
 
 def _zombie(proc: psutil.Process) -> bool:
     try:
-        return proc.status() == psutil.STATUS_ZOMBIE
+        return bool(proc.status() == psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return True  # gone meanwhile
 
 
-def write(cluster_id: str, data: dict[str, Any]) -> Path:
+def write(cluster_id: str, data: Mapping[str, object]) -> Path:
     """Write (atomically, mode 0600) the registry entry of a cluster."""
     path = entry_path(cluster_id)
     entry = {"kernel_host": this_host(), **data, "cluster_id": cluster_id, "updated_at": time.time()}
@@ -130,7 +131,7 @@ def write(cluster_id: str, data: dict[str, Any]) -> Path:
 # -- reading and validating --------------------------------------------------------------------
 
 
-def _is_proc(rec: Any) -> bool:
+def _is_proc(rec: object) -> bool:
     return (
         isinstance(rec, dict)
         and type(rec.get("pid")) is int
@@ -140,7 +141,7 @@ def _is_proc(rec: Any) -> bool:
     )
 
 
-def problem(path: Path, data: Any) -> str | None:
+def problem(path: Path, data: object) -> str | None:
     """Why ``data`` (read from ``path``) is not a valid registry entry; None when it is."""
     if not isinstance(data, dict):
         return "not a JSON object"
@@ -166,7 +167,7 @@ def problem(path: Path, data: Any) -> str | None:
     return None
 
 
-def _own_file(cluster_id: str, name: Any) -> bool:
+def _own_file(cluster_id: str, name: object) -> bool:
     """Whether ``name`` is the ipyparallel cluster file of this cluster (the only file it may delete)."""
     if not isinstance(name, str) or "\0" in name:
         return False
@@ -175,7 +176,8 @@ def _own_file(cluster_id: str, name: Any) -> bool:
 
 
 def read(path: Path) -> dict[str, Any] | None:
-    """The validated entry in ``path``; None when it is gone or malformed (warned about)."""
+    """The validated entry in ``path`` (JSON: ``problem`` checked its fields); None when it is gone
+    or malformed (warned about)."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -202,7 +204,7 @@ def remove(cluster_id: str) -> None:
     entry_path(cluster_id).unlink(missing_ok=True)
 
 
-def is_local(entry: dict[str, Any]) -> bool:
+def is_local(entry: Mapping[str, object]) -> bool:
     """Whether an entry's kernel runs on this host (only there can it be seen dead)."""
     return bool(entry.get("kernel_host") == this_host())
 
@@ -225,7 +227,7 @@ def entries() -> list[dict[str, Any]]:
 # -- cleaning ------------------------------------------------------------------------------------
 
 
-def kill_processes(records: Iterable[dict[str, Any]], grace: float = 3.0) -> list[int]:
+def kill_processes(records: Iterable[Mapping[str, object]], grace: float = 3.0) -> list[int]:
     """Terminate the named processes and their children; SIGKILL what is left after ``grace`` s.
 
     Return the PIDs that were signalled.
@@ -262,7 +264,7 @@ def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
     kill_processes(entry.get("processes", []), grace=grace)
     _interrupt_runs(entry)
     if entry.get("jobs"):  # a dead kernel's Slurm allocation would otherwise run to its time limit
-        from dtwork.launch.launchers import cancel  # imports ipyparallel: only for scheduler jobs
+        from dtwork.launch.slurm import cancel  # imports ipyparallel: only for scheduler jobs
 
         cancel([str(j) for j in entry["jobs"]])
     cid = entry["cluster_id"]

@@ -183,14 +183,14 @@ def master_address(probe: dict[str, Any], interface: str | None) -> str:
     """Return rank 0's address on the chosen interface (loopback when None)."""
     if interface is None:
         return LOOPBACK
-    return probe["addresses"][interface][0]
+    return str(probe["addresses"][interface][0])
 
 
 def loopback_interface(probe: dict[str, Any]) -> str | None:
     """The interface carrying 127.0.0.1 on a host (so gloo listens on loopback only), if any."""
     for name, ips in probe.get("addresses", {}).items():
         if any(ip.startswith("127.") for ip in ips):
-            return name
+            return str(name)
     return None
 
 

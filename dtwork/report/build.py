@@ -27,6 +27,7 @@ from dtwork.errors import DtworkError
 from dtwork.report import helpers
 from dtwork.report.scrub import SCRUBBED, Scrubber
 from dtwork.shared.records import CELL_SETTINGS, DIVERGED, divergence_text, is_own, segment_text
+from dtwork.store.rows import RunRow
 from dtwork.store.runs import RunStore
 
 __all__ = ["CONFIG_TAG", "DATA_TAG", "RERUN_STORE", "code_span", "escape", "notebook", "now", "table"]
@@ -78,7 +79,7 @@ def table(pairs: list[tuple[str, Any]], head: tuple[str, str] = ("", "")) -> str
     return "\n".join([f"| {head[0]} | {head[1]} |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in pairs])
 
 
-def _summary(run: dict[str, Any], data: dict[str, Any], last: dict[str, float]) -> list[tuple[str, Any]]:
+def _summary(run: RunRow, data: dict[str, Any], last: dict[str, float]) -> list[tuple[str, Any]]:
     by_rank: dict[int, list[float]] = {}  # ranks report at their own steps: a median per rank, summed
     for r in helpers.rows(data):
         if r["rank"] is not None and r["name"] == "samples_per_s":
@@ -102,7 +103,7 @@ def _summary(run: dict[str, Any], data: dict[str, Any], last: dict[str, float]) 
     ]
 
 
-def _header(store: RunStore, run: dict[str, Any], data: dict[str, Any], title: str, version: Any) -> str:
+def _header(store: RunStore, run: RunRow, data: dict[str, Any], title: str, version: Any) -> str:
     started = datetime.fromtimestamp(run["created_at"]).astimezone().strftime("%Y-%m-%d %H:%M")
     return (
         f"# dtwork report: {escape(title)}\n\nRun **{run['id']}** ({escape(run['status'])}, started "
@@ -116,13 +117,13 @@ def _header(store: RunStore, run: dict[str, Any], data: dict[str, Any], title: s
     )
 
 
-def _diverged_row(store: RunStore, run: dict[str, Any]) -> list[tuple[str, Any]]:
+def _diverged_row(store: RunStore, run: RunRow) -> list[tuple[str, Any]]:
     """The run's first non-finite logged value, where it has one."""
     d = next((e["data"] for e in store.events(run["id"], DIVERGED)), None)
     return [] if d is None else [("diverged", escape(divergence_text(d).removeprefix("diverged ")))]
 
 
-def _result_row(store: RunStore, run: dict[str, Any]) -> list[tuple[str, Any]]:
+def _result_row(store: RunStore, run: RunRow) -> list[tuple[str, Any]]:
     """The config's searcher.metric at its best, as Determined reports a trial's result."""
     from dtwork.store.results import run_result
 
@@ -151,7 +152,7 @@ def _environment(env: dict[str, Any], seed: Any) -> str:
     )
 
 
-def _config(run: dict[str, Any], scrub: Scrubber) -> tuple[dict[str, Any], str, dict[str, Any]]:
+def _config(run: RunRow, scrub: Scrubber) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """The config scrubbed, as a dict and as YAML that ``load_config`` reads back; its lr settings."""
     from dtwork.config import load_config
 
@@ -210,7 +211,7 @@ def _what_ran(settings: dict[int, dict[str, Any]]) -> str:
 
 def _rerun_cells(
     store: RunStore,
-    run: dict[str, Any],
+    run: RunRow,
     cells: list[Any],
     path: Path,
     scrub: Scrubber,
@@ -277,7 +278,7 @@ def _data_cell(data: dict[str, Any]) -> Any:
     return new_code_cell(f"import json\n\nRECORDED = json.loads(\n{body}\n)", metadata=meta)
 
 
-def _recorded(store: RunStore, run: dict[str, Any], lr: dict[str, Any]) -> dict[str, Any]:
+def _recorded(store: RunStore, run: RunRow, lr: dict[str, Any]) -> dict[str, Any]:
     """What the report embeds as ``RECORDED``: the run's shape, lr, results and every metric row."""
     rid = run["id"]
     return {
@@ -291,7 +292,7 @@ def _recorded(store: RunStore, run: dict[str, Any], lr: dict[str, Any]) -> dict[
             for seg in store.segments(rid)
         ],
         "columns": COLUMNS,
-        "rows": [[r[c] for c in COLUMNS] for r in store.metrics(rid, rank="all")],
+        "rows": [[r.get(c) for c in COLUMNS] for r in store.metrics(rid, rank="all")],
     }
 
 

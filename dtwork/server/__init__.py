@@ -7,7 +7,10 @@ a report notebook written on request (``POST /dtwork/runs/<id>/report``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jupyter_server.serverapp import ServerApp
 
 __all__ = ["_jupyter_server_extension_points", "_load_jupyter_server_extension"]
 
@@ -16,7 +19,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "dtwork.server"}]
 
 
-def _load_jupyter_server_extension(server_app: Any) -> None:
+def _load_jupyter_server_extension(server_app: ServerApp) -> None:
     """Mount the ``/dtwork/`` routes on the server's web app."""
     from dtwork.server.routes import setup_handlers
 

@@ -1,8 +1,9 @@
-"""What the ``/dtwork/`` routes answer: plain functions from the store, registry and NVML to JSON.
+"""What the ``/dtwork/`` routes answer about runs: plain functions from the run store to JSON, and
+the report export.
 
-Kept apart from the handlers so that they run in a worker thread (SQLite, psutil and NVML
-block) and can be read without tornado. Nothing here returns a file system path other than
-a notebook path relative to the server root, nor anything from the environment.
+Kept apart from the handlers so that they run in a worker thread (SQLite blocks) and can be read
+without tornado. Nothing here returns a file system path other than a notebook path relative to
+the server root, nor anything from the environment. Clusters and GPUs: :mod:`dtwork.server.machines`.
 """
 
 from __future__ import annotations
@@ -13,21 +14,44 @@ import json
 import os
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from dtwork.errors import DtworkError
-from dtwork.launch import registry
 from dtwork.plots.palette import metric_colour
-from dtwork.shared import telemetry
+
+# The clusters' and GPUs' answers and the wire's errors and hygiene, by their former names here.
+from dtwork.server.machines import CLUSTER_ID as CLUSTER_ID
+from dtwork.server.machines import CPU_MODE_REASON as CPU_MODE_REASON
+from dtwork.server.machines import find_cluster as find_cluster
+from dtwork.server.machines import gpus as gpus
+from dtwork.server.machines import list_clusters as list_clusters
+from dtwork.server.machines import stop_cluster as stop_cluster
+from dtwork.server.wire import (
+    AdaptiveBatch,
+    MetricsReply,
+    NotFound,
+    ReportFailed,
+    ReportReply,
+    ReportUnavailable,
+    RunDetail,
+    RunReply,
+    RunsReply,
+    RunSummary,
+    StoreUnavailable,
+    display_path,
+    json_safe,
+)
 from dtwork.shared.records import DIVERGED, Kind, adaptive_decisions, batch_changes, divergence_text, finite
+from dtwork.store.rows import RunRow
 from dtwork.store.runs import STORE_ERRORS, RunStore, default_store_path, store_problem
 from dtwork.store.schema import NoRunsYet
 
+T = TypeVar("T")
+
 RUN_ID = re.compile(r"[0-9]{1,18}")
-CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}")
 
 SPARKLINE_POINTS = 48  # loss points per run in GET /dtwork/runs
@@ -47,58 +71,6 @@ THROUGHPUT_NAMES = ("samples_per_s",)
 EFFICIENCY_NAMES = ("scaling_efficiency",)
 B_SIMPLE_NAMES = ("b_simple",)
 LOSS_NAME = "loss"
-
-CPU_MODE_REASON = "NVML sees no GPU (no NVIDIA driver or device): this machine runs in CPU mode"
-
-
-class NotFound(Exception):
-    """A malformed or unknown id; the message is safe to show (no paths)."""
-
-
-class StoreUnavailable(Exception):
-    """The run store exists but cannot be read (damaged, locked, newer): the message says why and
-    what to do, with the store named relative to the server root."""
-
-
-class ReportUnavailable(Exception):
-    """``dtwork.report`` cannot be imported (not installed yet, or a dependency is missing)."""
-
-
-class ReportFailed(Exception):
-    """The export raised; the message has its paths reduced to file names.
-
-    ``status`` is 409 when dtwork refused the export (a DtworkError: e.g. a run with no cells),
-    500 when it broke.
-    """
-
-    def __init__(self, message: str, status: int = 500) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-# -- JSON hygiene ------------------------------------------------------------------------------
-
-
-def json_safe(value: Any) -> Any:
-    """Replace NaN and infinities by None, recursively: browsers' JSON.parse rejects them."""
-    if isinstance(value, float):
-        return finite(value)
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
-
-
-def display_path(path: Any, root_dir: str) -> str | None:
-    """A notebook path relative to the server root, or its bare file name when outside it."""
-    if not path or not isinstance(path, str):
-        return None
-    try:
-        rel = Path(path).resolve().relative_to(Path(root_dir).resolve())
-        return rel.as_posix()
-    except (ValueError, OSError):
-        return Path(path).name or None
 
 
 # -- the run store -----------------------------------------------------------------------------
@@ -144,7 +116,7 @@ def parse_cell_seq(text: str) -> int:
     return int(text)
 
 
-def _require_run(store: RunStore | None, run_id: int) -> dict[str, Any]:
+def _require_run(store: RunStore | None, run_id: int) -> RunRow:
     if store is None:
         raise NotFound(f"no run {run_id}: the run store is empty (run a %%dtrain cell first)")
     try:
@@ -153,7 +125,7 @@ def _require_run(store: RunStore | None, run_id: int) -> dict[str, Any]:
         raise NotFound(f"no run {run_id} in the run store") from None
 
 
-def downsample(points: list[list[float]], n: int) -> list[list[float]]:
+def downsample(points: list[T], n: int) -> list[T]:
     """At most ``n`` points, evenly spaced by index, first and last kept."""
     if len(points) <= n:
         return points
@@ -166,7 +138,7 @@ def downsample(points: list[list[float]], n: int) -> list[list[float]]:
 def loss_points(store: RunStore, run_id: int, n: int) -> list[list[float]]:
     """``[[step, loss], ...]`` of the aggregated loss (rank 0's when none is aggregated)."""
     rows = store.metrics(run_id, LOSS_NAME) or store.metrics(run_id, LOSS_NAME, rank=0)
-    pts = [[float(r["step"]), float(r["value"])] for r in rows if finite(r["value"]) is not None]
+    pts = [[float(r["step"]), v] for r in rows if (v := finite(r["value"])) is not None]
     return downsample(pts, n)
 
 
@@ -180,7 +152,7 @@ def world_throughput(store: RunStore, run_id: int) -> float | None:
     return sum(latest.values()) if latest else None
 
 
-def adaptive_batch(store: RunStore, run_id: int, n: int = BATCH_CHANGES) -> dict[str, Any] | None:
+def adaptive_batch(store: RunStore, run_id: int, n: int = BATCH_CHANGES) -> AdaptiveBatch | None:
     """The adaptive batch's trajectory, or None for a run without adaptive decisions:
     ``changes`` ``[[step, global_batch], ...]`` at the decisions that changed it (at most ``n``, first
     and last kept; ``n_changes`` counts them all), and the last decision's ``global_batch`` and
@@ -199,15 +171,15 @@ def adaptive_batch(store: RunStore, run_id: int, n: int = BATCH_CHANGES) -> dict
     }
 
 
-def _pick(names: tuple[str, ...], values: dict[str, Any]) -> float | None:
+def _pick(names: tuple[str, ...], values: Mapping[str, float]) -> float | None:
     """The first of ``names`` with a finite value."""
     return next((v for v in (finite(values.get(n)) for n in names) if v is not None), None)
 
 
-_cache: dict[tuple[Any, ...], Any] = {}
+_cache: dict[tuple[object, ...], object] = {}
 
 
-def _cached(store: RunStore, row: dict[str, Any], what: str, compute: Any) -> Any:
+def _cached(store: RunStore, row: RunRow, what: str, compute: Callable[[], T]) -> T:
     """Memoise per-run reads while the run has no new metrics (the panel polls every 2 s).
 
     The key holds the run's last step and cell count, so a finished run is read once and a
@@ -218,10 +190,10 @@ def _cached(store: RunStore, row: dict[str, Any], what: str, compute: Any) -> An
         if len(_cache) >= CACHE_SIZE:
             _cache.clear()
         _cache[key] = compute()
-    return _cache[key]
+    return cast(T, _cache[key])
 
 
-def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: int) -> dict[str, Any]:
+def _run_summary(store: RunStore, row: RunRow, root_dir: str, n_points: int) -> RunSummary:
     """One run as the panel lists it (matches RunSummary in extension/src/types.ts)."""
     last = _cached(store, row, "last", lambda: store.last_metrics(row["id"]))
     spark = _cached(store, row, f"loss{n_points}", lambda: loss_points(store, row["id"], n_points))
@@ -250,31 +222,40 @@ def _run_summary(store: RunStore, row: dict[str, Any], root_dir: str, n_points: 
     }
 
 
-def list_runs(root_dir: str, limit: int = DEFAULT_RUNS) -> dict[str, Any]:
+def list_runs(root_dir: str, limit: int = DEFAULT_RUNS) -> RunsReply:
     """GET /dtwork/runs: the newest ``limit`` runs first; ``total`` counts them all."""
     with open_store(root_dir) as store:
         if store is None:
             return {"store_exists": default_store_path(root_dir).is_file(), "total": 0, "runs": []}
         rows = store.list_runs()
         runs = [_run_summary(store, row, root_dir, SPARKLINE_POINTS) for row in rows[:limit]]
-        return json_safe({"store_exists": True, "total": len(rows), "runs": runs})
+        reply: RunsReply = {"store_exists": True, "total": len(rows), "runs": runs}
+        return json_safe(reply)
 
 
-def get_run(root_dir: str, run_id: int) -> dict[str, Any]:
+def get_run(root_dir: str, run_id: int) -> RunReply:
     """GET /dtwork/runs/<id>: the summary, every metric's latest value, the loss curve."""
     with open_store(root_dir) as store:
         row = _require_run(store, run_id)
         assert store is not None
-        run = _run_summary(store, row, root_dir, DETAIL_POINTS)
-        run["last_metrics"] = store.last_metrics(run_id)
-        run["metric_names"] = store.metric_names(run_id)
-        run["per_slot_batch_size"] = row.get("per_slot_batch_size")
-        # one step axis per run: last_step is the run's highest step over all of them
-        run["segments"] = [
-            {k: seg[k] for k in ("seq", "cell_seq", "first_step", "changed")}
-            for seg in store.segments(run_id)
-        ]
-        return json_safe({"run": run})
+        run: RunDetail = {
+            **_run_summary(store, row, root_dir, DETAIL_POINTS),
+            "last_metrics": store.last_metrics(run_id),
+            "metric_names": store.metric_names(run_id),
+            "per_slot_batch_size": row.get("per_slot_batch_size"),
+            # one step axis per run: last_step is the run's highest step over all of them
+            "segments": [
+                {
+                    "seq": seg["seq"],
+                    "cell_seq": seg["cell_seq"],
+                    "first_step": seg["first_step"],
+                    "changed": seg["changed"],
+                }
+                for seg in store.segments(run_id)
+            ],
+        }
+        reply: RunReply = {"run": run}
+        return json_safe(reply)
 
 
 def diverged_text(store: RunStore, run_id: int) -> str | None:
@@ -283,7 +264,7 @@ def diverged_text(store: RunStore, run_id: int) -> str | None:
     return None if d is None else divergence_text(d)
 
 
-def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> dict[str, Any]:
+def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> MetricsReply:
     """GET /dtwork/runs/<id>/metrics?name=NAME: the aggregated series of one metric."""
     if not METRIC_NAME.fullmatch(name):
         raise NotFound(f"malformed metric name {name[:40]!r}")
@@ -295,10 +276,14 @@ def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> dict[
             have = ", ".join(names) if names else "none yet"
             raise NotFound(f"run {run_id} has no metric {name!r}; its metrics: {have}")
         rows = store.metrics(run_id, name) or store.metrics(run_id, name, rank=0)
-        pts = [[r["step"], r["value"], r["time"]] for r in rows]
-        return json_safe(
-            {"run_id": run_id, "name": name, "total": len(pts), "points": downsample(pts, max_points)}
-        )
+        pts: list[list[float | None]] = [[r["step"], r["value"], r["time"]] for r in rows]
+        reply: MetricsReply = {
+            "run_id": run_id,
+            "name": name,
+            "total": len(pts),
+            "points": downsample(pts, max_points),
+        }
+        return json_safe(reply)
 
 
 def cell_live(root_dir: str, run_id: int, seq: int) -> dict[str, Any]:
@@ -358,7 +343,7 @@ def report_environ(body: bytes) -> dict[str, str]:
     return environ
 
 
-def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = None) -> dict[str, Any]:
+def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = None) -> ReportReply:
     """POST /dtwork/runs/<id>/report: ``dtwork.report.export`` into ``<root>/reports/``.
 
     Secrets are scrubbed with the kernel's ``environ`` (sent by the client) and the server's own:
@@ -400,85 +385,3 @@ def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = N
             f"run {run_id}'s report was written outside the Jupyter root ({path.name}): open it from there"
         ) from None
     return {"run_id": run_id, "path": rel.as_posix()}
-
-
-# -- clusters ----------------------------------------------------------------------------------
-
-
-def _rank(rank: dict[str, Any]) -> dict[str, Any]:
-    keys = ("rank", "hostname", "local_rank", "device", "gpu_name", "pid", "engine_id")
-    return {k: rank.get(k) for k in keys}
-
-
-def _cluster(entry: dict[str, Any], root_dir: str) -> dict[str, Any]:
-    """One registry entry as the panel shows it (matches ClusterInfo in types.ts)."""
-    kernel = entry.get("kernel") or {}
-    procs = [p.get("pid") for p in entry.get("processes") or [] if isinstance(p, dict)]
-    return {
-        "id": entry.get("cluster_id"),
-        "state": entry.get("state"),
-        "n": entry.get("n"),
-        "backend": entry.get("backend"),
-        "profile": entry.get("profile"),
-        "master": entry.get("master"),
-        "kernel_pid": kernel.get("pid") if isinstance(kernel, dict) else None,
-        "kernel_host": entry.get("kernel_host"),
-        "kernel_alive": bool(entry.get("kernel_alive")),
-        "notebook": display_path(entry.get("notebook"), root_dir),
-        "started_at": entry.get("started_at"),
-        "ranks": [_rank(r) for r in entry.get("ranks") or [] if isinstance(r, dict)],
-        "pids": [p for p in procs if isinstance(p, int)],
-    }
-
-
-def list_clusters(root_dir: str) -> dict[str, Any]:
-    """GET /dtwork/clusters."""
-    return json_safe({"clusters": [_cluster(e, root_dir) for e in registry.entries()]})
-
-
-def find_cluster(cluster_id: str) -> dict[str, Any]:
-    if not CLUSTER_ID.fullmatch(cluster_id):
-        raise NotFound(f"malformed cluster id {cluster_id[:40]!r}")
-    for entry in registry.entries():
-        if entry.get("cluster_id") == cluster_id:
-            return entry
-    raise NotFound(f"no cluster {cluster_id!r} is registered (it may have stopped already)")
-
-
-def stop_cluster(cluster_id: str) -> dict[str, Any]:
-    """POST /dtwork/clusters/<id>/stop: kill its processes, drop its registry entry."""
-    entry = find_cluster(cluster_id)
-    killed = registry.kill_processes(entry.get("processes") or [], grace=3.0)
-    registry.remove(cluster_id)
-    return {"stopped": cluster_id, "killed": sorted(set(killed))}
-
-
-# -- GPUs --------------------------------------------------------------------------------------
-
-
-def gpus() -> dict[str, Any]:
-    """GET /dtwork/gpus: inventory and one telemetry sample; never raises."""
-    try:
-        info = {g.index: g.to_dict() for g in telemetry.gpu_inventory()}
-        samples = telemetry.sample(sorted(info)) if info else []
-    except Exception as exc:  # a broken driver must not break the panel
-        return {"available": False, "reason": f"NVML failed: {type(exc).__name__}", "gpus": []}
-    if not info:
-        return {"available": False, "reason": CPU_MODE_REASON, "gpus": []}
-    out = []
-    for s in samples:
-        static = info.get(s.index, {})
-        out.append(
-            {
-                "index": s.index,
-                "name": static.get("name"),
-                "uuid": static.get("uuid"),
-                "driver": static.get("driver"),
-                "utilization": s.utilization,
-                "memory_used_mb": s.memory_used_mb,
-                "memory_total_mb": s.memory_total_mb,
-                "temperature_c": s.temperature_c,
-                "power_w": s.power_w,
-            }
-        )
-    return json_safe({"available": True, "reason": None, "gpus": out})

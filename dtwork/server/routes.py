@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import tornado.web
@@ -32,7 +32,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from dtwork.server import queries
+from dtwork.server import machines, queries, wire
 from dtwork.shared.version import __version__
 from dtwork.store.runs import default_store_path
 
@@ -51,7 +51,7 @@ class DtworkHandler(APIHandler):
     def root_dir(self) -> str:
         return str(self.settings["dtwork_root_dir"])
 
-    def reply(self, payload: dict[str, Any], status: int = 200) -> None:
+    def reply(self, payload: Mapping[str, object], status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
@@ -64,21 +64,21 @@ class DtworkHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": message}))
 
-    async def blocking(self, fn: Callable[..., T], *args: Any) -> T | None:
+    async def blocking(self, fn: Callable[..., T], *args: object) -> T | None:
         """Run ``fn`` in a thread; answer 404/503/501/500 for the errors the data layer raises."""
         try:
             return await asyncio.to_thread(fn, *args)
-        except queries.NotFound as exc:
+        except wire.NotFound as exc:
             self.reply({"error": str(exc)}, 404)
-        except queries.StoreUnavailable as exc:
+        except wire.StoreUnavailable as exc:
             self.reply({"error": str(exc)}, 503)
-        except queries.ReportUnavailable as exc:
+        except wire.ReportUnavailable as exc:
             self.reply({"error": str(exc)}, 501)
-        except queries.ReportFailed as exc:
+        except wire.ReportFailed as exc:
             self.reply({"error": str(exc)}, exc.status)
         return None
 
-    async def answer(self, fn: Callable[..., dict[str, Any]], *args: Any) -> None:
+    async def answer(self, fn: Callable[..., Mapping[str, object]], *args: object) -> None:
         result = await self.blocking(fn, *args)
         if result is not None:
             self.reply(result)
@@ -96,14 +96,14 @@ class ClustersHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        await self.answer(queries.list_clusters, self.root_dir)
+        await self.answer(machines.list_clusters, self.root_dir)
 
 
 class ClusterStopHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def post(self, cluster_id: str) -> None:
-        await self.answer(queries.stop_cluster, cluster_id)
+        await self.answer(machines.stop_cluster, cluster_id)
 
 
 class RunsHandler(DtworkHandler):
@@ -131,7 +131,7 @@ class RunMetricsHandler(DtworkHandler):
     async def get(self, run_id: str) -> None:
         try:
             rid = queries.parse_run_id(run_id)
-        except queries.NotFound as exc:
+        except wire.NotFound as exc:
             self.reply({"error": str(exc)}, 404)
             return
         name = self.get_query_argument("name", "")
@@ -173,7 +173,7 @@ class GpusHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        self.reply(await asyncio.to_thread(queries.gpus))
+        self.reply(await asyncio.to_thread(machines.gpus))
 
 
 class NotFoundHandler(DtworkHandler):
@@ -207,7 +207,7 @@ ROUTES: list[tuple[tuple[str, ...], type[DtworkHandler]]] = [
 ]
 
 
-def setup_handlers(web_app: Any, root_dir: str) -> None:
+def setup_handlers(web_app: tornado.web.Application, root_dir: str) -> None:
     """Mount every route at ``<base_url>/dtwork/...``."""
     base_url = web_app.settings["base_url"]
     web_app.settings["dtwork_root_dir"] = root_dir

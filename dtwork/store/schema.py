@@ -6,7 +6,7 @@ import json
 import math
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsFloat, SupportsInt, cast
 
 from dtwork.errors import DtworkError
 
@@ -152,7 +152,7 @@ def create_or_upgrade(cur: sqlite3.Cursor) -> None:
         cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-def _json_default(obj: Any) -> Any:
+def _json_default(obj: object) -> object:
     item = getattr(obj, "item", None)  # numpy / torch scalars
     if callable(item):
         try:
@@ -167,11 +167,11 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def dumps(data: Any) -> str:
+def dumps(data: object) -> str:
     return json.dumps(data, default=_json_default)
 
 
-def loads(text: str | None, empty: Any = None) -> Any:
+def loads(text: str | None, empty: object = None) -> Any:  # JSON: its shape is the writer's
     if text is None:
         return empty
     return json.loads(text)
@@ -180,7 +180,7 @@ def loads(text: str | None, empty: Any = None) -> Any:
 NAN_TEXT = "NaN"  # SQLite stores a REAL NaN as NULL: a NaN is kept as this text instead
 
 
-def float_or_none(value: Any) -> float | str | None:
+def float_or_none(value: SupportsFloat | str | None) -> float | str | None:
     """A metric value as SQLite keeps it: a float, ``NAN_TEXT`` for a NaN, None for a missing one."""
     if value is None:
         return None
@@ -188,12 +188,12 @@ def float_or_none(value: Any) -> float | str | None:
     return NAN_TEXT if math.isnan(value) else value
 
 
-def stored_float(value: Any) -> float | None:
+def stored_float(value: object) -> float | None:
     """A metric value as read back: ``float_or_none`` undone."""
-    return math.nan if value == NAN_TEXT else value  # type: ignore[no-any-return]
+    return math.nan if value == NAN_TEXT else cast("float | None", value)
 
 
-def int_or_none(value: Any) -> int | None:
+def int_or_none(value: SupportsInt | str | None) -> int | None:
     return None if value is None else int(value)
 
 

@@ -65,8 +65,9 @@ class StoreWriter:
         with self._lock:
             return sum(w.records for w in self._queue)
 
-    def records(self, run_id: int, seq: int | None, records: Iterable[Any]) -> None:
-        """Queue the ranks' records: their values as metric rows, their events as events."""
+    def records(self, run_id: int, seq: int | None, records: Iterable[object]) -> None:
+        """Queue the ranks' records (messages from the ranks, checked here): their values as metric
+        rows, their events as events."""
         good: list[Mapping[str, Any]] = []
         writes: list[_Write] = []
         for rec in records:
@@ -87,12 +88,17 @@ class StoreWriter:
         with self._lock:
             self._queue.extend(writes)
 
-    def event(self, run_id: int, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
+    def event(self, run_id: int, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
         with self._lock:
             self._queue.append(_Write("event", run_id, (kind, message, data)))
 
     def segment(
-        self, run_id: int, cell_seq: int | None, first_step: int, changed: list[str], data: Mapping[str, Any]
+        self,
+        run_id: int,
+        cell_seq: int | None,
+        first_step: int,
+        changed: list[str],
+        data: Mapping[str, object],
     ) -> None:
         with self._lock:
             self._queue.append(_Write("segment", run_id, (cell_seq, first_step, changed, data)))
