@@ -26,6 +26,7 @@ from dtwork.runtime.core import control
 from dtwork.runtime.core import effective_args as _called
 from dtwork.runtime.core.publish import Publisher
 from dtwork.runtime.core.state import RankState, RunningLoop
+from dtwork.runtime.loop import options as _options
 from dtwork.runtime.loop import step_calls as _train
 from dtwork.runtime.loop import steps as _loop
 from dtwork.shared import batch as _batch
@@ -360,16 +361,7 @@ class Context:
         At the loop's end the ranks compare a checksum of the wrapped models' weights: replicas that
         differ (a plain ``opt.step()``, a rank that skipped a step) fail the cell, naming the step.
         """
-        _args.check_keywords("ctx.steps", kwargs, _args.keyword_names(_loop.StepLoop)[2:])
-        for name, value in (("max_steps", max_steps), *kwargs.items()):
-            if name in (
-                "max_steps",
-                "max_epochs",
-                "checkpoint_every",
-                "validate_every",
-                "check_replicas_every",
-            ):
-                _args.check_count("ctx.steps", name, value)
+        options, adaptive = _options.steps_options(max_steps, kwargs)
         if isinstance(loader, torch.utils.data.Dataset) and not isinstance(loader, Iterable):
             if self.per_slot_batch_size is None:
                 raise DtworkError(
@@ -386,7 +378,7 @@ class Context:
             loader = self.loader(loader)
         if self.world_size > 1:
             self.require_all_ranks("ctx.steps", arrive=True)
-        return iter(_loop.StepLoop(self.state, loader, max_steps=max_steps, **kwargs))
+        return iter(_loop.StepLoop(self.state, loader, options, adaptive))
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward pass with loss scaling (fp16) and accumulation averaging."""
