@@ -94,7 +94,7 @@ class AdaptiveLoader:
         """Take ``per_slot`` examples per rank from the next micro-batch on."""
         self.sampler.per_slot = per_slot
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         self.sampler.begin()
         return iter(self._loader)
 
@@ -441,7 +441,7 @@ def make_adaptive_loader(
 
 
 def adaptive_for(
-    loader: Any,
+    loader: object,
     adaptive: bool,
     max_global_batch: int | None,
     min_per_slot_batch: int | None,
