@@ -59,7 +59,6 @@ class Cadence:
         self.check_every = opts.check_replicas_every  # steps between replica checks; else at the end only
         self.trained = trained  # the wrapped models the loop trained, by id
         self.saved_step: int | None = None  # the step of the last checkpoint taken or resumed from
-        self.pending: list[dict[str, object]] = []  # a resume's, for optimizers made in this cell
 
     def check(self) -> None:
         """Refuse a validation without a period."""
@@ -94,20 +93,21 @@ class Cadence:
         if path is not None:
             self.state.publisher.record("event", step, {}, event="checkpoint", message=f"checkpoint {path}")
 
-    def load_resume(self) -> LoopPosition | None:
-        """The position to resume from, when ``resume`` asks for one (None: start afresh)."""
+    def load_resume(self) -> tuple[LoopPosition | None, list[dict[str, object]]]:
+        """The position to resume from, when ``resume`` asks for one (None: start afresh), and the
+        checkpoint's optimizer states that no known optimizer took (for those made in this cell)."""
         if not self.resume:
-            return None
+            return None, []
         gc.collect()  # resume into the live models only
         found = checkpoint.resume_from(self.state, self.resume)
         if found is None:
             if self.state.rank == 0:
                 print("dtwork: resume=True but no checkpoint yet: starting from step 0")
-            return None
+            return None, []
         path, loaded = found
         position = cast(LoopPosition, loaded)  # the loop state a checkpoint of this module wrote
-        self.pending = position.pop(checkpoint.PENDING, [])  # type: ignore[misc]
+        pending = position.pop(checkpoint.PENDING, [])  # type: ignore[misc]
         self.saved_step = position["step"]
         if self.state.rank == 0:
             print(f"dtwork: resumed from {path} (step {position['step']})")
-        return position
+        return position, pending

@@ -42,7 +42,7 @@ class StepLoop:
     It keeps where the loop is and composes one part per job: ``span`` (loader, first step, when it
     ends), ``autocast`` (precision), ``gns`` (the noise scale meter), ``perf`` (what a step exchanged,
     throughput and GPU records), ``cadence`` (validation, replica checks, checkpoints, the resume),
-    ``sync`` (the ranks' one all-reduce) and ``adaptive`` (the adaptive batch's decisions).
+    ``sync`` (the ranks' one all-reduce); ``span.adaptive`` takes the adaptive batch's decisions.
     """
 
     def __init__(
@@ -86,15 +86,15 @@ class StepLoop:
         self.is_last_micro = True
         self.stepped = False
         self.memory_noted = False  # what a rank holds, recorded at the first optimizer step
+        self.pending_optimizers: list[dict[str, object]] = []  # a resume's, for optimizers made in this cell
         self.sync = StepSync(state.device, state.world_size, cfg.optimizations.average_training_metrics)
         self.add_log = self.sync.add_log  # ctx.log's short way, every step
         self.gns = GNSMeter(state, self)
         self.autocast = Autocast(state)
         # adaptive batch: the loader's decisions (runtime/loop/adaptive.py); max_steps then counts progress
-        self.adaptive = adaptive_for(
+        self.span.adaptive = adaptive_for(
             loader, ada.adaptive, ada.max_global_batch, ada.min_per_slot_batch, ada.decide_every, ada.lr_rule
         )
-        self.span.adaptive = self.adaptive
 
     @property
     def sync_every(self) -> int:
@@ -108,15 +108,6 @@ class StepLoop:
     @epoch.setter
     def epoch(self, value: int) -> None:
         self.span.epoch = value
-
-    @property
-    def pending_optimizers(self) -> list[dict[str, object]]:
-        """A resume's optimizer states no known optimizer took yet (``ctx.step`` hands them on)."""
-        return self.cadence.pending
-
-    @pending_optimizers.setter
-    def pending_optimizers(self, value: list[dict[str, object]]) -> None:
-        self.cadence.pending = value
 
     def before_backward(self) -> None:
         self.gns.before_backward()
@@ -135,7 +126,7 @@ class StepLoop:
             state.scaler = None
         setup_scaler(state)
         self.gns.setup()  # arms the GNS hooks for the first step: after the step is known
-        resume_state = self.cadence.load_resume()
+        resume_state, self.pending_optimizers = self.cadence.load_resume()
         gc.collect()  # held below for the whole loop: models that earlier cells replaced must be gone first
         models = state.models
         self.perf.begin(models)  # a failed cell may have left counts on one rank: start clean
@@ -155,7 +146,7 @@ class StepLoop:
                 guard = guards.step_only_at_last_micro(lambda: (self.micro % self.k + 1, self.k))
             yield from self._epochs(resume_state)
             self.cadence.at_end(self.step)
-            pending = self.cadence.pending
+            pending = self.pending_optimizers
             if pending and state.rank == 0 and self.step > self.span.first:
                 print(
                     f"dtwork: the resumed checkpoint held {len(pending)} optimizer state(s) "
@@ -184,14 +175,14 @@ class StepLoop:
             state.publisher.flush()
 
     def _epochs(self, resume_state: LoopPosition | None) -> Iterator[tuple[int, Batch]]:
-        span = self.span
+        span, adaptive = self.span, self.span.adaptive
         skip = 0
         if resume_state is not None:
             self.step, span.epoch, skip = resume_state["step"], resume_state["epoch"], resume_state["micro"]
             span.first = int(resume_state.get("first", 0))  # the resumed loop's own start
             self.gns.arm()
-        if self.adaptive is not None:
-            self.k = self.adaptive.begin(self.k, resume_state.get("adaptive") if resume_state else None)
+        if adaptive is not None:
+            self.k = adaptive.begin(self.k, resume_state.get("adaptive") if resume_state else None)
             skip = 0  # the loader resumes at its own place
         if span.done(self.step):
             return
@@ -202,8 +193,8 @@ class StepLoop:
                 set_epoch(span.epoch)
             it = iter(loader)
             self.micro = 0
-            if self.adaptive is not None:  # the loader counts its passes, also over a resume
-                span.epoch = self.adaptive.loader.epoch
+            if adaptive is not None:  # the loader counts its passes, also over a resume
+                span.epoch = adaptive.loader.epoch
             for _ in range(skip):
                 next(it)
                 self.micro += 1
@@ -243,6 +234,7 @@ class StepLoop:
 
     def _end_step(self) -> None:
         cadence, span = self.cadence, self.span
+        adaptive = span.adaptive
         if cadence.validate is not None:
             values = cadence.validation(self.step)
             if values is not None:
@@ -251,19 +243,19 @@ class StepLoop:
         self.step += 1
         comm = self.perf.exchange()
         self.perf.tick(self.step, span.done(self.step))
-        if self.adaptive is not None:
-            self.adaptive.measure(comm)  # the progress that span.done() reads
+        if adaptive is not None:
+            adaptive.measure(comm)  # the progress that span.done() reads
         self._drain()  # launched a step ago or more; may stop the loop at this step
         self._record_step(norms)
         if self.sync.due() or span.done(self.step):
             self.sync.launch()
             if self.sync.waits_now:  # slow steps: agree at this step, so a stop leaves at its end
                 self._drain()
-        if self.adaptive is not None and self.adaptive.decide():
+        if adaptive is not None and adaptive.decide():
             if self.sync.unsent:  # the steps at the old batch: their GNS norms read with its sizes
                 self.sync.launch()
             self._drain()
-            self.k, self.micro = self.adaptive.split.accumulation, 0  # the next step's micro-batches
+            self.k, self.micro = adaptive.split.accumulation, 0  # the next step's micro-batches
         self.gns.arm()
         cadence.after_step(self.step, span.stopped)
         self._progress("train")
@@ -316,8 +308,8 @@ class StepLoop:
             "micro": self.micro,
             "first": self.span.first,
         }
-        if self.adaptive is not None:
-            pos["adaptive"] = self.adaptive.state_dict()
+        if self.span.adaptive is not None:
+            pos["adaptive"] = self.span.adaptive.state_dict()
         return pos
 
     def _progress(self, phase: str) -> None:
