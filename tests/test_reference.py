@@ -13,18 +13,17 @@ import pytest
 
 from dtwork import magics
 from dtwork.runtime.context import Context
-from dtwork.runtime.loop import data, evaluate, optim
-from dtwork.runtime.loop import steps as loop
+from dtwork.runtime.loop import data, evaluate, optim, options
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 
 # Where a ctx helper passes its **kwargs on, the receiver's named arguments are the helper's too.
-FORWARDS: dict[str, Callable[..., Any]] = {
-    "steps": loop.StepLoop.__init__,
-    "evaluate": evaluate.evaluate,
-    "loader": data.make_loader,
-    "synthetic": data.SyntheticDataset.__init__,
-    "clip_grad_norm": optim.clip_grad_norm,
+FORWARDS: dict[str, tuple[Callable[..., Any], ...]] = {
+    "steps": (options.LoopOptions.__init__, options.AdaptiveOptions.__init__),
+    "evaluate": (evaluate.evaluate,),
+    "loader": (data.make_loader,),
+    "synthetic": (data.SyntheticDataset.__init__,),
+    "clip_grad_norm": (optim.clip_grad_norm,),
 }
 INTERNAL = {"self", "cls", "state"}  # the RankState the runtime helpers take, never the user's argument
 
@@ -44,7 +43,7 @@ def arguments(name: str) -> list[str]:
     static = vars(Context).get(name)  # getattr would run the attribute descriptors
     if isinstance(static, classmethod):
         static = static.__func__
-    for fn in (static, FORWARDS.get(name)):
+    for fn in (static, *FORWARDS.get(name, ())):
         if not inspect.isfunction(fn):
             continue
         for p in inspect.signature(fn).parameters.values():

@@ -26,12 +26,26 @@ from dtwork.runtime.core import control
 from dtwork.runtime.core import effective_args as _called
 from dtwork.runtime.core.publish import Publisher
 from dtwork.runtime.core.state import RankState, RunningLoop
+from dtwork.runtime.loop import options as _options
 from dtwork.runtime.loop import step_calls as _train
 from dtwork.runtime.loop import steps as _loop
 from dtwork.shared import batch as _batch
 
 if TYPE_CHECKING:
+    import os
+    from collections.abc import Mapping
+
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ParallelStyle
+    from torch.optim.optimizer import ParamsT
+    from torch.utils.data import DataLoader
+
     from dtwork.analysis.gns import GNSEstimator
+    from dtwork.runtime.loop.adaptive import AdaptiveLoader
+    from dtwork.runtime.loop.data import Shape
+
+    ConfigSource = str | os.PathLike[str] | Mapping[str, object] | ExperimentConfig | None
+    Dataset = torch.utils.data.Dataset[object]  # a map-style dataset of the user's examples
 
 
 RANKS_ARRIVE_SECONDS = 60.0  # how long ctx.wrap, ctx.steps and ctx.evaluate wait for every rank
@@ -52,7 +66,7 @@ class _Shared(Generic[T]):
         setattr(ctx.state, self.name, value)
 
 
-class Context:
+class Context:  # wide: 17 of its attributes are the public ctx names, views of one RankState's fields
     """Per-rank context; one instance per engine, named ``ctx`` in the cell namespace.
 
     Its attributes are the fields of ``state`` (a ``RankState``), which the runtime helpers take.
@@ -133,7 +147,7 @@ class Context:
 
     # -- what the trial registered (weakly: a model the cell dropped is forgotten) ------------
 
-    def register(self, kind: str, obj: Any) -> None:
+    def register(self, kind: str, obj: object) -> None:
         self.state.register(kind, obj)
 
     @property
@@ -145,7 +159,7 @@ class Context:
         return self.state.optimizers
 
     @property
-    def schedulers(self) -> list[Any]:
+    def schedulers(self) -> list[object]:
         return self.state.schedulers
 
     def forget_dropped(self) -> None:
@@ -154,7 +168,7 @@ class Context:
 
     # -- configuration ---------------------------------------------------------------------
 
-    def configure(self, config: Any, global_batch_size: int | None = None) -> None:
+    def configure(self, config: ConfigSource, global_batch_size: int | None = None) -> None:
         """Load an experiment config (dict, YAML or ExperimentConfig); the batch follows it."""
         self.config = load_config(config)
         self._set_batch(global_batch_size or self.config.global_batch_size or self.global_batch_size)
@@ -209,8 +223,8 @@ class Context:
         fsdp_blocks: tuple[type[torch.nn.Module], ...] = (),
         reshard_after_forward: bool = True,
         offload: bool = False,
-        tp_plan: dict[str, Any] | None = None,
-        **ddp_kwargs: Any,
+        tp_plan: dict[str, ParallelStyle] | None = None,
+        **ddp_kwargs: object,
     ) -> torch.nn.Module:
         """Move ``model`` to this rank's device and wrap it as the config asks: in DDP, or with
         ``strategy="fsdp"`` (or ``optimizations.strategy: fsdp``) sharded with FSDP2 (``fsdp_blocks``:
@@ -260,7 +274,7 @@ class Context:
         self.state.wrapped.append(weakref.ref(wrapped))
         return wrapped
 
-    def mesh(self, dp: int | None = None, tp: int = 1) -> Any:
+    def mesh(self, dp: int | None = None, tp: int = 1) -> DeviceMesh:
         """A (dp, tp) DeviceMesh over the warm ranks (dims named "dp", "tp"); ``ctx.wrap(model,
         tp_plan={...})`` then splits layers over tp and shards with FSDP over dp."""
         from dtwork.runtime.parallel.fsdp import make_mesh
@@ -269,8 +283,8 @@ class Context:
         return make_mesh(self.state, dp, tp)
 
     def loader(
-        self, dataset: Any, batch_size: int | None = None, adaptive: bool = False, **kwargs: Any
-    ) -> Any:
+        self, dataset: Dataset, batch_size: int | None = None, adaptive: bool = False, **kwargs: Any
+    ) -> DataLoader[object] | AdaptiveLoader:
         """DataLoader over this rank's shard (DistributedSampler) with the per-slot batch size.
 
         ``adaptive=True``: a loader whose batch ``ctx.steps(loader, adaptive=True)`` or ``ctx.step``
@@ -297,13 +311,13 @@ class Context:
             return self.state.loop.epoch
         return self.state.adaptive.loader.epoch if self.state.adaptive is not None else 0
 
-    def synthetic(self, *shapes: Any, size: int = 1024, **kwargs: Any) -> torch.utils.data.Dataset:
+    def synthetic(self, *shapes: Shape, size: int = 1024, **kwargs: Any) -> Dataset:
         """A synthetic dataset of given shapes (see ``runtime.data.SyntheticDataset``)."""
         from dtwork.runtime.loop.data import SyntheticDataset
 
         return SyntheticDataset(*shapes, size=size, **kwargs)
 
-    def optimizer(self, params: Any, **overrides: Any) -> torch.optim.Optimizer:
+    def optimizer(self, params: ParamsT, **overrides: object) -> torch.optim.Optimizer:
         """The configured optimizer with the scaled learning rate."""
         from dtwork.runtime.loop.optim import make_optimizer
 
@@ -316,7 +330,9 @@ class Context:
         self.register("optimizers", opt)
         return opt
 
-    def scheduler(self, optimizer: torch.optim.Optimizer, **overrides: Any) -> Any:
+    def scheduler(
+        self, optimizer: torch.optim.Optimizer, **overrides: object
+    ) -> torch.optim.lr_scheduler.LambdaLR:
         """The configured warmup + decay schedule as a LambdaLR (stepped by ``ctx.step``)."""
         from dtwork.runtime.loop.optim import make_scheduler
 
@@ -325,8 +341,8 @@ class Context:
         return sched
 
     def steps(
-        self, loader: Iterable[Any], max_steps: int | None = None, **kwargs: Any
-    ) -> Iterator[tuple[int, Any]]:
+        self, loader: Iterable[object] | Dataset, max_steps: int | None = None, **kwargs: object
+    ) -> Iterator[tuple[int, Any]]:  # the batches are the user's to unpack
         """Iterate ``(step, batch)``: accumulation, AMP, checkpoints, metrics and a consistent stop.
 
         ``step`` counts optimizer steps; with ``aggregation_frequency`` k each step yields k
@@ -360,16 +376,7 @@ class Context:
         At the loop's end the ranks compare a checksum of the wrapped models' weights: replicas that
         differ (a plain ``opt.step()``, a rank that skipped a step) fail the cell, naming the step.
         """
-        _args.check_keywords("ctx.steps", kwargs, _args.keyword_names(_loop.StepLoop)[2:])
-        for name, value in (("max_steps", max_steps), *kwargs.items()):
-            if name in (
-                "max_steps",
-                "max_epochs",
-                "checkpoint_every",
-                "validate_every",
-                "check_replicas_every",
-            ):
-                _args.check_count("ctx.steps", name, value)
+        options, adaptive = _options.steps_options(max_steps, kwargs)
         if isinstance(loader, torch.utils.data.Dataset) and not isinstance(loader, Iterable):
             if self.per_slot_batch_size is None:
                 raise DtworkError(
@@ -386,7 +393,7 @@ class Context:
             loader = self.loader(loader)
         if self.world_size > 1:
             self.require_all_ranks("ctx.steps", arrive=True)
-        return iter(_loop.StepLoop(self.state, loader, max_steps=max_steps, **kwargs))
+        return iter(_loop.StepLoop(self.state, loader, options, adaptive))
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward pass with loss scaling (fp16) and accumulation averaging."""
@@ -409,7 +416,7 @@ class Context:
 
         return clip_grad_norm(self.state, model, max_norm, **kwargs)
 
-    def log(self, **scalars: Any) -> None:
+    def log(self, **scalars: object) -> None:
         """Log scalars: averaged over ranks (average_training_metrics; every rank logs the same
         names, else the cell fails naming each rank's) or rank 0's."""
         loop = self.loop
@@ -421,8 +428,8 @@ class Context:
     def evaluate(
         self,
         model: torch.nn.Module,
-        loader_or_dataset: Any,
-        metric_fn: Callable[..., Any] | None = None,
+        loader_or_dataset: DataLoader[object] | Dataset,
+        metric_fn: Callable[..., object] | None = None,
         **kw: Any,
     ) -> Any:
         """Distributed evaluation: each rank its shard, gathered once, no padded duplicates."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,8 @@ from torch.utils.data import DataLoader
 
 from dtwork.analysis import goodput
 from dtwork.errors import DtworkError
+from dtwork.runtime.loop.adaptive_sampler import AdaptiveSampler, SamplerState
+from dtwork.runtime.loop.options import AdaptiveOptions, names
 from dtwork.runtime.measure import handloop
 from dtwork.shared.records import Kind
 
@@ -40,70 +42,22 @@ if TYPE_CHECKING:
 # the names users pass (lr_rule=) and the rule of dtwork.analysis.goodput each one means
 LR_RULES = {"adascale": "adascale", "sqrt": "adascale_sqrt", "linear": "linear", "sqrt-batch": "sqrt"}
 THRESHOLD = 0.05  # the predicted goodput gain a switch needs (AdaptDL's)
-OPTIONS = ("max_global_batch", "min_per_slot_batch", "decide_every", "lr_rule")  # ctx.loader's and ctx.steps'
+OPTIONS = names(AdaptiveOptions)[1:]  # ctx.loader's and ctx.steps' (the flag is ctx.loader's own argument)
 MAX_ACCUMULATION = 64  # micro-batches per step a decision may choose inside ctx.steps
 
 
-class AdaptiveSampler:
-    """Index lists of this rank's next micro-batch from one global order, its place kept in samples."""
+__all__ = ["AdaptiveBatch", "AdaptiveLoader", "AdaptiveSampler", "adaptive_for", "make_adaptive_loader"]
 
-    def __init__(
-        self, size: int, world_size: int, rank: int, per_slot: int, seed: int, shuffle: bool = True
-    ) -> None:
-        self.size, self.world_size, self.rank = size, world_size, rank
-        self.per_slot, self.seed, self.shuffle = per_slot, seed, shuffle
-        self.epoch = 0
-        self.position = 0  # samples of this epoch's global order handed out (all ranks together)
-        self.served = 0  # samples handed out since the start, all ranks together: the progress
 
-    @property
-    def usable(self) -> int:
-        """The samples of an epoch: the order less its remainder over the ranks."""
-        return self.size - self.size % self.world_size
+class AdaptiveState(TypedDict):
+    """An adaptive batch's state in a checkpoint."""
 
-    def order(self) -> list[int]:
-        """This epoch's global order, the same on every rank (seed + epoch, as DistributedSampler)."""
-        if not self.shuffle:
-            return list(range(self.size))
-        gen = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.size, generator=gen).tolist()
-
-    def begin(self) -> None:
-        """Called as an epoch's iteration starts: a finished epoch gives way to the next."""
-        if self.position and self.usable - self.position < self.world_size:
-            self.epoch += 1
-            self.position = 0
-
-    def __iter__(self) -> Iterator[list[int]]:
-        order = self.order()
-        while True:
-            take = min(self.per_slot, (self.usable - self.position) // self.world_size)
-            if take <= 0:
-                break
-            start = self.position + self.rank * take
-            self.position += take * self.world_size
-            self.served += take * self.world_size
-            yield order[start : start + take]
-        self.epoch += 1
-        self.position = 0
-
-    def __len__(self) -> int:
-        return math.ceil((self.usable - self.position) / (self.per_slot * self.world_size))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            k: getattr(self, k)
-            for k in ("size", "per_slot", "seed", "shuffle", "epoch", "position", "served")
-        }
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if sd["size"] != self.size:
-            raise DtworkError(
-                f"the checkpoint's adaptive loader ran over {sd['size']} samples, this one has {self.size}: "
-                "resume with the same dataset"
-            )
-        for k in ("per_slot", "seed", "shuffle", "epoch", "position", "served"):
-            setattr(self, k, sd[k])
+    sampler: SamplerState
+    start_batch: int
+    split: list[int]  # per slot, accumulation, slots
+    factor: float
+    profile: list[dict[str, Any]]  # the throughput fit's observations (asdict of goodput.StepObservation)
+    steps: int
 
 
 class AdaptiveLoader:
@@ -140,7 +94,7 @@ class AdaptiveLoader:
         """Take ``per_slot`` examples per rank from the next micro-batch on."""
         self.sampler.per_slot = per_slot
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         self.sampler.begin()
         return iter(self._loader)
 
@@ -236,8 +190,8 @@ class AdaptiveBatch:
         self._t_last = 0.0
         self._window = []
 
-    def begin(self, accumulation: int, resume_state: dict[str, Any] | None) -> int:
-        """At ``ctx.steps``' start: the split to run (the checkpoint's on a resume) and its LR;
+    def begin(self, accumulation: int, saved: AdaptiveState | None) -> int:
+        """At ``ctx.steps``' start: the split to run (``saved``, a resumed checkpoint's) and its LR;
         return the accumulation the loop runs with."""
         self.start(accumulation)
         if self.state.gns_state is None and self.state.rank == 0:  # decisions rest on the GNS interval
@@ -245,8 +199,8 @@ class AdaptiveBatch:
                 f"dtwork: the adaptive batch stays at {self.split.global_batch} without a gradient noise "
                 "scale: ctx.wrap(model, gns=True) (or gns.enabled in the config)"
             )
-        if resume_state is not None and resume_state.get("adaptive"):
-            self.load_state_dict(resume_state["adaptive"])
+        if saved:
+            self.load_state_dict(saved)
         self.apply_lr()
         return self.split.accumulation
 
@@ -429,7 +383,7 @@ class AdaptiveBatch:
                 f"(LR x{self.factor:.3g}{moments}): {explain(d)}",
             )
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AdaptiveState:
         """What a resume needs: the loader's place, the split, the LR factor and the throughput fit."""
         return {
             "sampler": self.loader.sampler.state_dict(),
@@ -440,7 +394,7 @@ class AdaptiveBatch:
             "steps": self.steps,
         }
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
+    def load_state_dict(self, sd: AdaptiveState) -> None:
         if sd["split"][2] != self.state.world_size:
             raise DtworkError(
                 f"the checkpoint's adaptive batch ran on {sd['split'][2]} ranks, this cluster has "
@@ -487,7 +441,7 @@ def make_adaptive_loader(
 
 
 def adaptive_for(
-    loader: Any,
+    loader: object,
     adaptive: bool,
     max_global_batch: int | None,
     min_per_slot_batch: int | None,

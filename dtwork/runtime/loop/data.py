@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,8 +14,10 @@ from dtwork.runtime.core import effective_args
 if TYPE_CHECKING:
     from dtwork.runtime.core.state import RankState
 
+Shape = int | Sequence[int]  # one example's shape: (3, 32, 32), or 10 for (10,)
 
-class SyntheticDataset(Dataset):  # type: ignore[type-arg]
+
+class SyntheticDataset(Dataset[tuple[torch.Tensor, ...]]):
     """Random tensors of fixed shapes, generated once (so loading costs nothing).
 
     ``SyntheticDataset((3, 32, 32), classes=10)`` yields ``(x, y)`` with ``x`` of that shape
@@ -23,7 +26,7 @@ class SyntheticDataset(Dataset):  # type: ignore[type-arg]
 
     def __init__(
         self,
-        *shapes: Any,
+        *shapes: Shape,
         size: int = 1024,
         classes: int | None = None,
         seed: int = 0,
@@ -48,20 +51,20 @@ class SyntheticDataset(Dataset):  # type: ignore[type-arg]
         return tuple(t[idx] for t in self.tensors)
 
 
-def _shape(s: Any) -> tuple[int, ...]:
+def _shape(s: Shape) -> tuple[int, ...]:
     return (int(s),) if isinstance(s, int) else tuple(int(v) for v in s)
 
 
 def make_loader(
     state: RankState,
-    dataset: Any,
+    dataset: Dataset[object],
     *,
     batch_size: int | None = None,
     shuffle: bool = True,
     drop_last: bool = False,
     seed: int | None = None,
     **kwargs: Any,
-) -> DataLoader:  # type: ignore[type-arg]
+) -> DataLoader[object]:
     """A DataLoader over this rank's shard (DistributedSampler), with the per-slot batch size."""
     bs = batch_size or state.per_slot_batch_size
     if bs is None:
@@ -69,7 +72,7 @@ def make_loader(
             "ctx.loader needs a batch size: set a global batch (%dtrain start --global-batch-size G, "
             "or global_batch_size in the config) or pass batch_size="
         )
-    sampler: DistributedSampler[Any] = DistributedSampler(
+    sampler: DistributedSampler[object] = DistributedSampler(
         dataset,
         num_replicas=state.world_size,
         rank=state.rank,
@@ -125,7 +128,7 @@ def shape_hint(model: torch.nn.Module, refused: tuple[int, ...] | None = None, s
     return f"{name} refused inputs of shape {shape} ({said}; {layer}): pass --shape {example}"
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
+def to_device(batch: object, device: torch.device) -> object:
     """Move every tensor in a (nested) batch to ``device``."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
@@ -137,7 +140,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def batch_len(batch: Any) -> int:
+def batch_len(batch: object) -> int:
     """Number of examples in a batch (the first tensor's first dimension)."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1

@@ -12,15 +12,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from dtwork.runtime.loop.data import batch_len, to_device
 
 if TYPE_CHECKING:
     from dtwork.runtime.core.state import RankState
 
+Source = DataLoader[object] | Dataset[object]  # a loader (its dataset and collate are used) or a dataset
 
-def _shard(state: RankState, loader_or_dataset: Any, batch_size: int | None) -> DataLoader:  # type: ignore[type-arg]
+
+def _shard(state: RankState, loader_or_dataset: Source, batch_size: int | None) -> DataLoader[object]:
     if isinstance(loader_or_dataset, DataLoader):
         dataset = loader_or_dataset.dataset
         batch_size = batch_size or loader_or_dataset.batch_size
@@ -34,21 +36,22 @@ def _shard(state: RankState, loader_or_dataset: Any, batch_size: int | None) -> 
     )
 
 
-def _forward(model: torch.nn.Module, batch: Any) -> Any:
+def _forward(model: torch.nn.Module, batch: object) -> torch.Tensor:
     inner = getattr(model, "module", model)  # skip DDP's forward sync
     x = batch[0] if isinstance(batch, (list, tuple)) else batch
-    return inner(x)
+    out: torch.Tensor = inner(x)
+    return out
 
 
 def evaluate(
     state: RankState,
     model: torch.nn.Module,
-    loader_or_dataset: Any,
-    metric_fn: Callable[[Any, Any], Any] | None = None,
+    loader_or_dataset: Source,
+    metric_fn: Callable[..., object] | None = None,
     *,
     batch_size: int | None = None,
-    forward: Callable[[torch.nn.Module, Any], Any] | None = None,
-) -> Any:
+    forward: Callable[..., torch.Tensor] | None = None,
+) -> torch.Tensor | float | dict[str, float]:
     """Evaluate ``model`` over the whole dataset, each rank its shard.
 
     With ``metric_fn(outputs, batch)`` returning per-example values (a tensor of shape [B],
@@ -81,7 +84,9 @@ def evaluate(
     return _reduce_means(state, sums, count, isinstance(values, dict) if count else False)
 
 
-def _reduce_means(state: RankState, sums: dict[str, torch.Tensor], count: int, as_dict: bool) -> Any:
+def _reduce_means(
+    state: RankState, sums: dict[str, torch.Tensor], count: int, as_dict: bool
+) -> float | dict[str, float]:
     names = sorted(sums) or ["value"]
     vec = torch.stack([sums.get(n, torch.zeros((), dtype=torch.float64, device=state.device)) for n in names])
     vec = torch.cat([vec, torch.tensor([float(count)], dtype=torch.float64, device=state.device)])

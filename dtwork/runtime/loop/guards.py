@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,7 +26,7 @@ def step_only_at_last_micro(micro: Callable[[], tuple[int, int]]) -> RemovableHa
     (DDP exchanges gradients at the last one only), so the replicas would drift apart silently.
     """
 
-    def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def hook(optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         i, k = micro()
         if i != k:
             raise DtworkError(
@@ -94,7 +93,7 @@ def check_exchanged(optimizer: torch.optim.Optimizer, wrapped: list[torch.nn.Mod
 def exchanged_before_step(wrapped: Callable[[], list[torch.nn.Module]]) -> RemovableHandle:
     """Run ``check_exchanged`` before every optimizer step (a plain ``opt.step()`` included)."""
 
-    def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def hook(optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         check_exchanged(optimizer, wrapped())
 
     return register_optimizer_step_pre_hook(hook)

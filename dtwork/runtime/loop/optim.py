@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -11,6 +11,10 @@ from dtwork.analysis.schedules import decay_factor, lars_trust_ratio, scaled_lr,
 from dtwork.runtime.core import effective_args
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torch.optim.optimizer import ParamsT
+
     from dtwork.runtime.core.state import RankState
 
 
@@ -23,7 +27,7 @@ class LARS(torch.optim.Optimizer):
 
     def __init__(
         self,
-        params: Any,
+        params: ParamsT,
         lr: float,
         momentum: float = 0.9,
         weight_decay: float = 0.0,
@@ -33,8 +37,14 @@ class LARS(torch.optim.Optimizer):
             params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": trust_coefficient}
         )
 
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             for p in group["params"]:
@@ -66,7 +76,7 @@ def configured_lr(state: RankState) -> float:
     )
 
 
-def make_optimizer(state: RankState, params: Any, **overrides: Any) -> torch.optim.Optimizer:
+def make_optimizer(state: RankState, params: ParamsT, **overrides: Any) -> torch.optim.Optimizer:
     """Build the optimizer named by ``config.optimizer`` with the scaled LR; kwargs override."""
     o = state.config.optimizer
     effective_args.note(state, "ctx.optimizer", **overrides)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -75,9 +75,9 @@ def optimizer_step(state: RankState, optimizer: torch.optim.Optimizer) -> bool:
     return stepped
 
 
-def log_scalars(state: RankState, scalars: dict[str, Any]) -> None:
+def log_scalars(state: RankState, scalars: dict[str, object]) -> None:
     """Inside ``ctx.steps``: averaged with the step's all-reduce. Outside: reduced at once."""
-    step = scalars.pop("step", None)
+    step = cast("int | None", scalars.pop("step", None))  # the user's step, taken as given
     if not scalars:
         return
     if state.loop is not None:
@@ -95,7 +95,7 @@ def log_scalars(state: RankState, scalars: dict[str, Any]) -> None:
         state.publisher.flush()
 
 
-def _number(name: str, value: Any) -> torch.Tensor:
+def _number(name: str, value: Any) -> torch.Tensor:  # a user's value: float() tries it
     """A logged value as a 0-d tensor; anything but a real number or a one-element tensor is refused."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.is_complex():

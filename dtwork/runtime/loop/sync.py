@@ -264,7 +264,7 @@ def _call(name: str) -> str:
     return f"ctx.log({name}=...)" if name.isidentifier() else f"ctx.log(**{{{name!r}: ...}})"
 
 
-def not_a_number(name: str, value: Any) -> str:
+def not_a_number(name: str, value: object) -> str:
     """The line that refuses ``ctx.log(name=value)`` for a value that is not a real number."""
     shown = repr(value)
     shown = shown if len(shown) <= 40 else shown[:37] + "..."

@@ -38,7 +38,7 @@ def bf16_compress(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[t
     return default_hooks.bf16_compress_hook(state, bucket)
 
 
-def inner_hook(kind: str, rank: int = 1, start_iter: int = 10) -> tuple[Hook, Any]:
+def inner_hook(kind: str, rank: int = 1, start_iter: int = 10) -> tuple[Hook, object]:
     """Return ``(hook, state)`` for a gradient_compression setting."""
     if kind == "none":
         return allreduce, None
@@ -124,7 +124,7 @@ def sq_norm(t: torch.Tensor, part: int = 0, parts: int = 1) -> torch.Tensor:
     return torch.dot(flat, flat)
 
 
-def count_forward(state: MeasureState, args: tuple[Any, ...]) -> None:
+def count_forward(state: MeasureState, args: tuple[object, ...]) -> None:
     """Count a training forward pass and its examples (the first tensor's first dimension)."""
     if not torch.is_grad_enabled():
         return
@@ -143,7 +143,7 @@ def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.
         state.local_sq.append(sq_norm(bucket.buffer()))
     state.buckets += 1
     state.last_launch = time.perf_counter()
-    fut = state.inner(state.inner_state, bucket)
+    fut: torch.futures.Future[torch.Tensor] = state.inner(state.inner_state, bucket)
 
     def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
         out = f.value()

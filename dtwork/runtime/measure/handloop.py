@@ -19,7 +19,7 @@ loop's micro-batches are not seen one by one, so world size 1 gives no estimate.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -59,7 +59,9 @@ class HandLoop:
         self._last_sync = 0.0
         self._in_segment = False  # each cell's first training step opens a segment of the run
 
-    def on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def on_step(
+        self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         """After an optimizer step: count it, publish throughput, keep (and sum) the norms."""
         state = self.state
         if state.loop is not None:  # ctx.steps keeps its own books
@@ -170,7 +172,7 @@ _current: HandLoop | None = None
 _handle: RemovableHandle | None = None
 
 
-def _on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+def _on_step(optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
     if _current is not None:
         _current.on_step(optimizer, args, kwargs)
 

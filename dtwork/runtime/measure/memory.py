@@ -7,7 +7,7 @@ the same numbers on CPU and GPU show what sharding saved; on a GPU, the allocato
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -54,7 +54,7 @@ def _size(n: float) -> str:
     return f"{int(n)} B"
 
 
-def describe(values: Mapping[str, Any]) -> str:
+def describe(values: Mapping[str, float]) -> str:
     """ "parameters 1.0 MiB, gradients 1.0 MiB, optimizer state 2.0 MiB (GPU peak 3.1 GiB)"."""
     text = ", ".join(f"{label} {_size(values[key])}" for key, label in NAMES if key in values)
     return text + (f" (GPU peak {_size(values['peak_bytes'])})" if "peak_bytes" in values else "")
