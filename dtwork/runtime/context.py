@@ -159,7 +159,7 @@ class Context:  # wide: 17 of its attributes are the public ctx names, views of 
         return self.state.optimizers
 
     @property
-    def schedulers(self) -> list[object]:
+    def schedulers(self) -> list[torch.optim.lr_scheduler.LRScheduler]:
         return self.state.schedulers
 
     def forget_dropped(self) -> None:

@@ -17,7 +17,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from dtwork.errors import DtworkError
 from dtwork.plots.palette import metric_colour
@@ -48,6 +48,9 @@ from dtwork.shared.records import DIVERGED, Kind, adaptive_decisions, batch_chan
 from dtwork.store.rows import RunRow
 from dtwork.store.runs import STORE_ERRORS, RunStore, default_store_path, store_problem
 from dtwork.store.schema import NoRunsYet
+
+if TYPE_CHECKING:
+    from dtwork.plots.cell_view import CellView
 
 T = TypeVar("T")
 
@@ -286,7 +289,7 @@ def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> Metri
         return json_safe(reply)
 
 
-def cell_live(root_dir: str, run_id: int, seq: int) -> dict[str, Any]:
+def cell_live(root_dir: str, run_id: int, seq: int) -> CellView:
     """GET /dtwork/runs/<id>/cells/<seq>: the cell's status, last step and figure so far (the view
     of a notebook reopened while the cell trains, and of its finished figures after)."""
     from dtwork.plots.cell_view import cell_view  # plotly: loaded by the first reopened view only

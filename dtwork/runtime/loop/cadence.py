@@ -18,6 +18,7 @@ from dtwork.runtime.loop.options import LoopOptions
 if TYPE_CHECKING:
     import torch
 
+    from dtwork.runtime.checkpoint.files import RngState
     from dtwork.runtime.core.state import RankState
     from dtwork.runtime.loop.adaptive import AdaptiveState
 
@@ -30,7 +31,7 @@ class LoopPosition(TypedDict, total=False):
     micro: int  # micro-batches of the epoch taken
     first: int  # the step the loop began at
     adaptive: AdaptiveState
-    rng: dict[str, object]
+    rng: RngState
     pending_optimizers: list[dict[str, object]]
 
 
