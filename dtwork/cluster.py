@@ -18,15 +18,14 @@ import ipyparallel as ipp
 
 from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError
-from dtwork.kernel.engines import DEFAULT_TIMEOUT, ENGINE_TIMEOUT, EngineGroup
+from dtwork.kernel.engines import EngineGroup
 from dtwork.kernel.session import Session
+from dtwork.kernel.spec import DEFAULT_TIMEOUT, ClusterSpec, ConfigSource
 from dtwork.kernel.watcher import CellResult
-from dtwork.launch import launchers, rendezvous
+from dtwork.launch import rendezvous
 from dtwork.store.runs import store_path
 
-__all__ = ["DEFAULT_TIMEOUT", "Cluster", "clusters", "current", "start", "stop_all"]
-
-ConfigSource = ExperimentConfig | Mapping[str, Any] | str | os.PathLike[str] | None
+__all__ = ["DEFAULT_TIMEOUT", "Cluster", "ClusterSpec", "clusters", "current", "start", "stop_all"]
 
 _started: list[Cluster] = []  # every cluster started in this process, oldest first
 
@@ -62,39 +61,17 @@ class Cluster:
     Use ``dtwork.start(...)`` (or ``%dtrain start``); usable as a context manager.
     """
 
-    def __init__(
-        self,
-        n: int | None = None,
-        *,
-        backend: str = "auto",
-        timeout: float = DEFAULT_TIMEOUT,
-        interface: str | None = None,
-        profile: str | None = None,
-        global_batch_size: int | None = None,
-        config: ConfigSource = None,
-        store: str | os.PathLike[str] | None = None,
-        engine_timeout: int = ENGINE_TIMEOUT,
-        launcher: str | None = None,
-        launch_options: launchers.LaunchOptions | None = None,
-    ) -> None:
-        cfg = load_config(config)
+    def __init__(self, n: int | None = None, *, spec: ClusterSpec | None = None, **options: object) -> None:
+        """``spec``, or its fields as keywords (``backend="gloo"``, ``launcher="slurm"``, ...)."""
+        if spec is None:
+            spec = ClusterSpec.of(n, **options)
+        elif n is not None or options:
+            raise TypeError("Cluster takes a spec or its options, not both")
+        cfg = load_config(spec.config)
         notebook = notebook_name()
         # Resolved once: a later change of the working folder must not move the run store.
-        store_file = store_path(store)
-        self.engines = EngineGroup(
-            n,
-            config=cfg,
-            store_file=store_file,
-            notebook=notebook,
-            backend=backend,
-            timeout=timeout,
-            interface=interface,
-            profile=profile,
-            global_batch_size=global_batch_size,
-            engine_timeout=engine_timeout,
-            launcher=launcher,
-            launch_options=launch_options,
-        )
+        store_file = store_path(spec.store)
+        self.engines = EngineGroup(spec, config=cfg, store_file=store_file, notebook=notebook)
         for note in cfg.notes:
             print(f"dtwork: {note}")
         self.session = Session(self.engines, store_file, notebook)
@@ -322,13 +299,10 @@ class Cluster:
         return cluster_html(self)
 
 
-def start(n: int | None = None, **kwargs: Any) -> Cluster:  # Cluster's keywords, and the launcher's
+def start(n: int | None = None, **options: object) -> Cluster:  # ClusterSpec's fields, and the launcher's
     """Start a cluster of ``n`` ranks (GPUs present: one per GPU with NCCL; else 2 CPU ranks, gloo).
 
     ``launcher="slurm"|"mpi"|"ssh"`` starts engines elsewhere; its options (``partition``, ``time``,
     ``account``, ``gpus_per_node``, ``nodes``, ``hosts``) are keywords here too.
     """
-    opts = {k: kwargs.pop(k) for k in launchers.OPTION_NAMES if k in kwargs}
-    if opts:
-        kwargs["launch_options"] = launchers.LaunchOptions(**opts)
-    return Cluster(n, **kwargs).start()
+    return Cluster(n, **options).start()

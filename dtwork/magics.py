@@ -105,21 +105,11 @@ def _int_list(text: str) -> list[int]:
 
 
 def _start_parser() -> _Parser:
+    from dtwork.kernel.spec import start_flags
+
     p = _parser("start")
-    p.add_argument("-n", type=int, default=None)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--timeout", type=float, default=None)
-    p.add_argument("--interface", default=None)
-    p.add_argument("--profile", default=None)
-    p.add_argument("--global-batch-size", type=int, default=None)
-    p.add_argument("--config", default=None)
-    p.add_argument("--store", default=None)
-    p.add_argument("--launcher", default=None)
-    for name in ("--partition", "--time", "--account", "--hosts"):
-        p.add_argument(name, default=None)
-    p.add_argument("--gpus-per-node", type=int, default=None)
-    p.add_argument("--nodes", type=int, default=None)
-    p.add_argument("--engine-timeout", type=int, default=None)
+    for flag, name, kind in start_flags():  # unset: the spec's default
+        p.add_argument(flag, dest=name, type=kind, default=None)
     return p
 
 
@@ -230,24 +220,10 @@ def _split(line: str, magic: str = "%dtrain") -> list[str]:
 
 def plan_start(argv: list[str]) -> Cluster:
     """Parse ``%dtrain start`` options into a validated, not yet started, Cluster."""
-    from dtwork.cluster import DEFAULT_TIMEOUT, Cluster
-    from dtwork.launch.launchers import OPTION_NAMES, LaunchOptions
+    from dtwork.cluster import Cluster, ClusterSpec
 
     ns = _start_parser().parse_args(argv)
-    options = {k: getattr(ns, k) for k in OPTION_NAMES if getattr(ns, k) is not None}
-    return Cluster(
-        ns.n,
-        backend=ns.backend,
-        timeout=DEFAULT_TIMEOUT if ns.timeout is None else ns.timeout,
-        interface=ns.interface,
-        profile=ns.profile,
-        global_batch_size=ns.global_batch_size,
-        config=ns.config,
-        store=ns.store,
-        launcher=ns.launcher,
-        launch_options=LaunchOptions(**options),
-        **({} if ns.engine_timeout is None else {"engine_timeout": ns.engine_timeout}),
-    )
+    return Cluster(spec=ClusterSpec.of(**{k: v for k, v in vars(ns).items() if v is not None}))
 
 
 def current() -> Cluster:
