@@ -305,4 +305,4 @@ def start(n: int | None = None, **options: object) -> Cluster:  # ClusterSpec's 
     ``launcher="slurm"|"mpi"|"ssh"`` starts engines elsewhere; its options (``partition``, ``time``,
     ``account``, ``gpus_per_node``, ``nodes``, ``hosts``) are keywords here too.
     """
-    return Cluster(n, **options).start()
+    return Cluster(spec=ClusterSpec.of(n, **options)).start()

@@ -57,14 +57,16 @@ class ClusterSpec:
     def of(cls, n: int | None = None, **options: object) -> ClusterSpec:
         """The spec of ``Cluster``'s and ``dtwork.start``'s keywords: its fields, and the launcher's
         options (``partition``, ``time``, ``account``, ``gpus_per_node``, ``nodes``, ``hosts``)."""
-        launch = {k: options.pop(k) for k in launchers.OPTION_NAMES if k in options}
+        # The keywords are the user's: their types are checked where they are used (validate_request).
+        given: dict[str, typing.Any] = dict(options)
+        launch = {k: given.pop(k) for k in launchers.OPTION_NAMES if k in given}
         known = {f.name for f in dataclasses.fields(cls)}
-        for name in options:
+        for name in given:
             if name not in known:
                 raise TypeError(f"unexpected keyword argument {name!r}")
         if launch:
-            options["launch_options"] = dataclasses.replace(launchers.LaunchOptions(), **launch)
-        return dataclasses.replace(cls(n=n), **options)
+            given["launch_options"] = launchers.LaunchOptions(**launch)
+        return cls(**{"n": n, **given})
 
     def launcher_plugin(self) -> launchers.Launcher:
         """The launcher this spec names, with its options (a DtworkError for an unknown name)."""
