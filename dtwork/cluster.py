@@ -12,13 +12,14 @@ import shlex
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import ipyparallel as ipp
 
 from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError
 from dtwork.kernel.engines import EngineGroup
+from dtwork.kernel.replies import ClusterStatus, EngineReply
 from dtwork.kernel.session import Session
 from dtwork.kernel.spec import DEFAULT_TIMEOUT, ClusterSpec, ConfigSource
 from dtwork.kernel.watcher import CellResult
@@ -27,6 +28,7 @@ from dtwork.store.runs import store_path
 
 __all__ = ["DEFAULT_TIMEOUT", "Cluster", "ClusterSpec", "clusters", "current", "start", "stop_all"]
 
+T = TypeVar("T")
 _started: list[Cluster] = []  # every cluster started in this process, oldest first
 
 
@@ -154,16 +156,39 @@ class Cluster:
 
     # -- running code ------------------------------------------------------------------------
 
+    @overload
     def run(
         self,
-        source_or_fn: str | Callable[..., Any],
-        *args: Any,  # a function's own arguments, passed through as they are
+        source_or_fn: str,
+        *,
         ranks: list[int] | None = None,
         rank0: bool = False,
         bg: bool = False,
         quiet: bool = False,
-        **kwargs: Any,  # likewise
-    ) -> Any:  # a list by rank for a function, a CellResult for source
+    ) -> CellResult: ...
+
+    @overload
+    def run(
+        self,
+        source_or_fn: Callable[..., T],
+        *args: object,
+        ranks: list[int] | None = None,
+        rank0: bool = False,
+        bg: bool = False,
+        quiet: bool = False,
+        **kwargs: object,
+    ) -> list[T]: ...
+
+    def run(
+        self,
+        source_or_fn: str | Callable[..., T],
+        *args: object,  # a function's own arguments, passed through as they are
+        ranks: list[int] | None = None,
+        rank0: bool = False,
+        bg: bool = False,
+        quiet: bool = False,
+        **kwargs: object,  # likewise
+    ) -> list[T] | CellResult:
         """Run a cell's source (or call a function) on every rank (or those named).
 
         A function's return values come back as a list by rank. Source runs in each engine's
@@ -192,15 +217,14 @@ class Cluster:
         The script's top-level names stay in the ranks' namespace.
         """
         line = shlex.join([os.fspath(path), *(str(a) for a in args or [])])
-        result: CellResult = self.run(f"%run {line}", bg=bg, quiet=quiet)
-        return result
+        return self.run(f"%run {line}", bg=bg, quiet=quiet)
 
-    def push(self, namespace: dict[str, Any], ranks: list[int] | None = None) -> None:
+    def push(self, namespace: dict[str, object], ranks: list[int] | None = None) -> None:
         """Send variables into every rank's namespace."""
         self.refresh()
         self.engines.push(namespace, ranks)
 
-    def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
+    def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:  # the user's values
         """Fetch a variable from every rank: a list by rank."""
         self.refresh()
         return self.engines.pull(name, ranks)
@@ -241,7 +265,7 @@ class Cluster:
         return self.engines.global_batch_size
 
     @property
-    def rank_info(self) -> list[dict[str, Any]]:
+    def rank_info(self) -> list[EngineReply]:
         return self.engines.rank_info
 
     @property
@@ -249,7 +273,7 @@ class Cluster:
         return self.engines.ranks
 
     @property
-    def probes(self) -> Mapping[int, dict[str, Any]]:
+    def probes(self) -> Mapping[int, EngineReply]:
         return self.engines.probes
 
     @property
@@ -285,7 +309,7 @@ class Cluster:
         """The run store's file, resolved when the cluster was made."""
         return self.session.store_file
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ClusterStatus:
         return self.engines.status()
 
     # -- display -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import ipyparallel as ipp
 
@@ -32,10 +32,13 @@ from dtwork.errors import DtworkError
 from dtwork.kernel import calls
 from dtwork.kernel.health import RankHealth
 from dtwork.kernel.processes import EngineProcesses
+from dtwork.kernel.replies import ClusterStatus, EngineReply
 from dtwork.kernel.spec import ClusterSpec
 from dtwork.launch import launchers, registry, rendezvous
 from dtwork.runtime import entry
 from dtwork.shared import devices, telemetry
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -43,8 +46,8 @@ class Joined:
     """What joining the ranks decided: their plan, what each engine and rank reported, rank 0's address."""
 
     ranks: list[rendezvous.RankPlan] = field(default_factory=list)
-    rank_info: list[dict[str, Any]] = field(default_factory=list)
-    probes: dict[int, dict[str, Any]] = field(default_factory=dict)  # by engine id
+    rank_info: list[EngineReply] = field(default_factory=list)
+    probes: dict[int, EngineReply] = field(default_factory=dict)  # by engine id
     master_addr: str | None = None
     master_port: int | None = None
     started_at: float | None = None
@@ -108,7 +111,7 @@ class EngineGroup:
         return self.joined.ranks
 
     @property
-    def rank_info(self) -> list[dict[str, Any]]:
+    def rank_info(self) -> list[EngineReply]:
         return self.joined.rank_info
 
     @property
@@ -252,7 +255,7 @@ class EngineGroup:
                 stderr=subprocess.DEVNULL,
             )
 
-    def _process_records(self) -> list[dict[str, Any]]:
+    def _process_records(self) -> list[dict[str, object]]:
         """Every process this group owns that can be seen from here: controller, launchers, engines."""
         procs = [registry.proc_record(pid) for pid in self.procs.pids()]
         procs += [{"pid": p["pid"], "create_time": p["create_time"]} for p in self.joined.probes.values()]
@@ -323,7 +326,7 @@ class EngineGroup:
         return len(self.ranks)
 
     @property
-    def probes(self) -> Mapping[int, dict[str, Any]]:
+    def probes(self) -> Mapping[int, EngineReply]:
         """What each engine reported when it was first asked (pid, host, GPUs), by engine id."""
         return self.joined.probes
 
@@ -339,7 +342,7 @@ class EngineGroup:
         """Ranks whose engine is gone, with why (by PID on this host, by heartbeat elsewhere)."""
         return self.health.dead_ranks(ranks)
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> dict[str, object]:
         """Versions, hosts, devices and seeds of what the ranks run (no secrets)."""
 
         def version(pkg: str) -> str | None:
@@ -357,13 +360,13 @@ class EngineGroup:
             "numpy": version("numpy"),
             "backend": self.backend,
             "world_size": self.world_size,
-            "hosts": sorted({r.get("hostname") for r in self.rank_info}),
+            "hosts": sorted({str(r["hostname"]) for r in self.rank_info}),
             "ranks": self.rank_info,
             "gpus": [g.to_dict() for g in telemetry.gpu_inventory()],
             "seed": self.config.seed,
         }
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ClusterStatus:
         return {
             "cluster_id": self.cluster_id,
             "state": self.state,
@@ -401,21 +404,21 @@ class EngineGroup:
 
     def call(
         self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],  # the caller's arguments for fn, passed through as they are
-        kwargs: dict[str, Any],
+        fn: Callable[..., T],
+        args: tuple[object, ...],  # the caller's arguments for fn, passed through as they are
+        kwargs: Mapping[str, object],
         ranks: list[int] | None = None,
-    ) -> list[Any]:
+    ) -> list[T]:
         """Call ``fn(*args, **kwargs)`` on the ranks (handing it ``ctx`` when it takes one); by rank."""
         return calls.call_on_ranks(self.view(ranks), fn, args, kwargs)
 
-    def push(self, namespace: dict[str, Any], ranks: list[int] | None = None) -> None:
+    def push(self, namespace: dict[str, object], ranks: list[int] | None = None) -> None:
         """Send variables into every rank's namespace."""
         if not isinstance(namespace, dict):
             raise DtworkError(f"push takes a dict of names to values, got {type(namespace).__name__}")
         self.view(ranks).push(namespace, block=True)
 
-    def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
+    def pull(self, name: str, ranks: list[int] | None = None) -> list[object]:
         """Fetch a variable from every rank: a list by rank."""
         return calls.pull_by_rank(self.view(ranks), name)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any
 
 from dtwork.shared.records import SEGMENT, Kind
 
@@ -25,7 +24,7 @@ _WHAT = {
 }
 
 
-def is_segment(rec: Any) -> bool:
+def is_segment(rec: object) -> bool:
     """Whether ``rec`` is a training loop's segment event."""
     return isinstance(rec, Mapping) and rec.get("kind") == Kind.EVENT.value and rec.get("event") == SEGMENT
 
@@ -35,13 +34,13 @@ def code_hash(source: str | None) -> str:
     return hashlib.sha256((source or "").encode("utf-8", "replace")).hexdigest()[:12]
 
 
-def settings(rec: Mapping[str, Any], source: str | None) -> dict[str, Any]:
+def settings(rec: Mapping[str, object], source: str | None) -> dict[str, object]:
     """What the segment trains with: the rank's settings and the cell's code hash."""
     sent = rec.get("settings")
     return {**(dict(sent) if isinstance(sent, Mapping) else {}), "code": code_hash(source)}
 
 
-def changed(prev: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[str]:
+def changed(prev: Mapping[str, object] | None, now: Mapping[str, object]) -> list[str]:
     """What differs between a run's previous segment and this one ([] for its first)."""
     if prev is None:
         return []

@@ -224,7 +224,7 @@ class CellWatcher:
         if self._failed_at is not None and time.monotonic() - self._failed_at > FAILURE_GRACE:
             if self.dead and not self.host.in_background(self):
                 # Survivors blocked on a dead peer (NCCL never releases them): the cell fails now,
-                # the session then restarts the engines (Session._recover).
+                # the session then restarts the engines (replay.Replay.recover).
                 self.result.message = "ranks still running after another rank died"
             else:
                 self._abandon("ranks still running after another rank failed")
