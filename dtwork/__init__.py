@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
     from dtwork import report
     from dtwork.cluster import Cluster, start
     from dtwork.config import load_config
@@ -66,7 +68,7 @@ class _RankContext:
                 "cluster.pull(name))"
             ) from None
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # an attribute of the rank's ctx, as it is
         return getattr(self(), name)
 
     def __repr__(self) -> str:
@@ -76,7 +78,7 @@ class _RankContext:
 ctx = _RankContext()
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     import importlib
 
     if name in _LAZY:
@@ -99,14 +101,14 @@ def runs(store: str | os.PathLike[str] | None = None) -> list[RunRow]:
         return s.list_runs()
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """``%load_ext dtwork``: register the ``%dtrain`` line and cell magics."""
     from dtwork.magics import DtrainMagics
 
     ipython.register_magics(DtrainMagics(ipython))
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     from dtwork.cluster import stop_all
 
     stop_all()

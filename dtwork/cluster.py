@@ -12,22 +12,23 @@ import shlex
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import ipyparallel as ipp
 
 from dtwork.config import ExperimentConfig, load_config
 from dtwork.errors import DtworkError
-from dtwork.kernel.engines import DEFAULT_TIMEOUT, ENGINE_TIMEOUT, EngineGroup
+from dtwork.kernel.engines import EngineGroup
+from dtwork.kernel.replies import ClusterStatus, EngineReply
 from dtwork.kernel.session import Session
+from dtwork.kernel.spec import DEFAULT_TIMEOUT, ClusterSpec, ConfigSource
 from dtwork.kernel.watcher import CellResult
-from dtwork.launch import launchers, rendezvous
+from dtwork.launch import rendezvous
 from dtwork.store.runs import store_path
 
-__all__ = ["DEFAULT_TIMEOUT", "Cluster", "clusters", "current", "start", "stop_all"]
+__all__ = ["DEFAULT_TIMEOUT", "Cluster", "ClusterSpec", "clusters", "current", "start", "stop_all"]
 
-ConfigSource = ExperimentConfig | Mapping[str, Any] | str | os.PathLike[str] | None
-
+T = TypeVar("T")
 _started: list[Cluster] = []  # every cluster started in this process, oldest first
 
 
@@ -62,39 +63,17 @@ class Cluster:
     Use ``dtwork.start(...)`` (or ``%dtrain start``); usable as a context manager.
     """
 
-    def __init__(
-        self,
-        n: int | None = None,
-        *,
-        backend: str = "auto",
-        timeout: float = DEFAULT_TIMEOUT,
-        interface: str | None = None,
-        profile: str | None = None,
-        global_batch_size: int | None = None,
-        config: ConfigSource = None,
-        store: str | os.PathLike[str] | None = None,
-        engine_timeout: int = ENGINE_TIMEOUT,
-        launcher: str | None = None,
-        launch_options: launchers.LaunchOptions | None = None,
-    ) -> None:
-        cfg = load_config(config)
+    def __init__(self, n: int | None = None, *, spec: ClusterSpec | None = None, **options: object) -> None:
+        """``spec``, or its fields as keywords (``backend="gloo"``, ``launcher="slurm"``, ...)."""
+        if spec is None:
+            spec = ClusterSpec.of(n, **options)
+        elif n is not None or options:
+            raise TypeError("Cluster takes a spec or its options, not both")
+        cfg = load_config(spec.config)
         notebook = notebook_name()
         # Resolved once: a later change of the working folder must not move the run store.
-        store_file = store_path(store)
-        self.engines = EngineGroup(
-            n,
-            config=cfg,
-            store_file=store_file,
-            notebook=notebook,
-            backend=backend,
-            timeout=timeout,
-            interface=interface,
-            profile=profile,
-            global_batch_size=global_batch_size,
-            engine_timeout=engine_timeout,
-            launcher=launcher,
-            launch_options=launch_options,
-        )
+        store_file = store_path(spec.store)
+        self.engines = EngineGroup(spec, config=cfg, store_file=store_file, notebook=notebook)
         for note in cfg.notes:
             print(f"dtwork: {note}")
         self.session = Session(self.engines, store_file, notebook)
@@ -177,16 +156,39 @@ class Cluster:
 
     # -- running code ------------------------------------------------------------------------
 
+    @overload
     def run(
         self,
-        source_or_fn: str | Callable[..., Any],
-        *args: Any,  # a function's own arguments, passed through as they are
+        source_or_fn: str,
+        *,
         ranks: list[int] | None = None,
         rank0: bool = False,
         bg: bool = False,
         quiet: bool = False,
-        **kwargs: Any,  # likewise
-    ) -> Any:  # a list by rank for a function, a CellResult for source
+    ) -> CellResult: ...
+
+    @overload
+    def run(
+        self,
+        source_or_fn: Callable[..., T],
+        *args: object,
+        ranks: list[int] | None = None,
+        rank0: bool = False,
+        bg: bool = False,
+        quiet: bool = False,
+        **kwargs: object,
+    ) -> list[T]: ...
+
+    def run(
+        self,
+        source_or_fn: str | Callable[..., T],
+        *args: object,  # a function's own arguments, passed through as they are
+        ranks: list[int] | None = None,
+        rank0: bool = False,
+        bg: bool = False,
+        quiet: bool = False,
+        **kwargs: object,  # likewise
+    ) -> list[T] | CellResult:
         """Run a cell's source (or call a function) on every rank (or those named).
 
         A function's return values come back as a list by rank. Source runs in each engine's
@@ -215,15 +217,14 @@ class Cluster:
         The script's top-level names stay in the ranks' namespace.
         """
         line = shlex.join([os.fspath(path), *(str(a) for a in args or [])])
-        result: CellResult = self.run(f"%run {line}", bg=bg, quiet=quiet)
-        return result
+        return self.run(f"%run {line}", bg=bg, quiet=quiet)
 
-    def push(self, namespace: dict[str, Any], ranks: list[int] | None = None) -> None:
+    def push(self, namespace: dict[str, object], ranks: list[int] | None = None) -> None:
         """Send variables into every rank's namespace."""
         self.refresh()
         self.engines.push(namespace, ranks)
 
-    def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
+    def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:  # the user's values
         """Fetch a variable from every rank: a list by rank."""
         self.refresh()
         return self.engines.pull(name, ranks)
@@ -264,7 +265,7 @@ class Cluster:
         return self.engines.global_batch_size
 
     @property
-    def rank_info(self) -> list[dict[str, Any]]:
+    def rank_info(self) -> list[EngineReply]:
         return self.engines.rank_info
 
     @property
@@ -272,7 +273,7 @@ class Cluster:
         return self.engines.ranks
 
     @property
-    def probes(self) -> Mapping[int, dict[str, Any]]:
+    def probes(self) -> Mapping[int, EngineReply]:
         return self.engines.probes
 
     @property
@@ -308,7 +309,7 @@ class Cluster:
         """The run store's file, resolved when the cluster was made."""
         return self.session.store_file
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ClusterStatus:
         return self.engines.status()
 
     # -- display -----------------------------------------------------------------------------
@@ -322,13 +323,10 @@ class Cluster:
         return cluster_html(self)
 
 
-def start(n: int | None = None, **kwargs: Any) -> Cluster:  # Cluster's keywords, and the launcher's
+def start(n: int | None = None, **options: object) -> Cluster:  # ClusterSpec's fields, and the launcher's
     """Start a cluster of ``n`` ranks (GPUs present: one per GPU with NCCL; else 2 CPU ranks, gloo).
 
     ``launcher="slurm"|"mpi"|"ssh"`` starts engines elsewhere; its options (``partition``, ``time``,
     ``account``, ``gpus_per_node``, ``nodes``, ``hosts``) are keywords here too.
     """
-    opts = {k: kwargs.pop(k) for k in launchers.OPTION_NAMES if k in kwargs}
-    if opts:
-        kwargs["launch_options"] = launchers.LaunchOptions(**opts)
-    return Cluster(n, **kwargs).start()
+    return Cluster(spec=ClusterSpec.of(n, **options)).start()

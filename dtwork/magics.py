@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NoReturn
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
@@ -70,10 +70,10 @@ def _one_line(text: str) -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse that raises a one-line DtworkError instead of exiting; prog is the magic as typed."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise DtworkError(f"{self.prog}: {_one_line(message)}{self._suggest(message)} (see %dtrain?)")
 
-    def exit(self, status: int = 0, message: str | None = None) -> Any:  # type: ignore[override]
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         raise DtworkError(_one_line(message or "") or f"{self.prog}: see %dtrain?")
 
     def _suggest(self, message: str) -> str:
@@ -105,21 +105,11 @@ def _int_list(text: str) -> list[int]:
 
 
 def _start_parser() -> _Parser:
+    from dtwork.kernel.spec import start_flags
+
     p = _parser("start")
-    p.add_argument("-n", type=int, default=None)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--timeout", type=float, default=None)
-    p.add_argument("--interface", default=None)
-    p.add_argument("--profile", default=None)
-    p.add_argument("--global-batch-size", type=int, default=None)
-    p.add_argument("--config", default=None)
-    p.add_argument("--store", default=None)
-    p.add_argument("--launcher", default=None)
-    for name in ("--partition", "--time", "--account", "--hosts"):
-        p.add_argument(name, default=None)
-    p.add_argument("--gpus-per-node", type=int, default=None)
-    p.add_argument("--nodes", type=int, default=None)
-    p.add_argument("--engine-timeout", type=int, default=None)
+    for flag, name, kind in start_flags():  # unset: the spec's default
+        p.add_argument(flag, dest=name, type=kind, default=None)
     return p
 
 
@@ -230,24 +220,10 @@ def _split(line: str, magic: str = "%dtrain") -> list[str]:
 
 def plan_start(argv: list[str]) -> Cluster:
     """Parse ``%dtrain start`` options into a validated, not yet started, Cluster."""
-    from dtwork.cluster import DEFAULT_TIMEOUT, Cluster
-    from dtwork.launch.launchers import OPTION_NAMES, LaunchOptions
+    from dtwork.cluster import Cluster, ClusterSpec
 
     ns = _start_parser().parse_args(argv)
-    options = {k: getattr(ns, k) for k in OPTION_NAMES if getattr(ns, k) is not None}
-    return Cluster(
-        ns.n,
-        backend=ns.backend,
-        timeout=DEFAULT_TIMEOUT if ns.timeout is None else ns.timeout,
-        interface=ns.interface,
-        profile=ns.profile,
-        global_batch_size=ns.global_batch_size,
-        config=ns.config,
-        store=ns.store,
-        launcher=ns.launcher,
-        launch_options=LaunchOptions(**options),
-        **({} if ns.engine_timeout is None else {"engine_timeout": ns.engine_timeout}),
-    )
+    return Cluster(spec=ClusterSpec.of(**{k: v for k, v in vars(ns).items() if v is not None}))
 
 
 def current() -> Cluster:
@@ -270,9 +246,10 @@ def _running() -> list[Cluster]:
 @magics_class
 class DtrainMagics(Magics):
     @line_cell_magic
-    def dtrain(self, line: str, cell: str | None = None) -> Any:
+    def dtrain(self, line: str, cell: str | None = None) -> None:
         if cell is not None:
-            return self._cell(line, cell)
+            self._cell(line, cell)
+            return
         args = _split(line)
         if not args:
             raise DtworkError("%dtrain needs a subcommand: start, status, stop, ... (see %dtrain?)")
@@ -283,13 +260,13 @@ class DtrainMagics(Magics):
             raise DtworkError(
                 f"unknown %dtrain subcommand {sub!r}{hint}: use one of {', '.join(SUBCOMMANDS)}"
             )
-        return handler(rest)
+        handler(rest)
 
     dtrain.__doc__ = HELP
 
     # -- subcommands -------------------------------------------------------------------------
 
-    def _sub_start(self, argv: list[str]) -> Any:
+    def _sub_start(self, argv: list[str]) -> None:
         from dtwork.widgets.cluster_view import cluster_widget
 
         cluster = plan_start(argv)  # options are checked first, whatever runs
@@ -303,7 +280,7 @@ class DtrainMagics(Magics):
         self._display(cluster_widget(cluster))
         return None
 
-    def _sub_status(self, argv: list[str]) -> Any:
+    def _sub_status(self, argv: list[str]) -> None:
         PARSERS["status"]().parse_args(argv)
         started = _clusters()
         if not started:
@@ -312,7 +289,7 @@ class DtrainMagics(Magics):
         self._display(started[-1])
         return None
 
-    def _sub_stop(self, argv: list[str]) -> Any:
+    def _sub_stop(self, argv: list[str]) -> None:
         PARSERS["stop"]().parse_args(argv)
         live = _running()
         if not live:
@@ -323,7 +300,7 @@ class DtrainMagics(Magics):
         print(f"dtwork: stopped {', '.join(c.cluster_id for c in live)}")
         return None
 
-    def _sub_restart(self, argv: list[str]) -> Any:
+    def _sub_restart(self, argv: list[str]) -> None:
         PARSERS["restart"]().parse_args(argv)
         started = _clusters()
         if not started:
@@ -333,7 +310,7 @@ class DtrainMagics(Magics):
         print(f"dtwork: restarted: {cluster.world_size} rank(s), fresh engines and process group")
         return None
 
-    def _sub_config(self, argv: list[str]) -> Any:
+    def _sub_config(self, argv: list[str]) -> None:
         ns = _config_parser().parse_args(argv)
         cluster = current()
         cluster.configure(ns.path)
@@ -345,7 +322,7 @@ class DtrainMagics(Magics):
         )
         return None
 
-    def _sub_runs(self, argv: list[str]) -> Any:
+    def _sub_runs(self, argv: list[str]) -> None:
         for c in _running():  # a store deleted since the last write is made again before it is read
             c.session.check_store()
         actions = ["list", "show", "compare", "export"]
@@ -376,13 +353,13 @@ class DtrainMagics(Magics):
             ) from None
         return None
 
-    def _sub_run(self, argv: list[str]) -> Any:
+    def _sub_run(self, argv: list[str]) -> None:
         if not argv or argv[0].startswith("-"):
             raise DtworkError("%dtrain run needs a script: %dtrain run SCRIPT.py [ARGS...]")
         current().run_script(argv[0], argv[1:])
         return None
 
-    def _sub_autoreload(self, argv: list[str]) -> Any:
+    def _sub_autoreload(self, argv: list[str]) -> None:
         ns = _autoreload_parser().parse_args(argv)
         session = current().session
         if ns.state is not None:
@@ -393,17 +370,17 @@ class DtrainMagics(Magics):
         )
         return None
 
-    def _sub_wait(self, argv: list[str], name: str = "wait") -> Any:
+    def _sub_wait(self, argv: list[str], name: str = "wait") -> None:
         PARSERS[name]().parse_args(argv)  # an error names the subcommand as typed
         result = current().session.wait_background()
         if result is None:
             print("dtwork: no background cell")
         return None
 
-    def _sub_attach(self, argv: list[str]) -> Any:
-        return self._sub_wait(argv, "attach")
+    def _sub_attach(self, argv: list[str]) -> None:
+        self._sub_wait(argv, "attach")
 
-    def _sub_report(self, argv: list[str]) -> Any:
+    def _sub_report(self, argv: list[str]) -> None:
         ns = _report_parser().parse_args(argv)
         if ns.run is not None:
             # ASCII digits only: str.isdigit() also accepts '²' and '١', and 19+ digits overflow SQLite.
@@ -424,7 +401,7 @@ class DtrainMagics(Magics):
 
     # -- analysis: scaling, data loading, bucket size, noise scale ------------------------
 
-    def _sub_scaling(self, argv: list[str]) -> Any:
+    def _sub_scaling(self, argv: list[str]) -> None:
         from dtwork.commands import measure
 
         ns = _scaling_parser().parse_args(argv)
@@ -441,7 +418,7 @@ class DtrainMagics(Magics):
         )
         return None
 
-    def _sub_throughput(self, argv: list[str]) -> Any:
+    def _sub_throughput(self, argv: list[str]) -> None:
         from dtwork.commands import measure
 
         ns = _throughput_parser().parse_args(argv)
@@ -449,7 +426,7 @@ class DtrainMagics(Magics):
         measure.throughput(current(), " ".join(ns.model), ns.data, steps=ns.steps, rounds=rounds)
         return None
 
-    def _sub_tune(self, argv: list[str]) -> Any:
+    def _sub_tune(self, argv: list[str]) -> None:
         from dtwork.commands import measure
 
         ns = _tune_parser().parse_args(argv)
@@ -464,7 +441,7 @@ class DtrainMagics(Magics):
         measure.tune_buckets(current(), " ".join(ns.model), sizes=sizes, steps=ns.steps, shape=ns.shape)
         return None
 
-    def _sub_gns(self, argv: list[str]) -> Any:
+    def _sub_gns(self, argv: list[str]) -> None:
         from dtwork.commands import measure
 
         ns = _gns_parser().parse_args(argv)
@@ -473,7 +450,7 @@ class DtrainMagics(Magics):
 
     # -- the cell magic ----------------------------------------------------------------------
 
-    def _cell(self, line: str, cell: str) -> Any:
+    def _cell(self, line: str, cell: str) -> None:
         ns = _cell_parser().parse_args(_split(line, "%%dtrain"))
         ranks = _int_list(ns.ranks) if ns.ranks else None
         cluster = current()
@@ -482,7 +459,7 @@ class DtrainMagics(Magics):
             print("dtwork: training in the background; %dtrain wait (or attach) brings it back")
         return None
 
-    def _display(self, obj: Any) -> None:  # anything IPython can display
+    def _display(self, obj: object) -> None:  # anything IPython can display
         from IPython.display import display
 
         display(obj)

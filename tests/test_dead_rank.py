@@ -52,7 +52,7 @@ def test_a_killed_rank_fails_the_cell_in_10_s_naming_it_and_restart_recovers(
 
 
 def test_stopped_first_is_the_rank_with_the_fewest_steps() -> None:
-    from dtwork.kernel.watcher import stopped_first
+    from dtwork.kernel.progress import stopped_first
 
     progress = {0: {"step": 6, "time": 2.0}, 1: {"step": 5, "time": 1.0}, 2: {"step": 6, "time": 1.5}}
     assert list(stopped_first(progress)) == [1]

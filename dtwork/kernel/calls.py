@@ -12,11 +12,12 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import ipyparallel as ipp
 
 from dtwork.errors import DtworkError, DtworkWarning, RankFailure
+from dtwork.kernel.replies import EngineReply
 from dtwork.launch import registry
 from dtwork.runtime import entry
 
@@ -27,9 +28,10 @@ if TYPE_CHECKING:
 PROBE_TIMEOUTS = (30.0, 60.0)
 
 log = logging.getLogger("dtwork")
+T = TypeVar("T")
 
 
-def kernel_record() -> dict[str, Any]:
+def kernel_record() -> dict[str, object]:
     """This kernel's process (pid and start time), as the engines and the registry know it."""
     rec = registry.proc_record(os.getpid())
     assert rec is not None
@@ -40,8 +42,8 @@ def kernel_record() -> dict[str, Any]:
 
 
 def probe_engines(
-    client: ipp.Client, ids: list[int], kernel: dict[str, Any], host: str
-) -> list[dict[str, Any]]:
+    client: ipp.Client, ids: list[int], kernel: dict[str, object], host: str
+) -> list[EngineReply]:
     """Every engine's ``probe``: the first request to engines that have just registered.
 
     On a loaded machine such a request was once lost between the controller and an engine (both
@@ -80,8 +82,8 @@ def check_routes(
 
 
 def rank_specs(
-    plans: list[RankPlan], probes: Mapping[int, dict[str, Any]], iface: str | None, shared: dict[str, Any]
-) -> dict[int, dict[str, Any]]:
+    plans: list[RankPlan], probes: Mapping[int, EngineReply], iface: str | None, shared: dict[str, object]
+) -> dict[int, dict[str, object]]:
     """Each engine's part in the process group, by engine id: its rank, device and place among the
     hosts, with the settings every rank shares."""
     from dtwork.launch.rendezvous import loopback_interface
@@ -105,8 +107,8 @@ def rank_specs(
 
 
 def init_ranks(
-    client: ipp.Client, specs: dict[int, dict[str, Any]], seconds: float
-) -> dict[int, dict[str, Any]]:
+    client: ipp.Client, specs: dict[int, dict[str, object]], seconds: float
+) -> dict[int, EngineReply]:
     """Join every engine (by id) to the process group its spec names; each rank's info by engine id."""
     ars = {eid: client[eid].apply_async(entry.init_rank, spec) for eid, spec in specs.items()}
     deadline = time.monotonic() + seconds
@@ -127,7 +129,7 @@ def init_ranks(
     return infos
 
 
-def take_rank0_warnings(infos: list[dict[str, Any]]) -> list[str]:
+def take_rank0_warnings(infos: list[EngineReply]) -> list[str]:
     """Take the warnings out of the ranks' replies (rank 0's first; the others repeat them)."""
     notes: list[str] = infos[0].pop("warnings", []) if infos else []
     for info in infos[1:]:
@@ -145,7 +147,7 @@ def show_warnings(notes: list[str]) -> None:
 # -- the processes ipyparallel started -------------------------------------------------------------
 
 
-def _launchers(ipc: ipp.Cluster | None) -> Iterator[Any]:
+def _launchers(ipc: ipp.Cluster | None) -> Iterator[object]:
     """ipyparallel's engine launchers of a cluster (one per engine set member)."""
     for es in ipc.engines.values() if ipc is not None else []:
         yield from getattr(es, "launchers", {}).values()
@@ -208,8 +210,8 @@ def first_error(exc: Exception) -> tuple[str, str]:
 
 
 def call_on_ranks(
-    view: ipp.DirectView, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> list[Any]:
+    view: ipp.DirectView, fn: Callable[..., T], args: tuple[object, ...], kwargs: Mapping[str, object]
+) -> list[T]:
     """Call ``fn(*args, **kwargs)`` on every engine of ``view``; the results by rank (raise on failure)."""
     ar = view.apply_async(entry.call, fn, *args, **kwargs)
     try:
@@ -220,7 +222,7 @@ def call_on_ranks(
         raise RankFailure(f"{name} failed: {ename}: {evalue}") from None
 
 
-def pull_by_rank(view: ipp.DirectView, name: str) -> list[Any]:
+def pull_by_rank(view: ipp.DirectView, name: str) -> list[object]:
     """Fetch ``name`` from every engine's namespace of ``view``; a list by rank."""
     if not isinstance(name, str) or not name.isidentifier():
         raise DtworkError(f"pull takes a variable name, got {name!r}")

@@ -10,7 +10,6 @@ torch: the kernel must not initialise CUDA (engines own the GPUs).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import platform
@@ -20,9 +19,10 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import ipyparallel as ipp
 
@@ -31,78 +31,108 @@ from dtwork.config.determined import check_slots
 from dtwork.errors import DtworkError
 from dtwork.kernel import calls
 from dtwork.kernel.health import RankHealth
+from dtwork.kernel.processes import EngineProcesses
+from dtwork.kernel.replies import ClusterStatus, EngineReply
+from dtwork.kernel.spec import ClusterSpec
 from dtwork.launch import launchers, registry, rendezvous
 from dtwork.runtime import entry
 from dtwork.shared import devices, telemetry
 
-DEFAULT_TIMEOUT = 300.0  # process-group timeout (s): bounded, unlike NCCL's 30 minutes
-ENGINE_TIMEOUT = 60  # seconds to wait for engines to register
+T = TypeVar("T")
+
+
+@dataclass
+class Joined:
+    """What joining the ranks decided: their plan, what each engine and rank reported, rank 0's address."""
+
+    ranks: list[rendezvous.RankPlan] = field(default_factory=list)
+    rank_info: list[EngineReply] = field(default_factory=list)
+    probes: dict[int, EngineReply] = field(default_factory=dict)  # by engine id
+    master_addr: str | None = None
+    master_port: int | None = None
+    started_at: float | None = None
+    start_seconds: float | None = None
 
 
 class EngineGroup:
     """A set of engines, one per rank, joined in a process group (validated at construction)."""
 
     def __init__(
-        self,
-        n: int | None,
-        *,
-        config: ExperimentConfig,
-        store_file: Path,
-        notebook: str | None = None,
-        backend: str = "auto",
-        timeout: float = DEFAULT_TIMEOUT,
-        interface: str | None = None,
-        profile: str | None = None,
-        global_batch_size: int | None = None,
-        engine_timeout: int = ENGINE_TIMEOUT,
-        launcher: str | None = None,
-        launch_options: launchers.LaunchOptions | None = None,
+        self, spec: ClusterSpec, *, config: ExperimentConfig, store_file: Path, notebook: str | None = None
     ) -> None:
+        self.spec = spec
         self.config = config
+        global_batch_size = spec.global_batch_size
         if global_batch_size is None:
             global_batch_size = config.global_batch_size
-        self.profile = profile
-        if profile and launcher not in (None, "local"):
-            raise DtworkError("use --launcher or --profile, not both (a profile names its own launcher)")
-        self.launcher = launchers.get(launcher, launch_options)
-        remote = profile or self.launcher.remote  # engines may be elsewhere: this host's GPUs say nothing
+        self.launcher = spec.launcher_plugin()
+        remote = (
+            spec.profile or self.launcher.remote
+        )  # engines may be elsewhere: this host's GPUs say nothing
         gpus = None if remote else len(devices.visible([g.to_dict() for g in telemetry.cuda_devices()]))
+        n = spec.n
         if n is None:
             n = config.resources.slots_per_trial
             if gpus is not None:
-                check_slots(n, global_batch_size, gpus, backend, os.cpu_count() or 1)
+                check_slots(n, global_batch_size, gpus, spec.backend, os.cpu_count() or 1)
         self.n, self.backend = rendezvous.validate_request(
-            n, backend, gpus, timeout=timeout, global_batch_size=global_batch_size
+            n, spec.backend, gpus, timeout=spec.timeout, global_batch_size=global_batch_size
         )
         self.launcher.check(self.n)
-        self.requested_backend = backend
-        self.timeout = float(timeout)
-        if interface and not profile:  # an unknown name fails before anything starts
-            rendezvous.interface_address(interface)
-        if not profile:  # engines on other hosts cannot reach a controller on loopback
-            self.launcher.check_reach(interface)
-        self.interface = interface
+        if spec.interface and not spec.profile:  # an unknown name fails before anything starts
+            rendezvous.interface_address(spec.interface)
+        if not spec.profile:  # engines on other hosts cannot reach a controller on loopback
+            self.launcher.check_reach(spec.interface)
         self.global_batch_size = global_batch_size
-        self.engine_timeout = engine_timeout
         self.store_file = store_file
         self.notebook = notebook
         self.state = "new"
         self.cluster_id = _new_id()
-        self.ranks: list[rendezvous.RankPlan] = []
-        self.rank_info: list[dict[str, Any]] = []
-        self._probes: dict[int, dict[str, Any]] = {}  # what each engine reported, by engine id
-        self.master_addr: str | None = None
-        self.master_port: int | None = None
-        self.started_at: float | None = None
-        self.start_seconds: float | None = None
-        self._ipp: ipp.Cluster | None = None
-        self.client: ipp.Client | None = None
-        self._views: dict[tuple[int, ...], ipp.DirectView] = {}  # of this client, by engine ids
+        self.joined = Joined()
+        self.procs = EngineProcesses()
         self._reaper: subprocess.Popen[bytes] | None = None
-        self._log: logging.Logger | None = None  # ipyparallel's messages: to log_file, not the notebook
-        self.log_file: Path | None = None
         self._listeners: list[Callable[[str], None]] = []
         self.health = RankHealth(self)  # which ranks' engines are gone, and why
+
+    @property
+    def profile(self) -> str | None:
+        return self.spec.profile
+
+    @property
+    def timeout(self) -> float:
+        return float(self.spec.timeout)
+
+    @property
+    def interface(self) -> str | None:
+        return self.spec.interface
+
+    @property
+    def ranks(self) -> list[rendezvous.RankPlan]:
+        return self.joined.ranks
+
+    @property
+    def rank_info(self) -> list[EngineReply]:
+        return self.joined.rank_info
+
+    @property
+    def master_addr(self) -> str | None:
+        return self.joined.master_addr
+
+    @property
+    def master_port(self) -> int | None:
+        return self.joined.master_port
+
+    @property
+    def start_seconds(self) -> float | None:
+        return self.joined.start_seconds
+
+    @property
+    def client(self) -> ipp.Client | None:
+        return self.procs.client
+
+    @property
+    def log_file(self) -> Path | None:
+        return self.procs.log_file
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -121,8 +151,8 @@ class EngineGroup:
             self._teardown(force=True)
             self._set_state("failed")
             raise
-        self.start_seconds = time.perf_counter() - t0
-        self.started_at = time.time()
+        self.joined.start_seconds = time.perf_counter() - t0
+        self.joined.started_at = time.time()
         self._set_state("running")
         self._register()
 
@@ -132,10 +162,10 @@ class EngineGroup:
         return (os.cpu_count() or 1) > local + 1
 
     def _start_engines(self) -> None:
-        kwargs: dict[str, Any] = {
+        kwargs: dict[str, object] = {
             "n": self.n,
             "cluster_id": self.cluster_id,
-            "engine_timeout": self.engine_timeout,
+            "engine_timeout": self.spec.engine_timeout,
             "delay": 0.05,
             "log_level": logging.WARNING,
             # Engines finish registering on the controller's next heartbeat: 3 s by default.
@@ -150,65 +180,52 @@ class EngineGroup:
             kwargs["controller_ip"] = rendezvous.interface_address(self.interface)
         if not self.profile:
             kwargs.update(self.launcher.cluster_kwargs(self.interface))
-        self._log, self.log_file = calls.engine_log(self.cluster_id)
-        self._ipp = ipp.Cluster(**kwargs, log=self._log)
-        try:
-            self.client = self.launcher.connect(self._ipp, self.n, self.engine_timeout, self._register)
-        except TimeoutError as exc:
-            raise DtworkError(
-                f"not all {self.n} engines registered within {self.engine_timeout} s: "
-                f"check the launcher (profile {self.profile or 'default'}; engine log: {self.log_file}) "
-                "or ask for fewer ranks"
-            ) from exc
-        if len(self.client.ids) < self.n:
-            raise DtworkError(
-                f"only {len(self.client.ids)} of {self.n} engines started (engine log: {self.log_file}): "
-                "ask for fewer ranks"
-            )
-        # Functions defined in a notebook or a test module travel by value, closures included.
-        self.client[:].use_cloudpickle()
+        self.procs.start(
+            self.launcher, kwargs, self.n, self.spec.engine_timeout, self._register, self.profile
+        )
 
     def _join_process_group(self) -> None:
-        assert self.client is not None
-        ids = sorted(self.client.ids)[: self.n]
+        client, joined = self.procs.client, self.joined
+        assert client is not None
+        ids = sorted(client.ids)[: self.n]
         host = socket.gethostname()
-        probes = dict(
-            zip(ids, calls.probe_engines(self.client, ids, calls.kernel_record(), host), strict=True)
-        )
-        self.backend, note = devices.choose_backend(self.requested_backend, probes)  # from what torch can use
+        probes = dict(zip(ids, calls.probe_engines(client, ids, calls.kernel_record(), host), strict=True))
+        self.backend, note = devices.choose_backend(self.spec.backend, probes)  # from what torch can use
         if note:
             calls.show_warnings([note])
-        self.ranks = rendezvous.assign_ranks(probes, use_gpus=self.backend == "nccl", first_host=host)
+        joined.ranks = rendezvous.assign_ranks(probes, use_gpus=self.backend == "nccl", first_host=host)
         if self.launcher.remote:
-            self.ranks = launchers.order_ranks(self.client, self.ranks, probes, self.backend == "nccl")
-        self._probes = probes
+            joined.ranks = launchers.order_ranks(client, joined.ranks, probes, self.backend == "nccl")
+        joined.probes = probes
         self._register()
         iface = rendezvous.choose_interface(probes, self.interface)
-        rank0 = self.ranks[0]
-        self.master_addr = rendezvous.master_address(probes[rank0.engine_id], iface)
+        rank0 = joined.ranks[0]
+        joined.master_addr = rendezvous.master_address(probes[rank0.engine_id], iface)
         if len({p["hostname"] for p in probes.values()}) > 1 or iface:
-            calls.check_routes(self.client, self.ranks, self.master_addr, iface)
-        self.master_port = self.client[rank0.engine_id].apply_sync(entry.free_port, self.master_addr)
+            calls.check_routes(client, joined.ranks, joined.master_addr, iface)
+        joined.master_port = client[rank0.engine_id].apply_sync(entry.free_port, joined.master_addr)
         shared = {
             "backend": self.backend,
-            "master_addr": self.master_addr,
-            "master_port": self.master_port,
+            "master_addr": joined.master_addr,
+            "master_port": joined.master_port,
             "timeout": self.timeout,
             "run_id": self.cluster_id,
             "global_batch_size": self.global_batch_size,
             "config": self.config.to_dict(),
         }
-        specs = calls.rank_specs(self.ranks, probes, iface, shared)
-        infos = calls.init_ranks(self.client, specs, min(self.timeout, 120.0) + 30.0)
-        notes = calls.take_rank0_warnings([infos[p.engine_id] for p in self.ranks])
-        self.rank_info = [{**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in self.ranks]
-        self.global_batch_size = self.rank_info[0].get("global_batch_size")  # the batch used
+        specs = calls.rank_specs(joined.ranks, probes, iface, shared)
+        infos = calls.init_ranks(client, specs, min(self.timeout, 120.0) + 30.0)
+        notes = calls.take_rank0_warnings([infos[p.engine_id] for p in joined.ranks])
+        joined.rank_info = [
+            {**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in joined.ranks
+        ]
+        self.global_batch_size = joined.rank_info[0].get("global_batch_size")  # the batch used
         calls.show_warnings(notes)
 
     def _register(self) -> None:
         """Write (or refresh) this group's registry entry and make sure a reaper watches it."""
         procs = self._process_records()
-        files = [self._ipp.cluster_file] if self._ipp is not None and self._ipp.cluster_file else []
+        joined = self.joined
         path = registry.write(
             self.cluster_id,
             {
@@ -218,12 +235,12 @@ class EngineGroup:
                 "n": self.n,
                 "backend": self.backend,
                 "profile": self.profile,
-                "master": f"{self.master_addr}:{self.master_port}" if self.master_port else None,
-                "ranks": self.rank_info or [p.to_dict() for p in self.ranks],
+                "master": f"{joined.master_addr}:{joined.master_port}" if joined.master_port else None,
+                "ranks": joined.rank_info or [p.to_dict() for p in joined.ranks],
                 "processes": procs,
-                "jobs": self.launcher.jobs(self._ipp) if self._ipp is not None else [],
-                "files": files,
-                "started_at": self.started_at,
+                "jobs": self.procs.jobs(self.launcher),
+                "files": self.procs.files(),
+                "started_at": joined.started_at,
                 "cwd": os.getcwd(),
                 "store": str(self.store_file),
                 "notebook": self.notebook,
@@ -238,10 +255,10 @@ class EngineGroup:
                 stderr=subprocess.DEVNULL,
             )
 
-    def _process_records(self) -> list[dict[str, Any]]:
+    def _process_records(self) -> list[dict[str, object]]:
         """Every process this group owns that can be seen from here: controller, launchers, engines."""
-        procs = [registry.proc_record(pid) for pid in calls.launched_pids(self._ipp)]
-        procs += [{"pid": p["pid"], "create_time": p["create_time"]} for p in self._probes.values()]
+        procs = [registry.proc_record(pid) for pid in self.procs.pids()]
+        procs += [{"pid": p["pid"], "create_time": p["create_time"]} for p in self.joined.probes.values()]
         return [p for p in procs if p]
 
     def stop(self) -> None:
@@ -257,14 +274,7 @@ class EngineGroup:
         if force:
             # Engines stuck in a collective ignore a polite stop: signal them all ourselves first.
             registry.kill_processes(procs, grace=2.0)
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                self.client.close()
-        if self._ipp is not None:
-            jobs = self.launcher.jobs(self._ipp)
-            with contextlib.suppress(Exception):
-                self._ipp.stop_cluster_sync()
-            launchers.cancel(jobs)  # stop_cluster's own scancel may have failed silently
+        self.procs.stop(self.launcher)
         registry.kill_processes(procs, grace=2.0)  # whatever is left
         registry.remove(self.cluster_id)
         if self._reaper is not None:
@@ -273,11 +283,6 @@ class EngineGroup:
             except subprocess.TimeoutExpired:
                 self._reaper.kill()
             self._reaper = None
-        self.client = None
-        self._views.clear()
-        self._ipp = None
-        if self._log is not None:
-            calls.close_log(self._log)
 
     def restart(self, force: bool = False) -> None:
         """Stop and start again with the same ranks and settings (fresh engines and process group)."""
@@ -285,7 +290,7 @@ class EngineGroup:
             self._teardown(force=force)
             self._set_state("stopped")
         self.cluster_id = _new_id()
-        self.ranks, self.rank_info, self._probes = [], [], {}
+        self.joined = Joined()
         self.health.reset()
         self.start()
 
@@ -321,26 +326,23 @@ class EngineGroup:
         return len(self.ranks)
 
     @property
-    def probes(self) -> Mapping[int, dict[str, Any]]:
+    def probes(self) -> Mapping[int, EngineReply]:
         """What each engine reported when it was first asked (pid, host, GPUs), by engine id."""
-        return self._probes
+        return self.joined.probes
 
     def engine_exit_code(self, pid: int) -> int | None:
         """The exit code of an engine process its launcher has seen end (negative: a signal)."""
-        return calls.exit_code(self._ipp, pid)
+        return self.procs.exit_code(pid)
 
     def registered_ids(self) -> set[int] | None:
         """The engine ids the controller knows now (None when it cannot be asked)."""
-        try:
-            return set(self.client.ids) if self.client is not None else None
-        except Exception:
-            return None
+        return self.procs.registered_ids()
 
     def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
         """Ranks whose engine is gone, with why (by PID on this host, by heartbeat elsewhere)."""
         return self.health.dead_ranks(ranks)
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> dict[str, object]:
         """Versions, hosts, devices and seeds of what the ranks run (no secrets)."""
 
         def version(pkg: str) -> str | None:
@@ -358,13 +360,13 @@ class EngineGroup:
             "numpy": version("numpy"),
             "backend": self.backend,
             "world_size": self.world_size,
-            "hosts": sorted({r.get("hostname") for r in self.rank_info}),
+            "hosts": sorted({str(r["hostname"]) for r in self.rank_info}),
             "ranks": self.rank_info,
             "gpus": [g.to_dict() for g in telemetry.gpu_inventory()],
             "seed": self.config.seed,
         }
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ClusterStatus:
         return {
             "cluster_id": self.cluster_id,
             "state": self.state,
@@ -379,11 +381,11 @@ class EngineGroup:
     # -- calling the ranks -------------------------------------------------------------------
 
     def _require_running(self) -> ipp.Client:
-        if self.state != "running" or self.client is None:
+        if self.state != "running" or self.procs.client is None:
             raise DtworkError(
                 f"the cluster is {self.state}: start one with %dtrain start (or dtwork.start())"
             )
-        return self.client
+        return self.procs.client
 
     def engine_ids(self, ranks: list[int] | None = None) -> list[int]:
         """Return engine ids in rank order (all ranks, or those named)."""
@@ -398,29 +400,25 @@ class EngineGroup:
     def view(self, ranks: list[int] | None = None) -> ipp.DirectView:
         """A DirectView on these ranks' engines (made once per client and set of ranks)."""
         client = self._require_running()
-        ids = tuple(self.engine_ids(ranks))
-        view = self._views.get(ids)
-        if view is None or view.client is not client:
-            view = self._views[ids] = client[list(ids)]
-        return view
+        return self.procs.view(client, tuple(self.engine_ids(ranks)))
 
     def call(
         self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],  # the caller's arguments for fn, passed through as they are
-        kwargs: dict[str, Any],
+        fn: Callable[..., T],
+        args: tuple[object, ...],  # the caller's arguments for fn, passed through as they are
+        kwargs: Mapping[str, object],
         ranks: list[int] | None = None,
-    ) -> list[Any]:
+    ) -> list[T]:
         """Call ``fn(*args, **kwargs)`` on the ranks (handing it ``ctx`` when it takes one); by rank."""
         return calls.call_on_ranks(self.view(ranks), fn, args, kwargs)
 
-    def push(self, namespace: dict[str, Any], ranks: list[int] | None = None) -> None:
+    def push(self, namespace: dict[str, object], ranks: list[int] | None = None) -> None:
         """Send variables into every rank's namespace."""
         if not isinstance(namespace, dict):
             raise DtworkError(f"push takes a dict of names to values, got {type(namespace).__name__}")
         self.view(ranks).push(namespace, block=True)
 
-    def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
+    def pull(self, name: str, ranks: list[int] | None = None) -> list[object]:
         """Fetch a variable from every rank: a list by rank."""
         return calls.pull_by_rank(self.view(ranks), name)
 

@@ -5,19 +5,21 @@ from __future__ import annotations
 import signal
 import socket
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 import psutil
+
+from dtwork.kernel.replies import EngineReply
 
 
 class EngineFacts(Protocol):
     """What rank health reads of the engine group (``engines.EngineGroup`` provides it)."""
 
     @property
-    def rank_info(self) -> list[dict[str, Any]]: ...
+    def rank_info(self) -> list[EngineReply]: ...
 
     @property
-    def probes(self) -> Mapping[int, dict[str, Any]]: ...
+    def probes(self) -> Mapping[int, EngineReply]: ...
 
     def registered_ids(self) -> set[int] | None: ...
 
@@ -55,7 +57,7 @@ class RankHealth:
                 )
         return out
 
-    def _alive(self, info: dict[str, Any]) -> bool:
+    def _alive(self, info: EngineReply) -> bool:
         pid = info["pid"]
         try:
             known = self._procs.get(pid)
@@ -74,7 +76,7 @@ class RankHealth:
             return False
         return True
 
-    def _exit_reason(self, info: dict[str, Any]) -> str:
+    def _exit_reason(self, info: EngineReply) -> str:
         code = self.engines.engine_exit_code(info["pid"])
         if code is None:
             return ""

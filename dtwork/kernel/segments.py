@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any
 
 from dtwork.shared.records import SEGMENT, Kind
 
@@ -25,7 +24,7 @@ _WHAT = {
 }
 
 
-def is_segment(rec: Any) -> bool:
+def is_segment(rec: object) -> bool:
     """Whether ``rec`` is a training loop's segment event."""
     return isinstance(rec, Mapping) and rec.get("kind") == Kind.EVENT.value and rec.get("event") == SEGMENT
 
@@ -35,14 +34,43 @@ def code_hash(source: str | None) -> str:
     return hashlib.sha256((source or "").encode("utf-8", "replace")).hexdigest()[:12]
 
 
-def settings(rec: Mapping[str, Any], source: str | None) -> dict[str, Any]:
+def settings(rec: Mapping[str, object], source: str | None) -> dict[str, object]:
     """What the segment trains with: the rank's settings and the cell's code hash."""
     sent = rec.get("settings")
     return {**(dict(sent) if isinstance(sent, Mapping) else {}), "code": code_hash(source)}
 
 
-def changed(prev: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[str]:
+def changed(prev: Mapping[str, object] | None, now: Mapping[str, object]) -> list[str]:
     """What differs between a run's previous segment and this one ([] for its first)."""
     if prev is None:
         return []
     return [what for what, keys in _WHAT.items() if any(prev.get(k) != now.get(k) for k in keys)]
+
+
+class RunBook:
+    """What the session keeps of its runs' step axes: each run's last segment settings, the runs a
+    rank's loop began mid-cell, the running cell's source and its seq in the run it moved to, what
+    the ranks were told, and the runs whose divergence was told."""
+
+    def __init__(self) -> None:
+        self.last_segment: dict[int, dict[str, object]] = {}
+        self.loop_runs: set[int] = set()
+        self.adopt: list[tuple[int, str]] = []  # (run, pending folder): rank 0 renames it next cell
+        self.source: str | None = None
+        self.moved: dict[int, int] = {}  # a cell's seq -> its seq in the run its loop began
+        self.ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
+        self.diverged: dict[int, str] = {}  # run -> the dashboard's line about its divergence
+
+    def begin_cell(self, source: str) -> None:
+        self.source, self.moved = source, {}
+
+    def cell_seq(self, seq: int | None) -> int | None:
+        """The running cell's seq in the current run (it changed if its training began a new run)."""
+        return None if seq is None else self.moved.get(seq, seq)
+
+    def segment(self, run_id: int, rec: Mapping[str, object]) -> tuple[list[str], dict[str, object]]:
+        """A loop's segment of ``run_id``: what changed since the run's previous one, and its settings."""
+        now = settings(rec, self.source)
+        what = changed(self.last_segment.get(run_id), now)
+        self.last_segment[run_id] = now
+        return what, dict(now)

@@ -12,12 +12,11 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
@@ -25,18 +24,17 @@ from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
 from dtwork.kernel import segments
+from dtwork.kernel.background import BackgroundCell
 from dtwork.kernel.engines import EngineGroup
-from dtwork.kernel.watcher import (
-    POLL_SECONDS,
-    CellResult,
-    CellWatcher,
-    error_line,
-    in_notebook,
-    stopped_by_interrupt,
-)
+from dtwork.kernel.progress import Progress
+from dtwork.kernel.replay import Replay
+from dtwork.kernel.segments import is_segment
+from dtwork.kernel.store_handle import StoreHandle
+from dtwork.kernel.tracebacks import error_line, stopped_by_interrupt
+from dtwork.kernel.watcher import POLL_SECONDS, CellResult, CellWatcher, in_notebook
 from dtwork.runtime import entry
 from dtwork.shared import batch
-from dtwork.shared.records import CELL_SETTINGS, DIVERGED, FOLLOWS, divergence_text, first_non_finite
+from dtwork.shared.records import CELL_SETTINGS, DIVERGED, FOLLOWS, Record, divergence_text, first_non_finite
 from dtwork.store.perf_thinner import PerfThinner
 from dtwork.store.runs import STORE_ERRORS, RunStore, store_problem
 from dtwork.store.writer import StoreWriter
@@ -53,7 +51,6 @@ class Session:
 
     def __init__(self, engines: EngineGroup, store_file: Path, notebook: str | None = None) -> None:
         self.engines = engines
-        self.store_file = store_file
         self.notebook = notebook  # recorded with each run
         self.run_id: int | None = None
         self.stall_seconds: float = STALL_SECONDS
@@ -61,30 +58,17 @@ class Session:
         # terminal gets lines of text). Read at every poll: switched off while a cell trains, the
         # view pauses (records still go to the store); back on, it resumes from then on.
         self.live: bool = in_notebook()
-        self._store: RunStore | None = None
-        self._store_lock = threading.Lock()
+        self.stores = StoreHandle(store_file)
         # Every write during a cell goes through the writer: what the store refuses waits.
         self.writer = StoreWriter(lambda: self.store, store_file)
-        self.background: CellWatcher | None = None
-        self._bg_thread: threading.Thread | None = None
+        self.bg: BackgroundCell | None = None
         self.dashboard: Dashboard | None = None  # the current cell's live view, if any
         self.last: CellResult | None = None
-        self.restarts_used = 0
-        self._ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
         self.perf_rate = PerfThinner(max(1, engines.world_size))  # the current cell's perf records to store
         self.autoreload = True  # reload the notebook folder's edited modules on the ranks before a cell
-        self._diverged: int | None = None  # the run whose divergence was already told
-        self._diverged_text: str | None = None
-        # One step axis per run (kernel/segments.py): each run's last segment settings, the runs a
-        # rank's loop began mid-cell, the running cell's source and its seq in the run it moved to.
-        self._last_segment: dict[int, dict[str, Any]] = {}
-        self._loop_runs: set[int] = set()
-        self._adopt: list[tuple[int, str]] = []  # (run, pending folder): rank 0 renames it next cell
-        self._source: str | None = None
-        self._moved: dict[int, int] = {}
-        self._replaying = False
-        self._dropping = False  # replaying an earlier run's cell: its records are not stored again
+        self.book = segments.RunBook()  # one step axis per run (kernel/segments.py)
+        self.replay = Replay(self)  # after a rank died: the run again from its last checkpoint
 
     @property
     def config(self) -> ExperimentConfig:
@@ -94,38 +78,25 @@ class Session:
     # -- store -----------------------------------------------------------------------------
 
     @property
-    def store(self) -> RunStore:
-        with self._store_lock:  # the watcher's thread and the notebook's both write
-            if self._store is not None and self._store.vanished():
-                self._store = self._recreate_store(self._store)
-            if self._store is None:
-                self._store = RunStore(self.store_file)
-            return self._store
+    def store_file(self) -> Path:
+        return self.stores.file
 
-    def _recreate_store(self, old: RunStore) -> RunStore:
-        """The store file went away (deleted, its folder moved): make it again and copy the run
-        into it from the old file, which the open connection still reads."""
-        new = RunStore(self.store_file)
-        try:
-            copied = old.copy_run(self.run_id, new) if self.run_id is not None else {}
-        except BaseException:
-            new.close()
-            raise
-        old.close()
-        what = f": run {self.run_id} is in it again ({copied['metrics']} metric rows)" if copied else ""
-        print(
-            f"dtwork: the run store {self.store_file} was deleted or moved; made it again{what}",
-            file=sys.stderr,
-        )
-        return new
+    @property
+    def store(self) -> RunStore:
+        return self.stores.get(self.run_id)
 
     def check_store(self) -> None:
         """Make the store again now if its file went away, before something else reads it."""
-        if self._store is not None:
-            try:
-                _ = self.store
-            except STORE_ERRORS:
-                pass  # the writer says what is wrong at its next write
+        self.stores.check(self.run_id)
+
+    @property
+    def restarts_used(self) -> int:
+        return self.replay.restarts_used
+
+    @property
+    def background(self) -> CellWatcher | None:
+        """The watcher of the cell training in the background, if any."""
+        return self.bg.watcher if self.bg is not None else None
 
     def ensure_run(self) -> int:
         if self.run_id is None:
@@ -150,23 +121,27 @@ class Session:
             self.writer.run_status(self.run_id, self._final_status())
             self.writer.flush(force=True)
         self.run_id = None
-        self.restarts_used = 0
+        self.replay.restarts_used = 0
 
     def _final_status(self) -> str:
         """How the run ended, from its last cell: completed, failed or interrupted."""
         last = self.last.status if self.last is not None else "ok"
         return {"error": "failed", "interrupted": "interrupted"}.get(last, "completed")
 
-    def persist(self, records: list[dict[str, Any]], seq: int | None) -> None:
+    def persist(
+        self, records: list[Record], seq: int | None, *, stored: bool = True, segments: bool = True
+    ) -> None:
         """Write records to the store (first), as rows and events; the store refusing keeps them.
-        A training loop's segment event may start a new run: what follows it goes there."""
-        if self.run_id is not None and not self._dropping:
-            chunk: list[dict[str, Any]] = []
+        A training loop's segment event may start a new run: what follows it goes there. A replay
+        stores no segment again (``segments``), nor an earlier run's records (``stored``)."""
+        if self.run_id is not None and stored:
+            chunk: list[Record] = []
             for rec in records:
-                if segments.is_segment(rec):
+                if is_segment(rec):
                     self._write_records(chunk, seq)
                     chunk = []
-                    self._segment(rec, seq)
+                    if segments:
+                        self._segment(rec, seq)
                 else:
                     chunk.append(rec)
             self._write_records(chunk, seq)
@@ -176,7 +151,7 @@ class Session:
 
             live_tensorboard(self.config.tensorboard, self.run_id, self.config.name, records)
 
-    def _write_records(self, records: list[dict[str, Any]], seq: int | None) -> None:
+    def _write_records(self, records: list[Record], seq: int | None) -> None:
         if records and self.run_id is not None:
             seq = self.cell_seq(seq)
             self.writer.records(self.run_id, seq, self.perf_rate(records))
@@ -185,28 +160,28 @@ class Session:
 
     def cell_seq(self, seq: int | None) -> int | None:
         """The running cell's seq in the current run (it changed if its training began a new run)."""
-        return None if seq is None else self._moved.get(seq, seq)
+        return self.book.cell_seq(seq)
 
-    def _segment(self, rec: dict[str, Any], seq: int | None) -> None:
+    def _segment(self, rec: Mapping[str, object], seq: int | None) -> None:
         """A training loop began: a new run when it asks for one and this run already trained
         (a new ctx.wrap); then the segment, with what changed since the run's previous one."""
-        if self._replaying or self.run_id is None:  # a replay re-runs segments already stored
+        if self.run_id is None:
             return
-        follows, pending = None, rec.get("pending")
+        follows, pending, step = None, rec.get("pending"), rec.get("step")
+        first = int(step) if isinstance(step, (int, float, str)) and step else 0
         # The rank's loop decides (runtime/core/run_axis.py): it names the pending folder it checkpoints in.
         if isinstance(pending, str) and seq is not None:
-            follows = self._begin_run_of_loop(seq, int(rec.get("step") or 0))
+            follows = self._begin_run_of_loop(seq, first)
             if follows is not None:
-                self._adopt.append((self.run_id, pending))
+                self.book.adopt.append((self.run_id, pending))
             else:
                 print(f"dtwork: its checkpoints are in the folder {pending}: resume={pending!r} loads them")
-        now = segments.settings(rec, self._source)
-        what = segments.changed(self._last_segment.get(self.run_id), now)
-        self._last_segment[self.run_id] = now
-        data = now if follows is None else {**now, FOLLOWS: follows}
+        what, data = self.book.segment(self.run_id, rec)
+        if follows is not None:
+            data[FOLLOWS] = follows
         if isinstance(pending, str):
             data[segments.PENDING] = pending
-        self.writer.segment(self.run_id, self.cell_seq(seq), int(rec.get("step") or 0), what, data)
+        self.writer.segment(self.run_id, self.cell_seq(seq), first, what, data)
 
     def _begin_run_of_loop(self, seq: int, first: int) -> dict[str, int] | None:
         """End the current run and go on in a new one from this cell on (its loop trains a new
@@ -219,35 +194,34 @@ class Session:
             self.writer.flush(force=True)
             self.run_id = None
             new = self.ensure_run()
-            self._moved[seq] = self.store.move_cell(old, before, new)
+            self.book.moved[seq] = self.store.move_cell(old, before, new)
         except STORE_ERRORS as exc:
             self.run_id = self.run_id or old
             print(
                 f"dtwork: the new model trains in run {self.run_id}: {store_problem(exc, self.writer.path)}"
             )
             return None
-        self._loop_runs.add(new)
-        self.restarts_used = 0
+        self.book.loop_runs.add(new)
+        self.replay.restarts_used = 0
         print(
             f"dtwork: a newly wrapped model: run {new} begins at step {first} "
             f"(run {old} ended; ctx.steps(..., new_run=False) would have gone on with it)"
         )
         return {"run": old, "cell": before}
 
-    def _watch_divergence(self, records: list[dict[str, Any]]) -> None:
+    def _watch_divergence(self, records: list[Record]) -> None:
         """The run's first NaN or infinite logged value: an event, and one line in the cell."""
-        hit = first_non_finite(records) if self._diverged != self.run_id else None
+        hit = first_non_finite(records) if self.run_id not in self.book.diverged else None
         if hit is None or self.run_id is None:
             return
-        self._diverged = self.run_id
         step, name, value = hit
         message = f"{name} is {value} at step {step}: training diverged"
         data = {"step": step, "name": name, "value": value}
         self.writer.event(self.run_id, DIVERGED, message, data)
-        self._diverged_text = divergence_text(data)  # the dashboard's header says it (see feed)
+        self.book.diverged[self.run_id] = divergence_text(data)  # the dashboard's header says it (see feed)
         print(f"dtwork: warning: {message} (lower the learning rate, or clip the gradients)", file=sys.stderr)
 
-    def _estimate(self, records: list[dict[str, Any]], seq: int | None, now: float) -> None:
+    def _estimate(self, records: list[Record], seq: int | None, now: float) -> None:
         """Write the cell's scaling-efficiency estimate when due: an aggregated row of its own, for
         the sidebar and the report, and the dashboard's header."""
         eff = self.efficiency.add(records, now) if self.efficiency and self.run_id is not None else None
@@ -260,7 +234,7 @@ class Session:
         """Try again to write what the store refused (at most once a second)."""
         self.writer.flush()
 
-    def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+    def event(self, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
         if self.run_id is not None:
             self.writer.event(self.run_id, kind, message, data)
             self.writer.flush()
@@ -272,7 +246,7 @@ class Session:
         return self.engines.log_file
 
     def in_background(self, watcher: CellWatcher) -> bool:
-        return self.background is watcher
+        return self.bg is not None and self.bg.watcher is watcher
 
     def dead_ranks(self, ranks: list[int]) -> dict[int, str]:
         """Ranks whose engine is gone, with why (by PID on this host, by heartbeat elsewhere)."""
@@ -281,7 +255,7 @@ class Session:
     def interrupt_ranks(self, ranks: list[int]) -> None:
         self.engines.signal(signal.SIGUSR1, ranks)
 
-    def show_progress(self, progress: dict[int, dict[str, Any]]) -> None:
+    def show_progress(self, progress: dict[int, Progress]) -> None:
         if self.dashboard is not None:
             self.dashboard.progress(progress)
 
@@ -294,26 +268,27 @@ class Session:
         """Fresh engines and process group; the run goes on (its event says why, when given)."""
         if why:
             self.event("restart", f"engines restarted: {why}")
-        self._ranks_run = None
+        self.book.ranks_run = None
         self.engines.restart(force=force)
 
-    def _tell_ranks(self, run_id: int) -> None:
+    def tell_ranks(self, run_id: int, *, replaying: bool = False) -> None:
         """Set ``ctx.run_id`` on the ranks (it names the run's checkpoint folder) when it changed;
         a run the kernel began (not a rank's loop) starts their step axis at 0."""
-        if self._ranks_run != run_id:
-            new_axis = run_id not in self._loop_runs
+        book = self.book
+        if book.ranks_run != run_id:
+            new_axis = run_id not in book.loop_runs
             # A token names the folder of a run a loop begins mid-cell; none while replaying.
-            token = None if self._replaying else uuid.uuid4().hex[:12]
-            told = (run_id, str(self.store_file), new_axis, run_id in self._last_segment, token)
-            self.engines.call(entry.set_run_id, (*told, tuple(self._adopt)), {})
-            self._ranks_run, self._adopt = run_id, []
+            token = None if replaying else uuid.uuid4().hex[:12]
+            told = (run_id, str(self.store_file), new_axis, run_id in book.last_segment, token)
+            self.engines.call(entry.set_run_id, (*told, tuple(book.adopt)), {})
+            book.ranks_run, book.adopt = run_id, []
 
     # -- running cells ---------------------------------------------------------------------
 
     def run_cell(
         self, source: str, *, ranks: list[int] | None, rank0: bool, bg: bool, quiet: bool
     ) -> CellResult:
-        if self.background is not None and not self.background.done.is_set():
+        if self.bg is not None and self.bg.running:
             raise DtworkError("a background cell is still training: %dtrain wait (or attach) first")
         self.writer.flush(force=True)
         try:
@@ -321,10 +296,10 @@ class Session:
             if self.last is not None and self.last.status == "error":  # the run goes on after a failed cell
                 self.store.set_run_status(run_id, "running")
             seq = self.store.add_cell(run_id, source, ranks=ranks)
-            self._source, self._moved = source, {}
+            self.book.begin_cell(source)
         except STORE_ERRORS as exc:
             raise DtworkError(f"the cell did not start: {store_problem(exc, self.writer.path)}") from None
-        self._tell_ranks(run_id)
+        self.tell_ranks(run_id)
         rank_list = list(range(self.engines.world_size)) if ranks is None else list(ranks)
         if not quiet:
             from dtwork.widgets import dashboard_ready
@@ -353,35 +328,21 @@ class Session:
         self.perf_rate = PerfThinner(len(rank_list))
         watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
         if bg:
-            self.background = watcher
-            self._bg_thread = threading.Thread(target=self._watch_bg, args=(watcher,), daemon=True)
-            self._bg_thread.start()
+            self.bg = BackgroundCell(watcher)
+            self.bg.start()
             return watcher.result
-        return self._conclude(watcher, watcher.wait())
-
-    def _watch_bg(self, watcher: CellWatcher) -> None:
-        while not watcher.poll():
-            watcher.ar.wait(POLL_SECONDS)
-        watcher.quiet = True
-        watcher.finish()
+        return self.conclude(watcher, watcher.wait())
 
     def wait_background(self) -> CellResult | None:
         """Bring a background cell back to the foreground and wait for it."""
-        watcher = self.background
-        if watcher is None:
+        bg = self.bg
+        if bg is None:
             return None
-        if self._bg_thread is not None:
-            try:
-                while self._bg_thread.is_alive():
-                    self._bg_thread.join(0.1)
-            except KeyboardInterrupt:
-                watcher.interrupt()
-                while self._bg_thread.is_alive():
-                    self._bg_thread.join(0.1)
-        self.background = None
-        return self._conclude(watcher, watcher.result)
+        bg.join()
+        self.bg = None
+        return self.conclude(bg.watcher, bg.watcher.result)
 
-    def _conclude(self, watcher: CellWatcher, result: CellResult) -> CellResult:
+    def conclude(self, watcher: CellWatcher, result: CellResult) -> CellResult:
         status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
         err = (
             None if not result.errors or status != "error" else error_line(result.errors[min(result.errors)])
@@ -400,7 +361,7 @@ class Session:
         if self.dashboard is not None:
             self.dashboard.finish(result)
         if watcher.dead and not watcher.restarted:
-            recovered = self._recover(watcher)
+            recovered = self.replay.recover(watcher)
             if recovered is not None:
                 return recovered
         if result.errors:
@@ -414,7 +375,7 @@ class Session:
     def _record_settings(self, seq: int, rank0: bool, read: bool) -> None:
         """Keep what the cell ran with for the report: its options and, when the ranks can be asked
         (no error left them busy), the settings it left (``entry.cell_settings``)."""
-        data: dict[str, Any] = {"seq": seq, "rank0": rank0}
+        data: dict[str, object] = {"seq": seq, "rank0": rank0}
         if read and self.engines.state == "running":
             try:
                 data.update(self.engines.call(entry.cell_settings, (), {}, ranks=[0])[0])
@@ -455,60 +416,6 @@ class Session:
             except Exception:
                 return
 
-    def _recover(self, watcher: CellWatcher) -> CellResult | None:
-        """After a rank died: fresh engines; with restarts left, replay the run from its checkpoint."""
-        dead = ", ".join(f"rank {r}" for r in sorted(watcher.dead))
-        print(
-            f"dtwork: {dead} died: restarting the engines (fresh process group)", file=sys.stderr, flush=True
-        )
-        self.restart_after_failure(f"{dead} died")
-        watcher.restarted = True
-        limit = self.config.max_restarts
-        if self.restarts_used >= limit or self.run_id is None:
-            return None
-        self.restarts_used += 1
-        self.event(
-            "resume",
-            f"restart {self.restarts_used} of {limit}: replaying the run's cells from the last checkpoint",
-        )
-        print(
-            f"dtwork: restart {self.restarts_used} of {limit}: replaying the run from its last checkpoint",
-            file=sys.stderr,
-        )
-        self._moved, self._replaying = {}, True
-        resuming = False
-        try:
-            result = None
-            # A run a new model began mid-notebook replays the earlier runs' cells first (they set up
-            # what it used), in their own run folders, from scratch, their records not stored again.
-            for cell in self.store.history(self.run_id) + self.store.cells(self.run_id):
-                ours = cell["run_id"] == self.run_id
-                if ours and not resuming:
-                    self.engines.call(entry.set_auto_resume, (True,), {})
-                    resuming = True
-                self._tell_ranks(cell["run_id"])
-                self._dropping = not ours
-                ar = self.engines.view().execute(cell["source"], silent=False, block=False)
-                replay = CellWatcher(
-                    self,
-                    ar,
-                    list(range(self.engines.world_size)),
-                    seq=cell["seq"] if ours else None,
-                    rank0=False,
-                    quiet=True,
-                )
-                result = replay.wait()
-                if result.errors:
-                    return self._conclude(replay, result)
-                if ours:
-                    self.writer.finish_cell(self.run_id, cell["seq"], "ok")
-            return result
-        finally:
-            self._replaying = self._dropping = False
-            self._ranks_run = None  # told again at the next cell, with a token
-            if self.engines.state == "running" and resuming:
-                self.engines.call(entry.set_auto_resume, (False,), {})
-
     def _live_efficiency(self, run_id: int, n: int) -> LiveEfficiency | None:
         """The cell's efficiency estimate, measured against a sweep's 1-rank throughput where known."""
         if n < 2:
@@ -522,7 +429,7 @@ class Session:
 
     def _dashboard_feed(
         self, run_id: int, ranks: list[int], quiet: bool, seq: int | None = None
-    ) -> Callable[[list[dict[str, Any]]], None] | None:
+    ) -> Callable[[list[Record]], None] | None:
         self.dashboard = None  # the last cell's, finished already
         if quiet:
             return None
@@ -531,7 +438,7 @@ class Session:
         except ImportError:
             return None
 
-        def feed(records: list[dict[str, Any]]) -> None:
+        def feed(records: list[Record]) -> None:
             # Made at the first records: a cell that logs nothing shows no empty dashboard.
             if self.dashboard is None:
                 self.dashboard = Dashboard.for_cell(
@@ -544,8 +451,8 @@ class Session:
                 if self.efficiency is not None and self.efficiency.last is not None:
                     self.dashboard.feed([self.efficiency.last])
             self.dashboard.feed(records)
-            if self._diverged == self.run_id:
-                self.dashboard.diverged = self._diverged_text
+            if self.run_id in self.book.diverged:
+                self.dashboard.diverged = self.book.diverged[self.run_id]
 
         return feed
 
@@ -556,7 +463,5 @@ class Session:
             self.writer.run_status(self.run_id, self._final_status())
         if not self.writer.flush(force=True):
             self.writer.lost(f"{self.writer.problem}; the cluster stopped")
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        self.stores.close()
         self.run_id = None

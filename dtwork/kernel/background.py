@@ -1,0 +1,39 @@
+"""A background cell (``%%dtrain --bg``): its watcher polled on a thread of its own until the cell ends."""
+
+from __future__ import annotations
+
+import threading
+
+from dtwork.kernel.watcher import POLL_SECONDS, CellWatcher
+
+
+class BackgroundCell:
+    """One cell trained in the background; ``%dtrain wait`` brings it back."""
+
+    def __init__(self, watcher: CellWatcher) -> None:
+        self.watcher = watcher
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _watch(self) -> None:
+        watcher = self.watcher
+        while not watcher.poll():
+            watcher.ar.wait(POLL_SECONDS)
+        watcher.quiet = True
+        watcher.finish()
+
+    @property
+    def running(self) -> bool:
+        return not self.watcher.done.is_set()
+
+    def join(self) -> None:
+        """Wait for the cell's end; Ctrl-C relays an interrupt to its ranks and goes on waiting."""
+        try:
+            while self._thread.is_alive():
+                self._thread.join(0.1)
+        except KeyboardInterrupt:
+            self.watcher.interrupt()
+            while self._thread.is_alive():
+                self._thread.join(0.1)
