@@ -10,9 +10,9 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import ipyparallel as ipp
 
@@ -23,6 +23,7 @@ from dtwork.runtime import entry
 
 if TYPE_CHECKING:
     from dtwork.launch.rendezvous import RankPlan
+    from dtwork.runtime.core.payloads import ConfigApplied
 
 # seconds for the engines to answer the first request, then for a second one (see probe_engines)
 PROBE_TIMEOUTS = (30.0, 60.0)
@@ -31,7 +32,7 @@ log = logging.getLogger("dtwork")
 T = TypeVar("T")
 
 
-def kernel_record() -> dict[str, object]:
+def kernel_record() -> dict[str, float]:
     """This kernel's process (pid and start time), as the engines and the registry know it."""
     rec = registry.proc_record(os.getpid())
     assert rec is not None
@@ -42,7 +43,7 @@ def kernel_record() -> dict[str, object]:
 
 
 def probe_engines(
-    client: ipp.Client, ids: list[int], kernel: dict[str, object], host: str
+    client: ipp.Client, ids: list[int], kernel: Mapping[str, float], host: str
 ) -> list[EngineReply]:
     """Every engine's ``probe``: the first request to engines that have just registered.
 
@@ -129,12 +130,13 @@ def init_ranks(
     return infos
 
 
-def take_rank0_warnings(infos: list[EngineReply]) -> list[str]:
+def take_rank0_warnings(infos: Sequence[ConfigApplied] | Sequence[EngineReply]) -> list[str]:
     """Take the warnings out of the ranks' replies (rank 0's first; the others repeat them)."""
-    notes: list[str] = infos[0].pop("warnings", []) if infos else []
-    for info in infos[1:]:
-        info.pop("warnings", None)
-    return notes
+    replies = [cast(dict[str, object], info) for info in infos]  # the replies are this kernel's to edit
+    notes = replies[0].get("warnings", []) if replies else []
+    for reply in replies:
+        reply.pop("warnings", None)
+    return [str(n) for n in notes] if isinstance(notes, list) else []
 
 
 def show_warnings(notes: list[str]) -> None:

@@ -255,7 +255,7 @@ class EngineGroup:
                 stderr=subprocess.DEVNULL,
             )
 
-    def _process_records(self) -> list[dict[str, object]]:
+    def _process_records(self) -> list[dict[str, float]]:
         """Every process this group owns that can be seen from here: controller, launchers, engines."""
         procs = [registry.proc_record(pid) for pid in self.procs.pids()]
         procs += [{"pid": p["pid"], "create_time": p["create_time"]} for p in self.joined.probes.values()]
