@@ -425,7 +425,7 @@ class DtrainMagics(Magics):
     # -- analysis: scaling, data loading, bucket size, noise scale ------------------------
 
     def _sub_scaling(self, argv: list[str]) -> Any:
-        from dtwork.commands import measure
+        from dtwork import commands as measure
 
         ns = _scaling_parser().parse_args(argv)
         mode_name = ns.mode or "weak"
@@ -442,7 +442,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_throughput(self, argv: list[str]) -> Any:
-        from dtwork.commands import measure
+        from dtwork import commands as measure
 
         ns = _throughput_parser().parse_args(argv)
         rounds = (min(3, ns.rounds), ns.rounds)
@@ -450,7 +450,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_tune(self, argv: list[str]) -> Any:
-        from dtwork.commands import measure
+        from dtwork import commands as measure
 
         ns = _tune_parser().parse_args(argv)
         sizes = measure.DEFAULT_SIZES
@@ -465,7 +465,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_gns(self, argv: list[str]) -> Any:
-        from dtwork.commands import measure
+        from dtwork import commands as measure
 
         ns = _gns_parser().parse_args(argv)
         measure.gns_advice(current(), dataset_size=ns.dataset_size)
