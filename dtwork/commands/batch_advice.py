@@ -6,7 +6,7 @@ and stored as metrics; the advice is ``analysis.gns.advise``'s.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from dtwork.commands.bench_call import in_ipython
 from dtwork.errors import DtworkError
@@ -101,7 +101,7 @@ def _interval_text(store: RunStore, run_id: int) -> str:
         low = (
             lo is not None
             and hi is not None
-            and GNSInterval(rows[-1]["value"], lo, hi, 0.0, False).low_settled
+            and GNSInterval(cast(float, rows[-1]["value"]), lo, hi, 0.0, False).low_settled
         )
         text += (
             ", its lower end settled (a larger batch can rest on it), its upper end still wide"
