@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from dtwork import plots
-from dtwork.commands import measure
+from dtwork import commands as measure
 from dtwork.errors import DtworkError
 from dtwork.report import helpers
 from dtwork.report.build import COLUMNS

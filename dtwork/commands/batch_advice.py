@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from dtwork.config import ExperimentConfig
     from dtwork.store.runs import RunStore
 
-__all__ = ["gns_advice", "step_batch"]
+__all__ = ["gns_advice", "interval_text", "step_batch"]
 
 
 def _latest(store: RunStore, run_id: int, name: str) -> float | None:
@@ -86,7 +86,7 @@ def _adaptive_text(store: RunStore, run_id: int) -> list[str]:
     return out
 
 
-def _interval_text(store: RunStore, run_id: int) -> str:
+def interval_text(store: RunStore, run_id: int) -> str:
     """The latest estimate's 95% interval, and "not yet settled" until it is narrow enough to act on."""
     from dtwork.analysis.gns import GNSInterval
 
@@ -155,7 +155,7 @@ def gns_advice(
             f" ({cluster.global_batch_size} x {k} accumulated)" if k > 1 and cluster.global_batch_size else ""
         )
         print(
-            f"dtwork: B_simple ~ {b_simple:.1f}{_interval_text(store, rid)} at a batch of {global_batch} "
+            f"dtwork: B_simple ~ {b_simple:.1f}{interval_text(store, rid)} at a batch of {global_batch} "
             f"per optimizer step{per_step} (run {rid})"
         )
         print(f"  learning rate now: {', '.join(f'{lr:.3g}' for lr in lrs)} ({lr_source})")
