@@ -20,10 +20,10 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dtwork.errors import DtworkError, did_you_mean
 from dtwork.shared.records import DIVERGED, Kind, divergence_text, is_own, segment_text
@@ -53,7 +53,7 @@ def printable(text: str) -> str:
 # -- reading a run ----------------------------------------------------------------------------------
 
 
-def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:
+def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:  # Any: what --json prints
     run = store.get_run(run_id)
     rid = run["id"]
     metrics: dict[str, dict[str, Any]] = {}
@@ -97,7 +97,7 @@ def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:
 # -- text layout -----------------------------------------------------------------------------------
 
 
-def _num(value: Any) -> str:
+def _num(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -124,7 +124,7 @@ def _table(header: Sequence[str], rows: list[list[str]], right: set[int]) -> str
     return "\n".join(out)
 
 
-def _result_text(result: dict[str, Any] | None) -> str:
+def _result_text(result: Mapping[str, object] | None) -> str:
     if not result:
         return "-"
     if result["best"] is None:
@@ -261,7 +261,7 @@ def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
         ["ranks", _num(a["world_size"]), _num(b["world_size"]), ""],
         ["global batch", _num(a["global_batch_size"]), _num(b["global_batch_size"]), ""],
         ["steps", _num(a["steps"]), _num(b["steps"]), ""],
-        ["segments", _segment_steps(a), _segment_steps(b), ""],
+        ["segments", _segment_steps(a["segments"]), _segment_steps(b["segments"]), ""],
         ["result", _result_text(a["result"]), _result_text(b["result"]), ""],
     ]
     rows = []
@@ -273,9 +273,9 @@ def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
     return f"{table}\nplot: {plot}"
 
 
-def _segment_steps(summary: dict[str, Any]) -> str:
+def _segment_steps(segments: Iterable[Mapping[str, object]]) -> str:
     """Where a run's segments began on its step axis: "0, 20"."""
-    return ", ".join(str(seg["first_step"]) for seg in summary["segments"]) or "-"
+    return ", ".join(str(seg["first_step"]) for seg in segments) or "-"
 
 
 def _cmd_export(store: RunStore, ns: argparse.Namespace) -> str:
@@ -356,7 +356,7 @@ def _runs_parser(runs: argparse.ArgumentParser) -> None:
 class _HintParser(argparse.ArgumentParser):
     """argparse whose errors end with the closest command or option to a mistyped one."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             names = re.findall(r"'([^']*)'", choice.group(2)) or choice.group(2).split(", ")

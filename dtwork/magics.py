@@ -402,11 +402,11 @@ class DtrainMagics(Magics):
     # -- analysis: scaling, data loading, bucket size, noise scale ------------------------
 
     def _sub_scaling(self, argv: list[str]) -> None:
-        from dtwork.commands import measure
+        from dtwork import commands
 
         ns = _scaling_parser().parse_args(argv)
         mode_name = ns.mode or "weak"
-        measure.scaling(
+        commands.scaling(
             current(),
             " ".join(ns.model),
             slots=_int_list(ns.slots) if ns.slots else None,
@@ -419,18 +419,18 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_throughput(self, argv: list[str]) -> None:
-        from dtwork.commands import measure
+        from dtwork import commands
 
         ns = _throughput_parser().parse_args(argv)
         rounds = (min(3, ns.rounds), ns.rounds)
-        measure.throughput(current(), " ".join(ns.model), ns.data, steps=ns.steps, rounds=rounds)
+        commands.throughput(current(), " ".join(ns.model), ns.data, steps=ns.steps, rounds=rounds)
         return None
 
     def _sub_tune(self, argv: list[str]) -> None:
-        from dtwork.commands import measure
+        from dtwork import commands
 
         ns = _tune_parser().parse_args(argv)
-        sizes = measure.DEFAULT_SIZES
+        sizes = commands.DEFAULT_SIZES
         if ns.sizes:
             try:
                 sizes = tuple(float(v) for v in ns.sizes.split(",") if v.strip())
@@ -438,14 +438,14 @@ class DtrainMagics(Magics):
                 raise DtworkError(
                     f"--sizes takes bucket sizes in MB such as 1,4,16 — got {ns.sizes!r}"
                 ) from None
-        measure.tune_buckets(current(), " ".join(ns.model), sizes=sizes, steps=ns.steps, shape=ns.shape)
+        commands.tune_buckets(current(), " ".join(ns.model), sizes=sizes, steps=ns.steps, shape=ns.shape)
         return None
 
     def _sub_gns(self, argv: list[str]) -> None:
-        from dtwork.commands import measure
+        from dtwork import commands
 
         ns = _gns_parser().parse_args(argv)
-        measure.gns_advice(current(), dataset_size=ns.dataset_size)
+        commands.gns_advice(current(), dataset_size=ns.dataset_size)
         return None
 
     # -- the cell magic ----------------------------------------------------------------------

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
+from dtwork import commands as measure
 from dtwork import plots
-from dtwork.commands import measure
 from dtwork.errors import DtworkError
 from dtwork.report import helpers
 from dtwork.report.build import COLUMNS

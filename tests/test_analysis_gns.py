@@ -445,7 +445,7 @@ def test_advice_rejects_bad_b_simple(bad):
 def test_gns_advice_says_which_end_of_the_interval_is_settled(tmp_path) -> None:
     """A B_simple that grows: its lower end within 25% is enough to grow a batch on, and the advice
     says so rather than "not yet settled"; a wide lower end still says to train more."""
-    from dtwork.commands import measure
+    from dtwork.commands import batch_advice
     from dtwork.store.runs import RunStore
 
     with RunStore(tmp_path / "runs.sqlite") as store:
@@ -455,4 +455,4 @@ def test_gns_advice_says_which_end_of_the_interval_is_settled(tmp_path) -> None:
             store.add_metrics(
                 rid, [{"step": 40, "name": n, "value": v, "kind": "gns"} for n, v in values.items()]
             )
-            assert said in measure._interval_text(store, rid)
+            assert said in batch_advice.interval_text(store, rid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dtwork.commands import measure
+from dtwork import commands as measure
 
 DATA = """
 import torch, torch.nn as nn, torch.nn.functional as F

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dtwork.commands import measure
+from dtwork import commands as measure
 from dtwork.errors import DtworkError
 
 MODEL = """

@@ -124,7 +124,7 @@ def _runs_show(store_path: object, run_id: int, capsys: pytest.CaptureFixture[st
 def test_a_nan_at_step_k_is_an_event_a_warning_and_shown_by_runs_show(fresh_run, capsys, tmp_path) -> None:
     import math
 
-    from dtwork.commands import measure
+    from dtwork import commands as measure
     from dtwork.server import queries as server_data
 
     c = fresh_run
@@ -228,7 +228,7 @@ for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=300):
 
 
 def test_gns_advice_names_the_learning_rate_the_optimizer_has_now(fresh_run, capsys) -> None:
-    from dtwork.commands import measure
+    from dtwork import commands as measure
 
     c = fresh_run
     c.configure({"global_batch_size": 16, "gns": {"enabled": True}})  # lr.base stays the default 0.1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from dtwork.commands import measure
+from dtwork import commands as measure
 from dtwork.errors import DtworkError
 from dtwork.runtime.loop.data import input_shape, shape_hint
 

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from dtwork.commands.measure import step_batch
+from dtwork.commands import step_batch
 from dtwork.config import load_config
 from dtwork.errors import DtworkError, DtworkWarning
 

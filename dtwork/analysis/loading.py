@@ -13,13 +13,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal, TypedDict
 
 from dtwork.analysis.scaling import mean_interval
+from dtwork.shared.bench import LoaderFacts, LoaderSetting
 
 THRESHOLD = 0.9  # real below 90% of synthetic throughput: loading costs more than noise would
 Verdict = Literal["bottleneck", "no bottleneck", "inconclusive"]
+
+
+class IntervalDict(TypedDict):
+    """An ``Interval`` as stored."""
+
+    mean: float
+    low: float | None
+    high: float | None
+    rounds: int
+
+
+class TriedDict(TypedDict):
+    setting: LoaderSetting
+    gain: IntervalDict
+
+
+class AdviceDict(TypedDict):
+    """An ``Advice`` as stored in the "throughput" result."""
+
+    setting: LoaderSetting | None
+    gain: IntervalDict | None
+    tried: list[TriedDict]
 
 
 @dataclass(frozen=True)
@@ -35,6 +58,9 @@ class Interval:
         if self.low is None or self.high is None:
             return f"{self.mean:.2f}{unit} (one round, no interval)"
         return f"{self.mean:.2f}{unit} (95% interval {self.low:.2f}-{self.high:.2f}, {self.rounds} rounds)"
+
+    def to_dict(self) -> IntervalDict:
+        return {"mean": self.mean, "low": self.low, "high": self.high, "rounds": self.rounds}
 
 
 def paired(numerators: Sequence[float], denominators: Sequence[float]) -> Interval:
@@ -80,7 +106,7 @@ def decided_gain(gain: Interval, at_least: int = 3) -> bool:
     return gain.low > 1.0 or gain.high < 1.0
 
 
-def candidates(facts: Mapping[str, Any]) -> list[dict[str, Any]]:
+def candidates(facts: LoaderFacts | None) -> list[LoaderSetting]:
     """DataLoader settings worth a measured try, from the facts a rank reports about its loader.
 
     ``facts``: num_workers, prefetch_factor, pin_memory, persistent_workers, iterable (an
@@ -88,11 +114,22 @@ def candidates(facts: Mapping[str, Any]) -> list[dict[str, Any]]:
     where the rank's cores allow (2 always: loading that waits on I/O needs no core of its own),
     kept alive across epochs, then with a deeper prefetch; pinned memory only with CUDA.
     """
+    if facts is None:  # no loader timed yet: what any loader could try
+        facts = {
+            "torch": False,
+            "iterable": False,
+            "num_workers": 0,
+            "prefetch_factor": None,
+            "pin_memory": False,
+            "persistent_workers": False,
+            "cores": 1,
+            "cuda": False,
+        }
     if facts.get("iterable"):
         return []
     now = int(facts.get("num_workers") or 0)
     cores = int(facts.get("cores") or 1)
-    out: list[dict[str, Any]] = []
+    out: list[LoaderSetting] = []
     for workers in (2, 4):
         if workers <= now or workers > max(2, cores):
             continue
@@ -105,7 +142,7 @@ def candidates(facts: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def setting_text(kwargs: Mapping[str, Any]) -> str:
+def setting_text(kwargs: Mapping[str, object]) -> str:
     """``num_workers=2, persistent_workers=True`` as one would type it into DataLoader(...)."""
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 
@@ -114,9 +151,9 @@ def setting_text(kwargs: Mapping[str, Any]) -> str:
 class Advice:
     """The best measured loader setting: its gain over the current loader, or None when none helped."""
 
-    setting: dict[str, Any] | None
+    setting: LoaderSetting | None
     gain: Interval | None
-    tried: list[tuple[dict[str, Any], Interval]]
+    tried: list[tuple[LoaderSetting, Interval]]
 
     def sentence(self) -> str:
         if not self.tried:
@@ -129,15 +166,15 @@ class Advice:
             )
         return f"try DataLoader(..., {setting_text(self.setting)}): measured {self.gain.text()} faster"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> AdviceDict:
         return {
             "setting": self.setting,
-            "gain": asdict(self.gain) if self.gain else None,
-            "tried": [{"setting": s, "gain": asdict(g)} for s, g in self.tried],
+            "gain": self.gain.to_dict() if self.gain else None,
+            "tried": [{"setting": s, "gain": g.to_dict()} for s, g in self.tried],
         }
 
 
-def advise(tried: Sequence[tuple[dict[str, Any], Interval]]) -> Advice:
+def advise(tried: Sequence[tuple[LoaderSetting, Interval]]) -> Advice:
     """The setting with the highest mean gain among those whose interval lies above 1."""
     faster = [(s, g) for s, g in tried if g.low is not None and g.low > 1.0]
     if not faster:

@@ -93,7 +93,7 @@ def decay_factor(
     if schedule == "step":
         return gamma ** (step // step_size)
     if schedule == "exponential":
-        return gamma ** (step / step_size)
+        return float(gamma ** (step / step_size))
     if schedule == "constant":
         return 1.0
     assert total_steps is not None

@@ -17,7 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dtwork.cluster import Cluster
 
 DDP_TOLERANCE = 1e-5  # max |parameter difference| between DDP and one process
 GNS_TOLERANCE = 0.10  # relative error allowed when the 95% interval misses the truth
@@ -182,15 +185,15 @@ class Doctor:
         self.checks.append(Check(name, "skip", why))
         self.say(self.checks[-1])
 
-    def start(self, label: str, **kwargs: Any) -> Any:
+    def start(self, label: str, backend: str, n: int | None = None) -> Cluster | None:
         """Start a cluster for the checks (None when it fails: the failure is the check's line)."""
         from dtwork.cluster import start
 
-        box: dict[str, Any] = {}
+        box: dict[str, Cluster] = {}
 
         def go() -> tuple[bool, str]:
             t0 = time.monotonic()
-            c = box["c"] = start(timeout=120, store=str(self.tmp / "runs.sqlite"), **kwargs)
+            c = box["c"] = start(n, backend=backend, timeout=120, store=str(self.tmp / "runs.sqlite"))
             c.session.live = False
             return True, f"{c.world_size} ranks, {c.backend}, in {time.monotonic() - t0:.1f} s"
 
@@ -206,7 +209,7 @@ class Doctor:
         finally:
             c.stop()
 
-    def common(self, c: Any, suffix: str, gns_steps: int | None) -> None:
+    def common(self, c: Cluster, suffix: str, gns_steps: int | None) -> None:
         """Process group, DDP equivalence, GNS (when ``gns_steps``) and resume on cluster ``c``."""
         self.check(f"process group{suffix}", lambda: _all_reduce(c))
         self.check(f"DDP equivalence{suffix}", lambda: _ddp(c))
@@ -244,18 +247,18 @@ def _one_line(exc: BaseException) -> str:
     return f"{first} ({cause})" if cause else first
 
 
-def _value(c: Any, source: str) -> list[Any]:
+def _value(c: Cluster, source: str) -> list[Any]:  # Any: what the ranks' check code computed
     c.run(source, quiet=True)
     return list(c.pull("_doc"))
 
 
-def _all_reduce(c: Any) -> tuple[bool, str]:
+def _all_reduce(c: Cluster) -> tuple[bool, str]:
     n = c.world_size
     got = _value(c, ALL_REDUCE)
     return got == [n * (n + 1) / 2] * n, f"{c.backend}, all-reduce over {n} ranks: {got[0]:g}"
 
 
-def _ddp(c: Any) -> tuple[bool, str]:
+def _ddp(c: Cluster) -> tuple[bool, str]:
     c.configure({"global_batch_size": 64})
     worst = max(_value(c, DDP))
     return (
@@ -264,7 +267,7 @@ def _ddp(c: Any) -> tuple[bool, str]:
     )
 
 
-def _gns(c: Any, steps: int) -> tuple[bool, str]:
+def _gns(c: Cluster, steps: int) -> tuple[bool, str]:
     c.configure({"global_batch_size": 64, "seed": 7, "gns": {"enabled": True}})
     estimate, truth, interval = _value(c, GNS.replace("STEPS", str(steps)))[0]
     if estimate is None:
@@ -277,7 +280,7 @@ def _gns(c: Any, steps: int) -> tuple[bool, str]:
     ) <= GNS_TOLERANCE, f"B_simple {estimate:.2f} vs truth {truth:.2f} ({err:+.1%}){shown}"
 
 
-def _resume(c: Any, folder: Path) -> tuple[bool, str]:
+def _resume(c: Cluster, folder: Path) -> tuple[bool, str]:
     base = {"global_batch_size": 8, "lr": 0.05}
     c.configure({**base, "checkpoint": {"every": 3, "directory": str(folder) + "-straight"}})
     straight = _value(c, RESUME.replace("MAX", "10").replace("RESUME", "False"))[0]
@@ -288,21 +291,21 @@ def _resume(c: Any, folder: Path) -> tuple[bool, str]:
     return same, "10 steps straight == 7 steps, checkpoint, resume to 10" if same else "parameters differ"
 
 
-def _nvml(c: Any) -> tuple[bool, str]:
+def _nvml(c: Cluster) -> tuple[bool, str]:
     seen = [(r.get("rank"), r.get("gpu_name"), r.get("gpu_uuid")) for r in c.rank_info]
     uuids = [u for _, _, u in seen]
     good = all(uuids) and len(set(uuids)) == len(uuids)
     return good, "; ".join(f"rank {r}: {name} {str(u)[:12]}" for r, name, u in seen)
 
 
-def _amp(c: Any, precision: str) -> tuple[bool, str]:
+def _amp(c: Cluster, precision: str) -> tuple[bool, str]:
     c.configure({"global_batch_size": 64, "lr": 0.02, "mixed_precision": precision, "gns": {"enabled": True}})
     finite, ratio, estimate = _value(c, AMP)[0]
     shown = f"{estimate:.1f}" if estimate is not None else "none yet"
     return finite and ratio < 0.5, f"60 steps, loss x{ratio:.2f}, finite {finite}, B_simple {shown}"
 
 
-def _throughput(c: Any) -> tuple[bool, str]:
+def _throughput(c: Cluster) -> tuple[bool, str]:
     tflops = _value(c, THROUGHPUT)
     name = str(c.rank_info[0].get("gpu_name") or "")
     peak = peak_tflops(name)

@@ -1,4 +1,9 @@
-"""Field rules and the checks behind them: one leaf value in, a normalised value or a ConfigError out."""
+"""Field rules and the checks behind them: one leaf value in, a normalised value or a ConfigError out.
+
+The values checked here are parsed YAML (or a user's mapping), of any shape until checked: ``Any`` in
+these signatures marks that parser boundary, and the config's free-form mappings
+(``hyperparameters``, ``data``), which the user's code reads.
+"""
 
 from __future__ import annotations
 
@@ -115,7 +120,7 @@ def fail(label: str, path: str, message: str) -> NoReturn:
     raise error(f"{label}: {path}: {message}" if path else f"{label}: {message}")
 
 
-def show(value: Any) -> str:
+def show(value: object) -> str:
     """A short one-line rendering of a bad value: repr for scalars, the type name for the rest."""
     if value is None or isinstance(value, (bool, numbers.Number, str)):
         text = repr(value)
@@ -123,16 +128,17 @@ def show(value: Any) -> str:
     return type(value).__name__
 
 
-def key_text(key: Any) -> str:
-    ok = isinstance(key, str) and key and key.isprintable() and key.strip() == key
-    return key if ok else repr(key)
+def key_text(key: object) -> str:
+    if isinstance(key, str) and key and key.isprintable() and key.strip() == key:
+        return key
+    return repr(key)
 
 
 def join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _as_float(value: Any) -> float | None:
+def _as_float(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
     try:
@@ -141,7 +147,7 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

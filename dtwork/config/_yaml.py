@@ -1,4 +1,7 @@
-"""YAML in and out: YAML 1.2 scalars, no duplicate keys, and limits that stop alias bombs before they expand."""
+"""YAML in and out: YAML 1.2 scalars, no duplicate keys, and limits that stop alias bombs before they expand.
+
+What YAML parses is of any shape until ``_rules`` checks it: ``Any`` here marks that boundary.
+"""
 
 from __future__ import annotations
 
@@ -69,7 +72,8 @@ class Loader(yaml.SafeLoader):
                             None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
                         )
                     seen.add((key_node.tag, key_node.value))
-        return super().construct_mapping(node, deep=deep)
+        out: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return out
 
 
 class Dumper(yaml.SafeDumper):
@@ -137,5 +141,6 @@ def _load(text: str, label: str) -> Any:
         loader.dispose()
 
 
-def dump_yaml(data: Any) -> str:
-    return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True)
+def dump_yaml(data: object) -> str:
+    text: str = yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True)
+    return text

@@ -4,6 +4,7 @@ Determined keeps the global batch in ``hyperparameters.global_batch_size``, writ
 either as values or as ``{type: const, val: ...}``, names the checkpoint folder in
 ``checkpoint_storage`` and sets ``gradient_compression`` with a boolean. ``translate`` rewrites those
 into dtwork's fields; fields dtwork has no use for are listed in ``IGNORED`` and noted, not refused.
+The mappings rewritten here are parsed YAML, not yet checked: ``Any`` marks that boundary (``_rules``).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def _constants(hparams: Mapping[Any, Any], path: str, label: str) -> dict[Any, A
     return out
 
 
-def _is_spec(value: Any) -> bool:
+def _is_spec(value: object) -> bool:
     return (
         isinstance(value, Mapping)
         and value.get("type") in _HP_TYPES

@@ -142,7 +142,7 @@ class SearcherConfig(_Section):
 
 
 @dataclass(frozen=True)
-class ExperimentConfig(_Section):
+class ExperimentConfig(_Section):  # wide: one field per top-level key of a Determined experiment file
     """A validated experiment config; build it with ``load_config`` and edit it with ``replace``/``with_path``."""
 
     name: str | None = leaf(None, STR_OPT)
@@ -174,13 +174,13 @@ class ExperimentConfig(_Section):
         """YAML text that ``load_config`` reads back into an equal config."""
         return dump_yaml(self.to_dict())
 
-    def replace(self, **changes: Any) -> ExperimentConfig:
+    def replace(self, **changes: object) -> ExperimentConfig:
         """A new validated config with top-level fields changed (sections accept mappings or shorthands)."""
         data = self.to_dict()
         data.update({key: plain(value) for key, value in changes.items()})
         return load_config(data)
 
-    def with_path(self, dotted: str, value: Any) -> ExperimentConfig:
+    def with_path(self, dotted: str, value: object) -> ExperimentConfig:
         """A new validated config with one field changed, e.g. ``with_path("lr.base", 0.2)``."""
         parts = dotted.split(".") if isinstance(dotted, str) else [""]
         if not all(parts):
@@ -250,7 +250,7 @@ _SHORTHAND: dict[type, str] = {
 # --------------------------------------------------------------------------- validation
 
 
-def _parse_section(cls: type[Any], raw: Any, path: str, label: str, notes: list[str]) -> Any:
+def _parse_section(cls: type[Any], raw: object, path: str, label: str, notes: list[str]) -> Any:
     """Build section ``cls`` from a mapping, a shorthand scalar or None (defaults)."""
     fields = fields_of(cls)
     if raw is None:
@@ -369,13 +369,13 @@ def _check_size(cfg: ExperimentConfig, label: str) -> None:
         )
 
 
-def _from_data(data: Any, label: str) -> ExperimentConfig:
+def _from_data(data: object, label: str) -> ExperimentConfig:
     if data is None:
         return ExperimentConfig()
     if not isinstance(data, Mapping):
         raise error(f"{label}: expected a mapping at the top level, got {show(data)}")
     notes: list[str] = []
-    cfg = _parse_section(ExperimentConfig, translate(data, label, notes), "", label, notes)
+    cfg: ExperimentConfig = _parse_section(ExperimentConfig, translate(data, label, notes), "", label, notes)
     _cross_check(cfg, label)
     _check_size(cfg, label)
     if notes:
@@ -385,7 +385,7 @@ def _from_data(data: Any, label: str) -> ExperimentConfig:
 
 
 def load_config(
-    source: str | os.PathLike[str] | Mapping[str, Any] | ExperimentConfig | None = None,
+    source: str | os.PathLike[str] | Mapping[str, object] | ExperimentConfig | None = None,
 ) -> ExperimentConfig:
     """Load and validate an experiment config.
 
@@ -407,7 +407,7 @@ def load_config(
     raise error(f"{_LABEL}: expected a YAML file path, YAML text, a mapping or None, got {show(source)}")
 
 
-def _describe(cls: type[Any], prefix: str) -> list[str]:
+def _describe(cls: type, prefix: str) -> list[str]:
     lines: list[str] = []
     for spec in fields_of(cls).values():
         path = join(prefix, spec.name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from dtwork.errors import DtworkError
@@ -35,7 +36,7 @@ class RunView:
     config_yaml: str | None = None
 
 
-def require(module: str, extra: str) -> Any:
+def require(module: str, extra: str) -> ModuleType:
     """Import an optional package, or fail with the pip command that installs it."""
     try:
         return importlib.import_module(module)
@@ -53,7 +54,7 @@ def select_runs(store: RunStore, run_id: int | str | None) -> list[int]:
     return sorted(ids)
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, str | int | float | bool]) -> None:
+def _flatten(prefix: str, value: object, out: dict[str, str | int | float | bool]) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             _flatten(f"{prefix}.{key}" if prefix else str(key), item, out)

@@ -86,7 +86,7 @@ _FAILED: set[str] = set()  # directories that could not be written: said once, t
 
 
 def live_tensorboard(
-    directory: str, run_id: int, name: str | None, records: Sequence[Mapping[str, Any]]
+    directory: str, run_id: int, name: str | None, records: Sequence[Mapping[str, object]]
 ) -> None:
     """Append the aggregated values of ``records`` to run ``run_id``'s event file under ``directory``.
 
@@ -102,7 +102,7 @@ def live_tensorboard(
         print(f"dtwork: tensorboard: {directory}: live scalars stop here ({type(exc).__name__}: {exc})")
 
 
-def _live(key: str, run_id: int, name: str | None, records: Sequence[Mapping[str, Any]]) -> None:
+def _live(key: str, run_id: int, name: str | None, records: Sequence[Mapping[str, object]]) -> None:
     require("tensorboard", "tensorboard")
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter

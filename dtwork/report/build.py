@@ -15,20 +15,24 @@ import json
 import re
 import shlex
 import statistics
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from dtwork import plots
 from dtwork.errors import DtworkError
 from dtwork.report import helpers
 from dtwork.report.scrub import SCRUBBED, Scrubber
-from dtwork.shared.records import CELL_SETTINGS, DIVERGED, divergence_text, is_own, segment_text
-from dtwork.store.rows import RunRow
+from dtwork.shared.records import CELL_SETTINGS, DIVERGED, CellSettings, divergence_text, is_own, segment_text
 from dtwork.store.runs import RunStore
+
+if TYPE_CHECKING:
+    from dtwork.store.rows import CellRow, RunRow
 
 __all__ = ["CONFIG_TAG", "DATA_TAG", "RERUN_STORE", "code_span", "escape", "notebook", "now", "table"]
 
@@ -45,13 +49,13 @@ ANALYSIS_CELL = "helpers.show(helpers.analyses(RECORDED))"
 _MARKDOWN = re.compile(r"([\\`*_\[\]|~$#!])")  # backslash-escaped: links, emphasis, tables, math
 
 
-def escape(text: Any) -> str:
+def escape(text: object) -> str:
     """``text`` as literal markdown on one line: HTML escaped, markdown syntax backslashed."""
     flat = " ".join(str(text).split())
     return _MARKDOWN.sub(r"\\\1", html.escape(flat, quote=True))
 
 
-def code_span(text: Any) -> str:
+def code_span(text: object) -> str:
     """``text`` as an inline code span, which shows raw HTML as text; fenced past its own backticks."""
     flat = " ".join(str(text).split())
     fence = "`" * (max((len(r) for r in re.findall("`+", flat)), default=0) + 1)
@@ -64,25 +68,25 @@ def now() -> str:
     return datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
 
 
-def _plain(value: Any) -> str:
+def _plain(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return "-" if value in (None, "") else str(value)
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     return escape(_plain(value))
 
 
-def table(pairs: list[tuple[str, Any]], head: tuple[str, str] = ("", "")) -> str:
+def table(pairs: Sequence[tuple[str, object]], head: tuple[str, str] = ("", "")) -> str:
     """A two-column markdown table; keys are written as given (escape user-derived ones first)."""
     return "\n".join([f"| {head[0]} | {head[1]} |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in pairs])
 
 
-def _summary(run: RunRow, data: dict[str, Any], last: dict[str, float]) -> list[tuple[str, Any]]:
+def _summary(run: RunRow, data: helpers.Recorded, last: dict[str, float]) -> list[tuple[str, object]]:
     by_rank: dict[int, list[float]] = {}  # ranks report at their own steps: a median per rank, summed
     for r in helpers.rows(data):
-        if r["rank"] is not None and r["name"] == "samples_per_s":
+        if r["rank"] is not None and r["name"] == "samples_per_s" and r["value"] is not None:
             by_rank.setdefault(r["rank"], []).append(r["value"])
     throughput = sum(statistics.median(v) for v in by_rank.values())
     eff = last.get(plots.EFFICIENCY_NAME)  # the live estimate, else the scaling sweep's
@@ -103,7 +107,7 @@ def _summary(run: RunRow, data: dict[str, Any], last: dict[str, float]) -> list[
     ]
 
 
-def _header(store: RunStore, run: RunRow, data: dict[str, Any], title: str, version: Any) -> str:
+def _header(store: RunStore, run: RunRow, data: helpers.Recorded, title: str, version: object) -> str:
     started = datetime.fromtimestamp(run["created_at"]).astimezone().strftime("%Y-%m-%d %H:%M")
     return (
         f"# dtwork report: {escape(title)}\n\nRun **{run['id']}** ({escape(run['status'])}, started "
@@ -117,13 +121,13 @@ def _header(store: RunStore, run: RunRow, data: dict[str, Any], title: str, vers
     )
 
 
-def _diverged_row(store: RunStore, run: RunRow) -> list[tuple[str, Any]]:
+def _diverged_row(store: RunStore, run: RunRow) -> list[tuple[str, object]]:
     """The run's first non-finite logged value, where it has one."""
     d = next((e["data"] for e in store.events(run["id"], DIVERGED)), None)
     return [] if d is None else [("diverged", escape(divergence_text(d).removeprefix("diverged ")))]
 
 
-def _result_row(store: RunStore, run: RunRow) -> list[tuple[str, Any]]:
+def _result_row(store: RunStore, run: RunRow) -> list[tuple[str, object]]:
     """The config's searcher.metric at its best, as Determined reports a trial's result."""
     from dtwork.store.results import run_result
 
@@ -136,7 +140,7 @@ def _result_row(store: RunStore, run: RunRow) -> list[tuple[str, Any]]:
     ]
 
 
-def _environment(env: dict[str, Any], seed: Any) -> str:
+def _environment(env: Mapping[str, Any], seed: object) -> str:  # Any: the ranks' JSON
     gpus = [
         f"{g.get('name')} ({_plain(g.get('memory_total_mb'))} MB, driver {g.get('driver')})"
         for g in env.get("gpus") or []
@@ -152,34 +156,35 @@ def _environment(env: dict[str, Any], seed: Any) -> str:
     )
 
 
-def _config(run: RunRow, scrub: Scrubber) -> tuple[dict[str, Any], str, dict[str, Any]]:
+def _config(run: RunRow, scrub: Scrubber) -> tuple[dict[str, object], str, helpers.LrSettings]:
     """The config scrubbed, as a dict and as YAML that ``load_config`` reads back; its lr settings."""
     from dtwork.config import load_config
 
     cfg = load_config(run["config_yaml"] or None)
     config = scrub.data(cfg.to_dict(), "config")
-    lr = {"base": cfg.effective_lr(), "warmup": cfg.lr.warmup}
+    lr: helpers.LrSettings = {"base": cfg.effective_lr(), "warmup": cfg.lr.warmup}
     try:
         return config, load_config(config).to_yaml(), lr
     except DtworkError:
         return config, yaml.safe_dump(config, sort_keys=False), lr
 
 
-def _cell_settings(store: RunStore, run_id: int) -> dict[int, dict[str, Any]]:
+def _cell_settings(store: RunStore, run_id: int) -> dict[int, CellSettings]:
     """What each cell ran with (its options, optimizers, GNS), by cell, as the session recorded it."""
     return {int(r["data"]["seq"]): r["data"] for r in store.results(run_id, CELL_SETTINGS)}
 
 
-def _optimizer_lr(settings: dict[int, dict[str, Any]]) -> float | None:
+def _optimizer_lr(settings: Mapping[int, CellSettings]) -> float | None:
     """The learning rate of the newest optimizer's first parameter group as the last cell left it."""
     for _, s in sorted(settings.items(), reverse=True):
         groups = s["optimizers"][-1]["groups"] if s.get("optimizers") else []
-        if groups and isinstance(groups[0].get("lr"), (int, float)):
-            return float(groups[0]["lr"])
+        lr = groups[0].get("lr") if groups else None
+        if isinstance(lr, (int, float)):
+            return float(lr)
     return None
 
 
-def _segments(segs: list[dict[str, Any]]) -> str:
+def _segments(segs: Sequence[helpers.RecordedSegment]) -> str:
     """Where each training cell began on the run's one step axis (marked on the metrics figure)."""
     if len(segs) < 2:
         return ""
@@ -187,7 +192,7 @@ def _segments(segs: list[dict[str, Any]]) -> str:
     return f"\n\n### Segments\n\nEach training cell went on with the run's steps (dotted lines on the metrics figure):\n\n{items}"
 
 
-def _what_ran(settings: dict[int, dict[str, Any]]) -> str:
+def _what_ran(settings: Mapping[int, CellSettings]) -> str:
     """The effective settings of each cell that trained: the config may say otherwise (a cell can
     pass ``gns=True`` to ``ctx.wrap``, or make its optimizer with its own learning rate)."""
     rows = []
@@ -212,12 +217,12 @@ def _what_ran(settings: dict[int, dict[str, Any]]) -> str:
 def _rerun_cells(
     store: RunStore,
     run: RunRow,
-    cells: list[Any],
+    cells: Sequence[CellRow],
     path: Path,
     scrub: Scrubber,
-    config: Any,
+    config: Mapping[str, object],
     text: str,
-) -> list[Any]:
+) -> list[NotebookNode]:
     """``%%writefile`` the config, ``%dtrain start`` as the run did, its cells, ``%dtrain stop``."""
     yaml_name, store_name = shlex.quote(f"{path.stem}.yaml"), shlex.quote(path.stem + RERUN_STORE)
     start = f"%dtrain start -n {run['world_size']} --backend {run['backend']} --config {yaml_name}"
@@ -252,7 +257,7 @@ def _rerun_cells(
         ran = settings[cell["run_id"]].get(cell["seq"], {})
         flags = f" --ranks {','.join(map(str, cell['ranks']))}" if cell["ranks"] is not None else ""
         flags += " --rank0" if ran.get("rank0") else ""  # the cell's options, kept
-        meta: dict[str, Any] = {
+        meta: dict[str, object] = {
             "dtwork": {"run": cell["run_id"], "seq": cell["seq"], "status": cell["status"]}
         }
         if cell["status"] not in ("ok", "running", None):  # nbclient goes on past a tagged cell
@@ -268,17 +273,18 @@ def _rerun_cells(
     return [*out, new_code_cell("%dtrain stop")]
 
 
-def _data_cell(data: dict[str, Any]) -> Any:
+def _data_cell(data: helpers.Recorded) -> NotebookNode:
     """``RECORDED = json.loads(...)``: one metric row per line, floats exact."""
     head = json.dumps({k: v for k, v in data.items() if k != "rows"})[:-1] + ', "rows": ['
     lines = [json.dumps(r) + "," for r in data["rows"]]
     lines[-1:] = [lines[-1][:-1]] if lines else []
     body = "\n".join(f"    {p!r}" for p in [head, *lines, "]}"])
     meta = {"jupyter": {"source_hidden": True}, "tags": [DATA_TAG]}
-    return new_code_cell(f"import json\n\nRECORDED = json.loads(\n{body}\n)", metadata=meta)
+    cell: NotebookNode = new_code_cell(f"import json\n\nRECORDED = json.loads(\n{body}\n)", metadata=meta)
+    return cell
 
 
-def _recorded(store: RunStore, run: RunRow, lr: dict[str, Any]) -> dict[str, Any]:
+def _recorded(store: RunStore, run: RunRow, lr: helpers.LrSettings) -> helpers.Recorded:
     """What the report embeds as ``RECORDED``: the run's shape, lr, results and every metric row."""
     rid = run["id"]
     return {
@@ -292,15 +298,20 @@ def _recorded(store: RunStore, run: RunRow, lr: dict[str, Any]) -> dict[str, Any
             for seg in store.segments(rid)
         ],
         "columns": COLUMNS,
-        "rows": [[r.get(c) for c in COLUMNS] for r in store.metrics(rid, rank="all")],
+        "rows": [_in_columns(r) for r in store.metrics(rid, rank="all")],
     }
 
 
-def _code_cell(source: str, items: list[helpers.Item]) -> Any:
-    return new_code_cell(source, outputs=helpers.outputs(items))
+def _in_columns(row: Mapping[str, object]) -> list[object]:
+    return [row[c] for c in COLUMNS]
 
 
-def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
+def _code_cell(source: str, items: list[helpers.Item]) -> NotebookNode:
+    cell: NotebookNode = new_code_cell(source, outputs=helpers.outputs(items))
+    return cell
+
+
+def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> NotebookNode:
     """The report of run ``run_id``, to be written at ``path``; figure and analysis outputs filled in."""
     run, env = store.get_run(run_id), scrub.data(store.environment(run_id), "environment")
     config, config_yaml, lr = _config(run, scrub)
@@ -313,7 +324,9 @@ def notebook(store: RunStore, run_id: int, path: Path, scrub: Scrubber) -> Any:
     ]
     title = scrub.text(run["name"] or f"run {run_id}", "run name")
     data = _recorded(store, run, lr)
-    nb = new_notebook(metadata={"dtwork": {"run_id": run_id}, "title": f"dtwork report: {title}"})
+    nb: NotebookNode = new_notebook(
+        metadata={"dtwork": {"run_id": run_id}, "title": f"dtwork report: {title}"}
+    )
     # What a reader looks for first (summary, figures) leads; the config and the re-run come last.
     nb.cells = [
         new_markdown_cell(_header(store, run, data, title, env.get("dtwork"))),

@@ -11,17 +11,24 @@ import contextlib
 import json
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, TypedDict, cast
 
+from nbformat import NotebookNode
 from nbformat.v4 import new_output
 
 from dtwork import plots
 from dtwork.analysis.gns import BatchAdvice, advise
 from dtwork.analysis.scaling import ScalingResult
-from dtwork.shared.records import adaptive_decisions, batch_changes
+from dtwork.shared.records import Row, adaptive_decisions, batch_changes
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 __all__ = [
     "PLOTLY_MIME",
+    "Item",
+    "LrSettings",
+    "Recorded",
     "adaptive_trajectory",
     "advice",
     "analyses",
@@ -37,34 +44,65 @@ __all__ = [
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
-Item = Any  # a line of text (str) or a plotly figure
+Item: TypeAlias = "str | go.Figure"  # a line of text or a plotly figure
 
 
-def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+class LrSettings(TypedDict):
+    """The learning rate the batch-size advice scales, and its warmup steps."""
+
+    base: float
+    warmup: int
+
+
+class RecordedResult(TypedDict):
+    kind: str
+    data: object  # the analysis result as it stored it (JSON)
+
+
+class RecordedSegment(TypedDict):
+    first_step: int
+    cell_seq: int | None
+    changed: list[str]
+
+
+class Recorded(TypedDict):
+    """What a report embeds as ``RECORDED`` (JSON): the run's shape, lr, results and metric rows."""
+
+    run_id: int
+    world_size: int
+    global_batch_size: int | None
+    lr: LrSettings
+    results: list[RecordedResult]
+    segments: list[RecordedSegment]
+    columns: list[str]
+    rows: list[list[object]]  # one list per row, in ``columns``' order
+
+
+def rows(data: Recorded) -> list[Row]:
     """The embedded metric rows as :mod:`dtwork.plots` takes them."""
-    return [dict(zip(data["columns"], r, strict=True)) for r in data["rows"]]
+    return [cast("Row", dict(zip(data["columns"], r, strict=True))) for r in data["rows"]]
 
 
-def _last(data: dict[str, Any], name: str) -> float | None:
+def _last(data: Recorded, name: str) -> float | None:
     values = [r["value"] for r in rows(data) if r["rank"] is None and r["name"] == name]
     return values[-1] if values else None
 
 
-def b_simple(data: dict[str, Any]) -> float | None:
+def b_simple(data: Recorded) -> float | None:
     """The last B_simple = tr(Sigma)/|G|^2 recorded (None when not measured or not positive)."""
     b = _last(data, "b_simple")
     return b if b is not None and b > 0 else None
 
 
-def scaling(data: dict[str, Any]) -> ScalingResult | None:
+def scaling(data: Recorded) -> ScalingResult | None:
     """The run's latest scaling sweep (``%dtrain scaling`` stores one), if any."""
     for result in reversed(data.get("results", [])):
         with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
-            return ScalingResult.from_dict(result["data"])
+            return ScalingResult.from_dict(result["data"])  # type: ignore[arg-type]
     return None
 
 
-def advice(data: dict[str, Any]) -> BatchAdvice | None:
+def advice(data: Recorded) -> BatchAdvice | None:
     """Batch-size advice from the last B_simple, as ``%dtrain gns`` gives it (None: not measured)."""
     b, lr = b_simple(data), data["lr"]
     if b is None:
@@ -79,7 +117,7 @@ def suggested_batch(adv: BatchAdvice) -> int:
     return min(adv.candidates, key=lambda c: abs(math.log(c / adv.critical_batch)))
 
 
-def figures(data: dict[str, Any]) -> list[Item]:
+def figures(data: Recorded) -> list[Item]:
     """The dashboard's figures drawn from the recorded rows (GPU telemetry only when recorded)."""
     recorded = rows(data)
     starts = [seg["first_step"] for seg in data.get("segments", [])]  # each training cell's start
@@ -93,7 +131,7 @@ def figures(data: dict[str, Any]) -> list[Item]:
     return out
 
 
-def analyses(data: dict[str, Any]) -> list[Item]:
+def analyses(data: Recorded) -> list[Item]:
     """The scaling sweep and the gradient noise scale: a headline each, and their figures."""
     result, adv = scaling(data), advice(data)
     out: list[Item] = [result.headline() if result else "No scaling sweep was recorded for this run."]
@@ -109,7 +147,7 @@ def analyses(data: dict[str, Any]) -> list[Item]:
     return out
 
 
-def adaptive_trajectory(data: dict[str, Any]) -> list[str]:
+def adaptive_trajectory(data: Recorded) -> list[str]:
     """One line per change of the adaptive batch: step, global batch = split, LR factor, efficiency."""
     out = []
     for step, v in batch_changes(adaptive_decisions(rows(data))):
@@ -121,14 +159,14 @@ def adaptive_trajectory(data: dict[str, Any]) -> list[str]:
     return out
 
 
-def bundle(fig: Any) -> dict[str, Any]:
+def bundle(fig: go.Figure) -> dict[str, object]:
     """A figure's display data: plotly JSON for JupyterLab, its title for plain text."""
     return {PLOTLY_MIME: json.loads(fig.to_json()), "text/plain": fig.layout.title.text or "figure"}
 
 
-def outputs(items: Iterable[Item]) -> list[Any]:
+def outputs(items: Iterable[Item]) -> list[NotebookNode]:
     """The cell outputs ``show(items)`` produces in a kernel: a stream per text run, a display per figure."""
-    out: list[Any] = []
+    out: list[NotebookNode] = []
     for item in items:
         if not isinstance(item, str):
             out.append(new_output("display_data", data=bundle(item)))

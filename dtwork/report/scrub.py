@@ -208,7 +208,7 @@ class Scrubber:
             return m[0][: a - s] + self._assigned(m[group], place) + m[0][b - s :]
         return self._span(m, group, place, f"a secret assigned to {m['name']}")
 
-    def data(self, value: Any, place: str) -> Any:
+    def data(self, value: object, place: str) -> Any:  # Any: the JSON it was given, scrubbed
         """Scrub a JSON-like value: leaves under secret-looking keys go whole, strings by :meth:`text`."""
         if isinstance(value, dict):
             return {k: self._item(k, v, f"{place}.{k}") for k, v in value.items()}
@@ -216,7 +216,7 @@ class Scrubber:
             return [self.data(v, f"{place}[{i}]") for i, v in enumerate(value)]
         return self.text(value, place) if isinstance(value, str) else value
 
-    def _item(self, key: Any, value: Any, place: str) -> Any:
+    def _item(self, key: object, value: object, place: str) -> object:
         leaf = value is not None and not isinstance(value, (bool, dict, list))
         if leaf and isinstance(key, str) and _SECRET_KEY.search(key) and value != SCRUBBED:
             return self._note(place, "a secret-named setting")

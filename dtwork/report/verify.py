@@ -7,17 +7,16 @@ comparison reads what the re-run really logged, step by step.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import nbformat
+from nbformat import NotebookNode
 from nbformat.v4 import new_markdown_cell
 
 from dtwork.report.build import RERUN_STORE, code_span, escape, now, table
-from dtwork.shared.records import TRAINING_KINDS
-from dtwork.store.rows import MetricRow
+from dtwork.shared.records import TRAINING_KINDS, Row
 from dtwork.store.runs import RunStore
 
 __all__ = ["VERIFY_TAG", "Verdict", "compare", "verify"]
@@ -34,7 +33,7 @@ class Verdict:
     text: str = ""
 
 
-def compare(recorded: Sequence[Mapping[str, Any]], rerun: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def compare(recorded: Sequence[Row], rerun: Sequence[Row]) -> dict[str, float]:
     """Max |recorded - rerun| of every training metric at every recorded step: a step or a metric
     the re-run lacks, or a metric only the re-run logged, counts as inf. Timings (throughput, the
     scaling estimate) differ from run to run and are not compared."""
@@ -49,7 +48,7 @@ def compare(recorded: Sequence[Mapping[str, Any]], rerun: Sequence[Mapping[str, 
     return diffs
 
 
-def _by_name(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float | None]]:
+def _by_name(rows: Sequence[Row]) -> dict[str, dict[int, float | None]]:
     """The training metrics' values by name and step (the last written wins)."""
     out: dict[str, dict[int, float | None]] = {}
     for r in rows:
@@ -67,7 +66,7 @@ def _gap(a: float | None, b: float | None) -> float:
     return abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
 
 
-def rerun(path: Path, timeout: float) -> tuple[list[MetricRow] | None, str]:
+def rerun(path: Path, timeout: float) -> tuple[Sequence[Row] | None, str]:
     """Execute the notebook in its folder (kernel python3); the re-run's metrics from its store."""
     from nbclient import NotebookClient
 
@@ -92,8 +91,8 @@ def rerun(path: Path, timeout: float) -> tuple[list[MetricRow] | None, str]:
 
 
 def verify(
-    path: Path, recorded: Sequence[Mapping[str, Any]], timeout: float, tolerance: float
-) -> tuple[Verdict, Any]:
+    path: Path, recorded: Sequence[Row], timeout: float, tolerance: float
+) -> tuple[Verdict, NotebookNode]:
     """Re-run the report at ``path``; the verdict, and the markdown cell that states it."""
     metrics, why = rerun(path, timeout)
     diffs = compare(recorded, metrics) if metrics is not None else {}
@@ -109,7 +108,7 @@ def verify(
         [(escape(k), v) for k, v in sorted(diffs.items())],
         ("metric", "max abs difference over the common steps"),
     )
-    cell = new_markdown_cell(
+    cell: NotebookNode = new_markdown_cell(
         f"## Verification\n\nRe-executed headlessly on {now()} (kernel python3, store "
         f"{code_span(path.stem + RERUN_STORE)}): **{escape(text)}**.\n\n{rows if metrics else ''}",
         metadata={"tags": [VERIFY_TAG]},

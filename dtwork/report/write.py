@@ -14,9 +14,9 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import nbformat
+from nbformat import NotebookNode
 
 from dtwork.errors import DtworkError
 from dtwork.report.build import CONFIG_TAG, DATA_TAG, notebook
@@ -54,7 +54,7 @@ class Report:
         return f"dtwork: wrote run {self.run_id}'s report to {self.path}{html}{scrubbed}{checked}"
 
 
-def _target(path: Any, run_id: int) -> Path:
+def _target(path: str | os.PathLike[str] | None, run_id: int) -> Path:
     """Check the target before anything is written; only a missing ``reports/`` folder is created."""
     default = Path.cwd() / "reports" / f"run-{run_id}.ipynb"
     target = default if path is None else Path(os.fspath(path)).expanduser().absolute()
@@ -87,7 +87,7 @@ def _write(path: Path, text: str) -> None:
         raise
 
 
-def _with_figure_html(nb: Any) -> Any:
+def _with_figure_html(nb: NotebookNode) -> NotebookNode:
     """A copy of ``nb`` whose figures also carry HTML, plotly.js inlined with the first only."""
     import plotly.io as pio
 
@@ -103,7 +103,7 @@ def _with_figure_html(nb: Any) -> Any:
     return out
 
 
-def to_html(nb: Any) -> str:
+def to_html(nb: NotebookNode) -> str:
     """Standalone HTML of a report: plotly.js inline once; the template's CDN scripts dropped."""
     from nbconvert import HTMLExporter
     from traitlets.config import Config

@@ -1,9 +1,10 @@
 """Engine side of the analysis commands: time DDP training steps on a subset of the ranks.
 
-``measure`` runs on EVERY rank. Ranks ``0 .. world-1`` form a process group (created
-collectively, cached per world size) and train the model for ``warmup`` untimed and ``steps``
-timed steps; the other ranks return None. The loss is ``output.float().mean()``: only the
-speed matters here, not what the model learns.
+``time_synthetic_steps`` and ``time_loader_steps`` run on EVERY rank with one ``BenchRequest``
+(``dtwork.shared.bench``). Ranks ``0 .. world-1`` form a process group (created collectively,
+cached per world size) and train the model for ``warmup`` untimed and ``steps`` timed steps, on
+random batches or on the user's loader's; the other ranks return None. The loss is
+``output.float().mean()``: only the speed matters here, not what the model learns.
 
 Throughput T = samples / elapsed seconds; the elapsed time of a world is the slowest rank's
 (all-reduced with MAX), so T(world) = world × per-slot batch × steps / elapsed.
@@ -12,7 +13,8 @@ Throughput T = samples / elapsed seconds; the elapsed time of a world is the slo
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -20,48 +22,49 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtwork.runtime.loop.data import input_shape, shape_hint
 from dtwork.runtime.measure.ddp_hooks import MeasureState, inner_hook, measure_hook
+from dtwork.shared.bench import BenchFailure, BenchRequest, BenchResult, LoaderFacts
 from dtwork.shared.timing import synchronize
 
-_GROUPS: dict[int, Any] = {}
+__all__ = ["loader_facts", "time_loader_steps", "time_synthetic_steps", "with_settings"]
+
+_GROUPS: dict[int, dist.ProcessGroup] = {}
+
+Answer = BenchResult | BenchFailure | None  # None: a rank outside the timed world
 
 
-def _group(world: int) -> Any:
+def _group(world: int) -> dist.ProcessGroup:
     """The process group of ranks 0..world-1 (every rank must call this, in the same order)."""
     if world not in _GROUPS:
-        _GROUPS[world] = dist.new_group(ranks=list(range(world)))
+        group = dist.new_group(ranks=list(range(world)))
+        assert group is not None  # every rank is in the default group, so each gets one
+        _GROUPS[world] = group
     return _GROUPS[world]
 
 
-def _user_ns() -> dict[str, Any]:
+def _user_ns() -> dict[str, object]:
     from IPython import get_ipython
 
     shell = get_ipython()
     return shell.user_ns if shell is not None else {}
 
 
-def _ctx() -> Any:
-    import dtwork.runtime as rt
-
-    return rt.current()
-
-
-def _inputs(batch: Any) -> Any:
+def _inputs(batch: object) -> torch.Tensor:
     """The model input of a batch: the first item of a tuple/list batch, else the batch."""
     if isinstance(batch, (tuple, list)):
-        return batch[0]
+        return batch[0]  # type: ignore[no-any-return]
     if isinstance(batch, dict):
-        return next(iter(batch.values()))
-    return batch
+        return next(iter(batch.values()))  # type: ignore[no-any-return]
+    return batch  # type: ignore[return-value]
 
 
-def _agree(ok: bool, group: Any, device: torch.device) -> bool:
+def _agree(ok: bool, group: dist.ProcessGroup, device: torch.device) -> bool:
     """True when every rank of ``group`` is ok (one all-reduce)."""
     flag = torch.tensor([0.0 if ok else 1.0], device=device)
     dist.all_reduce(flag, group=group)
     return float(flag.item()) == 0.0
 
 
-def loader_facts(loader: Any) -> dict[str, Any]:
+def loader_facts(loader: object) -> LoaderFacts:
     """What the loader advice needs to know about a rank's loader (``analysis.loading.candidates``)."""
     data = getattr(loader, "dataset", None)
     return {
@@ -76,9 +79,11 @@ def loader_facts(loader: Any) -> dict[str, Any]:
     }
 
 
-def with_settings(loader: torch.utils.data.DataLoader, settings: dict[str, Any]) -> Any:
+def with_settings(
+    loader: torch.utils.data.DataLoader[object], settings: Mapping[str, object]
+) -> torch.utils.data.DataLoader[object]:
     """The same batches from the same dataset and sampler, loaded with ``settings`` changed."""
-    kwargs: dict[str, Any] = {
+    kwargs: dict[str, object] = {
         "num_workers": loader.num_workers,
         "collate_fn": loader.collate_fn,
         "pin_memory": loader.pin_memory,
@@ -97,103 +102,76 @@ def with_settings(loader: torch.utils.data.DataLoader, settings: dict[str, Any])
     if kwargs["num_workers"] == 0:  # these two need workers
         kwargs.pop("prefetch_factor", None)
         kwargs["persistent_workers"] = False
-    return torch.utils.data.DataLoader(loader.dataset, **kwargs)
+    return torch.utils.data.DataLoader(loader.dataset, **kwargs)  # type: ignore[arg-type]
 
 
-def measure(
-    model_expr: str,
-    world: int,
-    per_slot: int,
-    steps: int,
-    warmup: int,
-    shape: tuple[int, ...] | None,
-    loader_expr: str | None,
-    synthetic: bool,
-    bucket_mb: float | None,
-    loader_settings: dict[str, Any] | None = None,
-) -> dict[str, Any] | None:
-    """Time ``steps`` DDP steps of ``eval(model_expr)`` on ranks 0..world-1.
+# -- setting up: the expressions, evaluated on every rank and agreed on ------------------------------
 
-    Returns (ranks < world) ``{"world", "rank", "samples_per_s" (this rank), "world_samples_per_s",
-    "step_time", "comm_time", "per_slot", "shape", "loader" (its facts)}`` or ``{"error": "Name:
-    message"}`` when the model (or loader) expression fails on some rank; ranks >= world return
-    None. ``loader_settings`` rebuilds the loader with those DataLoader arguments changed.
-    """
-    group = _group(world)
-    rank = dist.get_rank()
-    if rank >= world:
-        return None
-    ctx = _ctx()
-    device = ctx.device
+
+@dataclass
+class _Setup:
+    """A rank of the timed world, with the user's model (on its device) and loader."""
+
+    group: dist.ProcessGroup
+    rank: int
+    device: torch.device
+    model: torch.nn.Module
+    loader: object | None
+    bucket_mb: float  # the config's tensor_fusion_threshold, unless the request names one
+
+
+def _evaluate(request: BenchRequest) -> tuple[torch.nn.Module | None, object | None, str | None]:
+    """The model and loader of the request's expressions, or the error as "Name: message"."""
     ns = _user_ns()
-    error = None
-    model = loader = None
     try:
-        model = eval(model_expr, ns)  # noqa: S307 - the user's own expression, on their engines
+        model = eval(request.model_expr, ns)  # noqa: S307 - the user's own expression, on their engines
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"{model_expr} is a {type(model).__name__}, not a torch.nn.Module")
-        if loader_expr:
-            loader = eval(loader_expr, ns)  # noqa: S307
-            if loader_settings:
+            raise TypeError(f"{request.model_expr} is a {type(model).__name__}, not a torch.nn.Module")
+        loader = None
+        if request.loader is not None:
+            spec = request.loader
+            loader = eval(spec.expr, ns)  # noqa: S307
+            if spec.settings:
                 if not isinstance(loader, torch.utils.data.DataLoader):
-                    raise TypeError(f"{loader_expr} is a {type(loader).__name__}, not a DataLoader")
-                loader = with_settings(loader, loader_settings)
+                    raise TypeError(f"{spec.expr} is a {type(loader).__name__}, not a DataLoader")
+                loader = with_settings(loader, spec.settings)
     except Exception as exc:  # reported once, by the kernel
-        error = f"{type(exc).__name__}: {exc}"
+        return None, None, f"{type(exc).__name__}: {exc}"
+    return model, loader, None
+
+
+def _setup(request: BenchRequest) -> _Setup | BenchFailure | None:
+    """This rank's setup, a failure every rank of the world agrees on, or None outside the world."""
+    group = _group(request.world)
+    rank = dist.get_rank()
+    if rank >= request.world:
+        return None
+    import dtwork.runtime as rt
+
+    ctx = rt.current()
+    device = ctx.device
+    model, loader, error = _evaluate(request)
     if not _agree(error is None, group, device):
         return {"error": error or "failed on another rank", "rank": rank}
     assert model is not None
-    model = model.to(device)
+    fusion = request.bucket_mb or ctx.config.optimizations.tensor_fusion_threshold
+    return _Setup(group, rank, device, model.to(device), loader, fusion)
 
-    batches: list[Any] | None = None
-    it = None
-    if loader is not None:
-        it = iter(loader)
-        first = _inputs(next(it))
-        if synthetic:
-            if shape is None:
-                shape = tuple(first.shape[1:])
-            per_slot = int(first.shape[0])
-            it = None
-        else:
-            batches = [first]
-    if it is None:
-        if shape is None:
-            shape = input_shape(model)
-            if shape is None:
-                return {"error": shape_hint(model), "rank": rank}
-        gen = torch.Generator().manual_seed(rank)
-        x = torch.randn((per_slot, *shape), generator=gen).to(device)
-        # A forward outside DDP (no collectives) finds a wrong shape on every rank alike, in one line.
-        try:
-            with torch.no_grad():
-                model(x)
-        except Exception as exc:
-            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-            return {"error": shape_hint(model, tuple(shape), said), "rank": rank}
 
-    kwargs: dict[str, Any] = {"process_group": group}
-    kwargs["bucket_cap_mb"] = bucket_mb if bucket_mb else ctx.config.optimizations.tensor_fusion_threshold
+# -- timing -------------------------------------------------------------------------------------------
+
+
+def _time_steps(setup: _Setup, request: BenchRequest, next_batch: Callable[[], torch.Tensor]) -> BenchResult:
+    """Wrap the model in DDP, train ``warmup`` then ``steps`` timed steps; the world's numbers."""
+    group, device = setup.group, setup.device
+    kwargs: dict[str, object] = {"process_group": group, "bucket_cap_mb": setup.bucket_mb}
     if device.type == "cuda":
         kwargs["device_ids"] = [device.index or 0]
-    ddp = DDP(model, **kwargs)
+    ddp = DDP(setup.model, **kwargs)  # type: ignore[arg-type]
     hook, _ = inner_hook("none")
     state = MeasureState(inner=hook, inner_state=group)
     ddp.register_comm_hook(state, measure_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-
-    def next_batch() -> Any:
-        nonlocal it
-        if it is None:
-            return x
-        assert batches is not None and loader is not None
-        if batches:
-            return batches.pop().to(device)
-        try:
-            return _inputs(next(it)).to(device)
-        except StopIteration:
-            it = iter(loader)
-            return _inputs(next(it)).to(device)
 
     def one_step() -> tuple[float, float, int]:
         inp = next_batch()
@@ -206,15 +184,12 @@ def measure(
         synchronize(device)
         return time.perf_counter() - t0, state.exposed_comm(), int(inp.shape[0])
 
-    if loader is not None and not synthetic and getattr(loader, "num_workers", 0) > 0:
-        # Workers fill their queue while the model is set up: time the steady state, not that.
-        warmup = max(warmup, loader.num_workers * (loader.prefetch_factor or 2) + 1)
-    for _ in range(warmup):
+    for _ in range(request.warmup):
         one_step()
     dist.barrier(group=group)
     t0 = time.perf_counter()
     step_times, comm_times, samples = [], [], 0
-    for _ in range(steps):
+    for _ in range(request.steps):
         st, ct, n = one_step()
         step_times.append(st)
         comm_times.append(ct)
@@ -222,21 +197,91 @@ def measure(
     synchronize(device)
     elapsed = time.perf_counter() - t0
     dist.barrier(group=group)
+    world_elapsed, world_samples = _world_numbers(elapsed, samples, group, device)
+    return {
+        "world": request.world,
+        "rank": setup.rank,
+        "per_slot": request.per_slot,
+        "shape": list(request.shape) if request.shape is not None else None,
+        "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+        "world_samples_per_s": world_samples / world_elapsed if world_elapsed > 0 else 0.0,
+        "step_time": sum(step_times) / max(1, len(step_times)),
+        "comm_time": sum(comm_times) / max(1, len(comm_times)),
+        "elapsed": world_elapsed,
+        "loader": loader_facts(setup.loader) if setup.loader is not None else None,
+    }
+
+
+def _world_numbers(
+    elapsed: float, samples: int, group: dist.ProcessGroup, device: torch.device
+) -> tuple[float, float]:
+    """The slowest rank's elapsed seconds and the samples of all ranks (two all-reduces)."""
     stats = torch.tensor([elapsed, float(samples)], dtype=torch.float64, device=device)
     slowest = stats[:1].clone()
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     total = stats[1:].clone()
     dist.all_reduce(total, group=group)
-    world_elapsed = float(slowest.item())
-    return {
-        "world": world,
-        "rank": rank,
-        "per_slot": per_slot,
-        "shape": list(shape) if shape is not None else None,
-        "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
-        "world_samples_per_s": float(total.item()) / world_elapsed if world_elapsed > 0 else 0.0,
-        "step_time": sum(step_times) / max(1, len(step_times)),
-        "comm_time": sum(comm_times) / max(1, len(comm_times)),
-        "elapsed": world_elapsed,
-        "loader": loader_facts(loader) if loader is not None else None,
-    }
+    return float(slowest.item()), float(total.item())
+
+
+# -- the two callers: random batches, the loader's batches -------------------------------------------
+
+
+def time_synthetic_steps(request: BenchRequest) -> Answer:
+    """Time ``request`` on random batches of ``(per_slot, *shape)``, the same every step.
+
+    With a loader, its first batch sets the shape (unless given) and the per-slot batch. The shape
+    otherwise comes from the model's first layer; a model whose shape is unknown, or that refuses
+    the batch, fails in one line naming ``--shape``.
+    """
+    setup = _setup(request)
+    if not isinstance(setup, _Setup):
+        return setup
+    shape, per_slot = request.shape, request.per_slot
+    if setup.loader is not None:
+        first = _inputs(next(iter(setup.loader)))  # type: ignore[call-overload]
+        if shape is None:
+            shape = tuple(first.shape[1:])
+        per_slot = int(first.shape[0])
+    if shape is None:
+        shape = input_shape(setup.model)
+        if shape is None:
+            return {"error": shape_hint(setup.model), "rank": setup.rank}
+    gen = torch.Generator().manual_seed(setup.rank)
+    x = torch.randn((per_slot, *shape), generator=gen).to(setup.device)
+    # A forward outside DDP (no collectives) finds a wrong shape on every rank alike, in one line.
+    try:
+        with torch.no_grad():
+            setup.model(x)
+    except Exception as exc:
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        return {"error": shape_hint(setup.model, tuple(shape), said), "rank": setup.rank}
+    return _time_steps(setup, replace(request, shape=shape, per_slot=per_slot), lambda: x)
+
+
+def time_loader_steps(request: BenchRequest) -> Answer:
+    """Time ``request`` on the batches of its loader, starting the loader over when it runs out."""
+    setup = _setup(request)
+    if not isinstance(setup, _Setup):
+        return setup
+    loader = setup.loader
+    assert loader is not None, "time_loader_steps needs a request with a loader"
+    it = iter(loader)  # type: ignore[call-overload]
+    waiting = [_inputs(next(it))]  # taken now, so workers fill their queue while DDP is set up
+
+    def next_batch() -> torch.Tensor:
+        nonlocal it
+        if waiting:
+            return waiting.pop().to(setup.device)
+        try:
+            return _inputs(next(it)).to(setup.device)
+        except StopIteration:
+            it = iter(loader)  # type: ignore[call-overload]
+            return _inputs(next(it)).to(setup.device)
+
+    warmup = request.warmup
+    workers = getattr(loader, "num_workers", 0)
+    if workers > 0:
+        # Workers fill their queue while the model is set up: time the steady state, not that.
+        warmup = max(warmup, workers * (getattr(loader, "prefetch_factor", None) or 2) + 1)
+    return _time_steps(setup, replace(request, warmup=warmup), next_batch)

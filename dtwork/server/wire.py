@@ -83,7 +83,7 @@ class StopReply(TypedDict):
 class AdaptiveBatch(TypedDict):
     """An adaptive run's batch trajectory (IAdaptiveBatch): ``changes`` ``[[step, global_batch], ...]``."""
 
-    changes: list[list[float]]
+    changes: list[list[float | None]]
     n_changes: int
     global_batch: float | None
     lr_factor: float | None

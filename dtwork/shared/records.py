@@ -16,16 +16,19 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from enum import Enum
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 __all__ = [
     "AGGREGATED_KINDS",
     "CELL_SETTINGS",
+    "CellSettings",
     "DIVERGED",
     "FOLLOWS",
     "SEGMENT",
     "TRAINING_KINDS",
     "Kind",
+    "ModelSettings",
+    "OptimizerSettings",
     "Record",
     "Row",
     "adaptive_decisions",
@@ -77,6 +80,26 @@ class Record(TypedDict, total=False):
     message: str
 
 
+class ModelSettings(TypedDict):
+    gns: bool  # the wrapped model measures the gradient noise scale
+
+
+OptimizerSettings = TypedDict(
+    "OptimizerSettings",
+    {"class": str, "groups": list[dict[str, object]]},  # hyperparameters by parameter group
+)
+
+
+class CellSettings(TypedDict, total=False):
+    """A ``CELL_SETTINGS`` result: the cell's options (the session's) and what it left (the rank's)."""
+
+    seq: int
+    rank0: bool
+    models: list[ModelSettings]
+    optimizers: list[OptimizerSettings]
+    calls: dict[str, dict[str, object]]  # the ctx helpers' effective arguments, by helper
+
+
 class Row(TypedDict):
     """One stored value: what the store's ``metrics`` table holds and every view reads."""
 
@@ -89,7 +112,7 @@ class Row(TypedDict):
 
 
 def make_record(
-    kind: Kind | str, step: int | None, rank: int, values: dict[str, float], **extra: Any
+    kind: Kind | str, step: int | None, rank: int, values: dict[str, float], **extra: object
 ) -> Record:
     """Build a record stamped with the current time."""
     rec: Record = {"kind": str(kind), "step": step, "rank": rank, "time": time.time(), "values": values}
@@ -136,7 +159,7 @@ def finite(value: object) -> float | None:
     return out if math.isfinite(out) else None
 
 
-def to_rows(records: Iterable[Mapping[str, Any]]) -> list[Row]:
+def to_rows(records: Iterable[Mapping[str, Any]]) -> list[Row]:  # Any: records as they arrive, unchecked
     """Flatten records into rows: one per value, rank None for aggregated kinds.
 
     Records without a step (events) give no rows; NaN and infinite values are kept (readers that
@@ -184,40 +207,42 @@ def first_non_finite(records: Iterable[Mapping[str, Any]]) -> tuple[int, str, fl
     return None
 
 
-def divergence_text(data: Mapping[str, Any]) -> str:
+def divergence_text(data: Mapping[str, object]) -> str:
     """What a ``DIVERGED`` event's data says: "diverged at step k (loss nan)"."""
     return f"diverged at step {data.get('step')} ({data.get('name')} {data.get('value')})"
 
 
-def segment_text(segment: Mapping[str, Any]) -> str:
+def segment_text(segment: Mapping[str, object]) -> str:
     """One stored segment as the CLI and the report list it: "step 100 (cell 3): lr, code changed"."""
-    what = segment.get("changed") or []
+    what = cast("list[str]", segment.get("changed") or [])
     cell = segment.get("cell_seq")
     where = f" (cell {cell})" if cell is not None else ""
     return f"step {segment.get('first_step')}{where}" + (f": {', '.join(what)} changed" if what else "")
 
 
-def is_own(row: Mapping[str, Any]) -> bool:
+def is_own(row: Mapping[str, object]) -> bool:
     """Whether a row is dtwork's own measurement (the GNS estimator's values, throughput, GPU
     telemetry, the efficiency estimate), not a metric the user logged: the one rule for every list
     or plot of the user's metrics. Only ``ctx.log`` writes kind "log" rows."""
     return str(row.get("kind") or Kind.LOG.value) != Kind.LOG.value
 
 
-def adaptive_decisions(rows: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+def adaptive_decisions(rows: Iterable[Row]) -> list[tuple[int, dict[str, float | None]]]:
     """The adaptive batch's decisions (the rows of kind "adaptive") in step order, each one's values
     by name; other rows are left out (a user may log a metric of the same name)."""
-    by_step: dict[int, dict[str, Any]] = {}
+    by_step: dict[int, dict[str, float | None]] = {}
     for row in rows:
         if row.get("kind") == Kind.ADAPTIVE.value:
             by_step.setdefault(int(row["step"]), {})[str(row["name"])] = row["value"]
     return sorted(by_step.items())
 
 
-def batch_changes(decisions: Iterable[tuple[int, Mapping[str, Any]]]) -> list[tuple[int, Mapping[str, Any]]]:
+def batch_changes(
+    decisions: Iterable[tuple[int, Mapping[str, float | None]]],
+) -> list[tuple[int, Mapping[str, float | None]]]:
     """The decisions that changed the global batch, the first one included: the batch's trajectory,
     as the report lists it and the sidebar shows it (the one rule for both)."""
-    out: list[tuple[int, Mapping[str, Any]]] = []
+    out: list[tuple[int, Mapping[str, float | None]]] = []
     last = None
     for step, values in decisions:
         batch = finite(values.get("global_batch"))

@@ -8,8 +8,12 @@ NVML is initialised lazily, never at import time.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _lock = threading.Lock()
 _state: dict[str, bool] = {"tried": False, "ok": False}
@@ -26,7 +30,7 @@ class GPUInfo:
     driver: str
     mig: bool = False  # a MIG instance of GPU ``index`` (its UUID starts with "MIG-")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON for the ranks' reports and the server
         return asdict(self)
 
 
@@ -45,7 +49,7 @@ class GPUSample:
         return asdict(self)
 
 
-def _init() -> Any:
+def _init() -> ModuleType | None:
     """Initialise NVML once; return the pynvml module, or None when there is no GPU."""
     with _lock:
         try:
@@ -62,7 +66,7 @@ def _init() -> Any:
         return pynvml if _state["ok"] else None
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -112,7 +116,7 @@ def cuda_devices() -> list[GPUInfo]:
     return out
 
 
-def _mig_instances(nv: Any, gpu: GPUInfo) -> list[GPUInfo]:
+def _mig_instances(nv: ModuleType, gpu: GPUInfo) -> list[GPUInfo]:
     try:
         h = nv.nvmlDeviceGetHandleByIndex(gpu.index)
         if nv.nvmlDeviceGetMigMode(h)[0] != 1:
@@ -134,7 +138,7 @@ def _mig_instances(nv: Any, gpu: GPUInfo) -> list[GPUInfo]:
     return out
 
 
-def _try(fn: Any, *args: Any) -> Any:
+def _try(fn: Callable[..., T], *args: object) -> T | None:
     try:
         return fn(*args)
     except Exception:  # NVMLError_NotSupported and friends: the field stays None
