@@ -25,6 +25,7 @@ from test_core import assert_equals_one_process, ddp_cell
 import dtwork
 from dtwork.errors import DtworkError
 from dtwork.launch import launchers, registry
+from dtwork.launch.launchers import LaunchOptions, SlurmLauncher
 
 STEPS, GLOBAL_BATCH = 4, 16
 
@@ -91,6 +92,38 @@ def _train_and_stop(ip: object, launcher: str, capsys: pytest.CaptureFixture[str
 
 
 # -- Slurm -------------------------------------------------------------------------------------
+
+
+def test_slurm_batch_script_asks_for_whole_gpu_nodes() -> None:
+    script = SlurmLauncher(
+        LaunchOptions(gpus_per_node=4, nodes=2, partition="gpu", time="04:00:00", account="proj")
+    ).batch_template()
+    lines = script.splitlines()
+    for line in (
+        "#SBATCH --ntasks={n}",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --nodes=2",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=04:00:00",
+        "#SBATCH --account=proj",
+    ):
+        assert line in lines
+    assert lines[-1] == "srun {program_and_args}"
+    with pytest.raises(
+        DtworkError, match=r"-n 6 ranks are not whole nodes of --gpus-per-node 4: use a multiple of 4"
+    ):
+        SlurmLauncher(LaunchOptions(gpus_per_node=4)).check(6)
+    with pytest.raises(DtworkError, match=r"--nodes 2 x --gpus-per-node 4 is 8 ranks, not -n 4: use -n 8"):
+        SlurmLauncher(LaunchOptions(gpus_per_node=4, nodes=2)).check(4)
+    with pytest.raises(DtworkError, match=r"has characters Slurm does not take"):
+        SlurmLauncher(LaunchOptions(partition="gpu\n#SBATCH --x")).check(2)
+    with pytest.raises(DtworkError, match="with --launcher or --profile, say how many ranks to start: -n N"):
+        dtwork.Cluster(None, launcher="slurm")
+    with pytest.raises(DtworkError, match="use --launcher or --profile, not both"):
+        dtwork.Cluster(2, launcher="slurm", profile="x")
+    with pytest.raises(DtworkError, match="unknown launcher 'pbs': use one of local, slurm, mpi, ssh"):
+        dtwork.Cluster(2, launcher="pbs")
 
 
 @pytest.mark.usefixtures("slurm")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from slurm_fixtures import openmpi, slurm, squeue_jobs, wait_for  # noqa: F401  (fixtures used by name)
 
 import dtwork
 from dtwork.errors import DtworkError
@@ -36,38 +35,6 @@ def test_ranks_and_gpus_follow_the_schedulers_ranks_and_local_ranks() -> None:
     one_gpu = {e: {**p, "gpus": gpus[:1]} for e, p in probes.items()}
     with pytest.raises(DtworkError, match="host n1 runs 2 engines but they can use 1 GPU"):
         launchers.scheduler_plans(assign_ranks(one_gpu, use_gpus=False), found, one_gpu, use_gpus=True)
-
-
-def test_slurm_batch_script_asks_for_whole_gpu_nodes() -> None:
-    script = SlurmLauncher(
-        LaunchOptions(gpus_per_node=4, nodes=2, partition="gpu", time="04:00:00", account="proj")
-    ).batch_template()
-    lines = script.splitlines()
-    for line in (
-        "#SBATCH --ntasks={n}",
-        "#SBATCH --gpus-per-node=4",
-        "#SBATCH --ntasks-per-node=4",
-        "#SBATCH --nodes=2",
-        "#SBATCH --partition=gpu",
-        "#SBATCH --time=04:00:00",
-        "#SBATCH --account=proj",
-    ):
-        assert line in lines
-    assert lines[-1] == "srun {program_and_args}"
-    with pytest.raises(
-        DtworkError, match=r"-n 6 ranks are not whole nodes of --gpus-per-node 4: use a multiple of 4"
-    ):
-        SlurmLauncher(LaunchOptions(gpus_per_node=4)).check(6)
-    with pytest.raises(DtworkError, match=r"--nodes 2 x --gpus-per-node 4 is 8 ranks, not -n 4: use -n 8"):
-        SlurmLauncher(LaunchOptions(gpus_per_node=4, nodes=2)).check(4)
-    with pytest.raises(DtworkError, match=r"has characters Slurm does not take"):
-        SlurmLauncher(LaunchOptions(partition="gpu\n#SBATCH --x")).check(2)
-    with pytest.raises(DtworkError, match="with --launcher or --profile, say how many ranks to start: -n N"):
-        dtwork.Cluster(None, launcher="slurm")
-    with pytest.raises(DtworkError, match="use --launcher or --profile, not both"):
-        dtwork.Cluster(2, launcher="slurm", profile="x")
-    with pytest.raises(DtworkError, match="unknown launcher 'pbs': use one of local, slurm, mpi, ssh"):
-        dtwork.Cluster(2, launcher="pbs")
 
 
 def test_a_launch_that_needs_other_hosts_without_an_interface_fails_at_once(monkeypatch) -> None:
