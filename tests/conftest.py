@@ -18,11 +18,9 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
 
 # torchrun_ref, slurm_fixtures and jupyter_server_fixtures live here, beside the two folders.
 TESTS = Path(__file__).resolve().parent
+UNIT = TESTS / "unit"
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
-
-
-UNIT = TESTS / "unit"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
