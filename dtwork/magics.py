@@ -113,7 +113,7 @@ def _start_parser() -> _Parser:
     return p
 
 
-def _cell_parser() -> _Parser:
+def cell_parser() -> _Parser:
     p = _parser("%%dtrain")
     p.add_argument("--rank0", action="store_true")
     p.add_argument("--ranks", type=str, default=None)
@@ -451,7 +451,7 @@ class DtrainMagics(Magics):
     # -- the cell magic ----------------------------------------------------------------------
 
     def _cell(self, line: str, cell: str) -> None:
-        ns = _cell_parser().parse_args(_split(line, "%%dtrain"))
+        ns = cell_parser().parse_args(_split(line, "%%dtrain"))
         ranks = _int_list(ns.ranks) if ns.ranks else None
         cluster = current()
         cluster.run(cell, ranks=ranks, rank0=ns.rank0, bg=ns.bg, quiet=ns.quiet)

@@ -176,7 +176,7 @@ class Doctor:
         try:
             good, detail = fn()
         except Exception as exc:
-            good, detail = False, _one_line(exc)
+            good, detail = False, one_line(exc)
         self.checks.append(Check(name, "ok" if good else "FAIL", detail, time.monotonic() - t0))
         self.say(self.checks[-1])
         return good
@@ -239,7 +239,7 @@ class Doctor:
             c.stop()
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     """An error as one line: its first line, and the exception a rank raised when it names one."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     first = f"{type(exc).__name__}: {lines[0] if lines else ''}"

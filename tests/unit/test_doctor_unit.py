@@ -49,4 +49,4 @@ def test_a_rank_failure_keeps_the_ranks_exception() -> None:
     exc = RankFailure(
         "dtwork: the cell failed on rank 1\nTraceback ...\n  File x\nValueError: bad shape\nrank 0: ok"
     )
-    assert doctor._one_line(exc) == "RankFailure: dtwork: the cell failed on rank 1 (ValueError: bad shape)"
+    assert doctor.one_line(exc) == "RankFailure: dtwork: the cell failed on rank 1 (ValueError: bad shape)"

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import dtwork.cluster as clusters
 from dtwork.errors import DtworkError
-from dtwork.magics import _cell_parser, _int_list, _split, plan_start
+from dtwork.magics import _int_list, _split, cell_parser, plan_start
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -242,7 +242,7 @@ CELL_LINES = st.one_of(
 @given(line=CELL_LINES)
 def test_cell_header_parses_or_refuses(line: str) -> None:
     try:
-        ns = _cell_parser().parse_args(_split(line))
+        ns = cell_parser().parse_args(_split(line))
         ranks = _int_list(ns.ranks) if ns.ranks else None
     except DtworkError as exc:
         _check_message(exc)

@@ -70,7 +70,7 @@ def test_every_subcommand_has_a_parser_but_run() -> None:
 
 def test_every_cell_magic_option_is_documented() -> None:
     text = REFERENCE.read_text().split("## `%%dtrain`", 1)[1].split("\n## ", 1)[0]
-    for option in options(magics._cell_parser()):
+    for option in options(magics.cell_parser()):
         assert f"`{option}" in text, f"%%dtrain {option} is not documented"
 
 
