@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from dtwork import runtime
-from dtwork.runtime.core import effective_args
+from dtwork.runtime.core import effective_args, heap
 from dtwork.runtime.core.payloads import (
     CellSettings,
     ConfigApplied,
@@ -194,6 +194,7 @@ def init_rank(spec: RankSpec) -> RankJoined:
     gpu = _gpu_facts(spec.get("gpu_uuid") if spec.get("gpu") is not None else None)
     threading.Thread(target=_warm_imports, name="dtwork-warm-imports", daemon=True).start()
     _user_namespace()["ctx"] = ctx  # ``ctx`` in the namespace where cells run
+    heap.freeze_imports()  # torch and dtwork as imported: out of every later collection's way
     atexit.unregister(_exit_now)
     atexit.register(_exit_now)  # last registered, first run: before the interpreter's teardown
     return {
@@ -263,6 +264,7 @@ def _warm_imports() -> None:
         import dtwork.runtime.parallel.ddp  # noqa: F401
     except Exception:
         pass
+    heap.freeze_imports()  # the modules just imported too, unless a cell has begun meanwhile
 
 
 def _gpu_facts(uuid: str | None) -> GpuFacts:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dtwork.errors import DtworkError
+from dtwork.runtime.core import heap
 from dtwork.runtime.scripts import autoreload, fresh_process
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ _cell_state = contextlib.ExitStack()
 
 def _cell_starts() -> None:
     """A cell sees what a torchrun script sees (Accelerate, Fabric and plain DDP code in a cell)."""
+    heap.cell_begins()  # before the cell makes anything: nothing of it may be frozen
     _cell_state.close()
     _cell_state.enter_context(_rank_process())
     from dtwork import runtime
