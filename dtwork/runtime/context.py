@@ -8,7 +8,6 @@ keeps lives in ``ctx.state`` (``state.RankState``), which those modules take.
 
 from __future__ import annotations
 
-import gc
 import random
 import warnings
 import weakref
@@ -164,7 +163,7 @@ class Context:  # wide: 17 of its attributes are the public ctx names, views of 
 
     def forget_dropped(self) -> None:
         """Collect models/optimizers that earlier cells replaced, so checkpoints hold the live ones."""
-        gc.collect()
+        self.state.forget_dropped()
 
     # -- configuration ---------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ no module reaches into another's private attributes and none of them imports ``C
 
 from __future__ import annotations
 
+import gc
 import socket
 import weakref
 from dataclasses import dataclass, field
@@ -109,6 +110,13 @@ class RankState:  # the rank's state between cells, one field per thing kept; gr
         live = [r() for r in refs]
         self.registered[kind] = [r for r, obj in zip(refs, live, strict=True) if obj is not None]
         return [obj for obj in live if obj is not None]
+
+    def forget_dropped(self) -> None:
+        """Collect the models, optimizers and schedulers that earlier cells replaced (nn.Modules
+        often sit in reference cycles), so a loop or checkpoint sees the live ones only; with
+        nothing registered there is nothing to forget and the collection is skipped."""
+        if any(self.registered.values()):
+            gc.collect()
 
     def touch(self, obj: object) -> None:
         """Note that the running cell used ``obj`` (wrapped, created, stepped or trained)."""

@@ -6,7 +6,6 @@ last one was, and the resume a loop starts from (with the optimizer states no kn
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypedDict, cast
 
@@ -88,7 +87,7 @@ class Cadence:
             self.save(step)  # the loop's end, also between two `every`
 
     def save(self, step: int) -> None:
-        gc.collect()  # a checkpoint holds the live models only (not those earlier cells replaced)
+        self.state.forget_dropped()  # a checkpoint holds the live models only
         path = checkpoint.save(self.state, dict(self.where()))
         self.saved_step = step
         if path is not None:
@@ -99,7 +98,7 @@ class Cadence:
         checkpoint's optimizer states that no known optimizer took (for those made in this cell)."""
         if not self.resume:
             return None, []
-        gc.collect()  # resume into the live models only
+        self.state.forget_dropped()  # resume into the live models only
         found = checkpoint.resume_from(self.state, self.resume)
         if found is None:
             if self.state.rank == 0:

@@ -10,7 +10,6 @@ every rank takes the same decision at the same step (a consistent stop).
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -127,7 +126,7 @@ class StepLoop:
         setup_scaler(state)
         self.gns.setup()  # arms the GNS hooks for the first step: after the step is known
         resume_state, self.pending_optimizers = self.cadence.load_resume()
-        gc.collect()  # held below for the whole loop: models that earlier cells replaced must be gone first
+        state.forget_dropped()  # held below for the whole loop: replaced models must be gone first
         models = state.models
         self.perf.begin(models)  # a failed cell may have left counts on one rank: start clean
         state.loop = self
