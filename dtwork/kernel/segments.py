@@ -71,7 +71,9 @@ class RunBook:
     def final_status(self, run_id: int) -> str:
         """How a run ended, from its last training cell: completed (also when none trained in it),
         failed or interrupted."""
-        return {"error": "failed", "interrupted": "interrupted"}.get(self.outcome.get(run_id, "ok"), "completed")
+        return {"error": "failed", "interrupted": "interrupted"}.get(
+            self.outcome.get(run_id, "ok"), "completed"
+        )
 
     def cell_seq(self, seq: int | None) -> int | None:
         """The running cell's seq in the current run (it changed if its training began a new run)."""

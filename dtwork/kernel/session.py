@@ -205,7 +205,9 @@ class Session:
             self.run_id = None
             new = self.ensure_run(told if isinstance(told, int) else None)
             if isinstance(told, int) and told != new:
-                print(f"dtwork: ctx.run_id says {told} in this cell: another kernel took that id, the run is {new}")
+                print(
+                    f"dtwork: ctx.run_id says {told} in this cell: another kernel took that id, the run is {new}"
+                )
             self.book.moved[seq] = self.store.move_cell(old, before, new)
         except STORE_ERRORS as exc:
             self.run_id = self.run_id or old

@@ -5,11 +5,12 @@ naming a run in the cell that begins it, a resumed run beginning at the resumed 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dtwork.errors import RankFailure
+from dtwork.errors import DtworkError, RankFailure
 
 DATA = """
 import time, torch, torch.nn as nn, torch.nn.functional as F
@@ -83,7 +84,9 @@ def test_after_loop_logs_land_at_the_runs_last_step_and_run_id_is_the_sessions(f
         assert [m["step"] for m in store.metrics(run, "test_acc")] == [4]
 
 
-def test_a_run_resumed_from_another_runs_checkpoint_begins_at_the_resumed_step(fresh_run, tmp_path, capsys) -> None:
+def test_a_run_resumed_from_another_runs_checkpoint_begins_at_the_resumed_step(
+    fresh_run, tmp_path, capsys
+) -> None:
     c = fresh_run
     c.configure({"global_batch_size": 16, "checkpoint": {"directory": str(tmp_path)}})
     c.run(DATA, quiet=True)
@@ -95,3 +98,24 @@ def test_a_run_resumed_from_another_runs_checkpoint_begins_at_the_resumed_step(f
     assert run != source
     assert f"run {run} begins at step 4" in out, out
     assert [s["first_step"] for s in c.session.store.segments(run)] == [4]
+
+
+def test_runs_compare_of_three_runs_in_the_magic(fresh_run, ip, capsys, tmp_path, monkeypatch) -> None:
+    c = fresh_run
+    monkeypatch.chdir(tmp_path)  # the notebook's folder: a compare writes nothing there unasked
+    c.configure({"global_batch_size": 16})
+    c.run(DATA, quiet=True)
+    runs = []
+    for _ in range(3):  # a new model each time: three runs
+        c.run(TRAIN, quiet=True)
+        runs.append(c.session.run_id)
+    capsys.readouterr()
+    ip.run_line_magic("dtrain", "runs compare " + " ".join(map(str, runs)))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:6] == [w for r in runs for w in ("run", str(r))]
+    assert [line.split()[:2] for line in out if line.startswith("status")] == [["status", "completed"]]
+    plot = Path(out[-1].removeprefix("plot: "))
+    assert plot.is_file() and plot.parent == c.session.store_file.parent / "compare"
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(DtworkError, match="runs compare: see the usage above"):
+        ip.run_line_magic("dtrain", "runs compare")  # argparse's refusal, not a SystemExit
