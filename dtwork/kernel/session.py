@@ -199,6 +199,7 @@ class Session:
         before = self.cell_seq(seq) or seq
         if old in self.book.trained:  # this cell's loop in the old run ended before the new one began
             self.book.outcome[old] = "ok"
+            self.book.trained.discard(old)
         try:
             self.writer.run_status(old, self.book.final_status(old))
             self.writer.flush(force=True)
