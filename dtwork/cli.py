@@ -19,6 +19,7 @@ import os
 import re
 import sqlite3
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -228,18 +229,11 @@ def _measured_text(own: dict[str, tuple[int, float | None]]) -> str | None:
 
 
 def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
-    a, b = _summary(store, ns.run_a), _summary(store, ns.run_b)
-    names = sorted(set(a["metrics"]) | set(b["metrics"]))
-    plot = Path(ns.plot or f"runs-{a['id']}-vs-{b['id']}.html").absolute()
-    from dtwork.plots import compare_figure
-
-    fig = compare_figure(
-        [(a["id"], store.metrics(a["id"])), (b["id"], store.metrics(b["id"]))],
-        names,
-        [[seg["first_step"] for seg in s["segments"]] for s in (a, b)],
-    )
-    plot.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(str(plot), include_plotlyjs=True)
+    if len(ns.runs) < 2:
+        raise DtworkError("dtwork runs compare takes two runs or more: dtwork runs compare 2 3 4")
+    runs = [_summary(store, r) for r in ns.runs]
+    names = sorted({name for s in runs for name in s["metrics"]})
+    plot = _write_compare(store, runs, names, ns.out)
     if ns.json:
         keep = (
             "id",
@@ -252,25 +246,58 @@ def _cmd_compare(store: RunStore, ns: argparse.Namespace) -> str:
             "result",
             "metrics",
         )
-        return json.dumps(
-            {"a": {k: a[k] for k in keep}, "b": {k: b[k] for k in keep}, "plot": str(plot)}, default=str
-        )
+        return json.dumps({"runs": [{k: s[k] for k in keep} for s in runs], "plot": str(plot)}, default=str)
+
+    def line(label: str, cells: Iterable[str], change: str = "") -> list[str]:
+        return [label, *cells, change]
+
     head = [
-        ["name", a["name"] or "-", b["name"] or "-", ""],
-        ["status", a["status"], b["status"], ""],
-        ["ranks", _num(a["world_size"]), _num(b["world_size"]), ""],
-        ["global batch", _num(a["global_batch_size"]), _num(b["global_batch_size"]), ""],
-        ["steps", _num(a["steps"]), _num(b["steps"]), ""],
-        ["segments", _segment_steps(a["segments"]), _segment_steps(b["segments"]), ""],
-        ["result", _result_text(a["result"]), _result_text(b["result"]), ""],
+        line("name", (s["name"] or "-" for s in runs)),
+        line("status", (s["status"] for s in runs)),
+        line("ranks", (_num(s["world_size"]) for s in runs)),
+        line("global batch", (_num(s["global_batch_size"]) for s in runs)),
+        line("steps", (_num(s["steps"]) for s in runs)),
+        line("segments", (_segment_steps(s["segments"]) for s in runs)),
+        line("result", (_result_text(s["result"]) for s in runs)),
     ]
     rows = []
     for name in names:
-        va, vb = a["metrics"].get(name, {}).get("last"), b["metrics"].get(name, {}).get("last")
-        change = f"{(vb - va) / abs(va):+.1%}" if va and vb is not None else "-"
-        rows.append([f"{name} (last)", _num(va), _num(vb), change])
-    table = _table(("", f"run {a['id']}", f"run {b['id']}", "b vs a"), head + rows, right={1, 2, 3})
+        last = [s["metrics"].get(name, {}).get("last") for s in runs]
+        first = last[0]
+        changes = [f"{(v - first) / abs(first):+.1%}" if first and v is not None else "-" for v in last[1:]]
+        rows.append(line(f"{name} (last)", map(_num, last), ", ".join(changes)))
+    vs = f"vs run {runs[0]['id']}"
+    columns = ("", *(f"run {s['id']}" for s in runs), vs)
+    table = _table(columns, head + rows, right=set(range(1, len(runs) + 2)))
     return f"{table}\nplot: {plot}"
+
+
+def _write_compare(store: RunStore, runs: list[dict[str, Any]], names: list[str], out: str | None) -> Path:
+    """Write the compare figure: to ``out`` as one file when asked, else beside the store (its
+    ``compare/`` folder, sharing one copy of plotly.js), never into the notebook's folder unasked."""
+    from dtwork.plots import compare_figure
+
+    fig = compare_figure(
+        [(s["id"], store.metrics(s["id"])) for s in runs],
+        names,
+        [[seg["first_step"] for seg in s["segments"]] for s in runs],
+    )
+    ids = "-".join(str(s["id"]) for s in runs)
+    if out:
+        plot = Path(out).absolute()
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        fig.write_html(str(plot), include_plotlyjs=True)
+        return plot
+    for folder in (store.path.parent / "compare", Path(tempfile.gettempdir()) / "dtwork-compare"):
+        try:  # a store on a read-only mount: the temp folder
+            folder.mkdir(parents=True, exist_ok=True)
+            fig.write_html(str(folder / f"runs-{ids}.html"), include_plotlyjs="directory")
+            return folder / f"runs-{ids}.html"
+        except OSError:
+            continue
+    raise DtworkError(
+        f"the compare plot could not be written beside {store.path} nor in the temp folder: use --out PATH"
+    )
 
 
 def _segment_steps(segments: Iterable[Mapping[str, object]]) -> str:
@@ -337,10 +364,11 @@ def _runs_parser(runs: argparse.ArgumentParser) -> None:
     p = sub.add_parser("show", help="one run's summary")
     p.add_argument("run", help="run id")
     p.add_argument("--json", action="store_true")
-    p = sub.add_parser("compare", help="two runs side by side, with a plot written to a file")
-    p.add_argument("run_a")
-    p.add_argument("run_b")
-    p.add_argument("--plot", help="HTML file for the plot (default: runs-A-vs-B.html)")
+    p = sub.add_parser("compare", help="runs side by side, with a plot written to a file")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="two run ids or more")
+    p.add_argument(
+        "--out", "--plot", help="HTML file for the plot (default: compare/runs-A-B.html beside the store)"
+    )
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("export", help="a run as a report, TensorBoard event files or MLflow runs")
     p.add_argument("run", nargs="?", default=None, help="run id (TensorBoard/MLflow: all runs when left out)")

@@ -33,7 +33,7 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   stop            stop every engine and the controller
   restart         same ranks and settings, fresh engines and process group
   config EXP.yaml load an experiment config on every rank as ``ctx.config`` (starts a new run)
-  runs [list|show ID|compare A B|export [ID] --tensorboard DIR|--mlflow URI|--report PATH]
+  runs [list|show ID|compare A B [C ...]|export [ID] --tensorboard DIR|--mlflow URI|--report PATH]
                   the runs in the run store, as ``dtwork runs`` in a shell
   run SCRIPT.py [ARGS...]
                   run a torchrun-style script unchanged on every rank (also %run in %%dtrain)
@@ -329,14 +329,18 @@ class DtrainMagics(Magics):
         if argv and not argv[0].startswith("-") and argv[0] not in actions:
             raise DtworkError(
                 f"unknown %dtrain runs action {argv[0]!r}{did_you_mean(argv[0], actions)}: "
-                "use list, show ID, compare A B or export"
+                "use list, show ID, compare A B [C ...] or export"
             )
         if argv and argv[0] in actions:  # the shell's `dtwork runs ...`
             from dtwork.cli import main as cli_main
 
             live = _running()
             store = live[-1].store_file if live else None
-            cli_main(["runs", *(["--store", str(store)] if store else []), *argv])
+            try:
+                cli_main(["runs", *(["--store", str(store)] if store else []), *argv])
+            except SystemExit as exc:  # argparse refused the arguments (it said why above) or showed help
+                if exc.code:
+                    raise DtworkError(f"%dtrain runs {argv[0]}: see the usage above (%dtrain?)") from None
             return None
         ns = _runs_parser().parse_args(argv)
         from dtwork.cli import runs_table

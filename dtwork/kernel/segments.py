@@ -60,9 +60,20 @@ class RunBook:
         self.moved: dict[int, int] = {}  # a cell's seq -> its seq in the run its loop began
         self.ranks_run: int | None = None  # the run the ranks were told (their ctx.run_id)
         self.diverged: dict[int, str] = {}  # run -> the dashboard's line about its divergence
+        # A run's status is set by its own cells only: those that trained in it (a loop's segment, a
+        # measured step, a script), not a later cell that merely ran while it was current.
+        self.trained: set[int] = set()  # the runs the running cell trained in
+        self.outcome: dict[int, str] = {}  # run -> how the last cell that trained in it ended
 
     def begin_cell(self, source: str) -> None:
-        self.source, self.moved = source, {}
+        self.source, self.moved, self.trained = source, {}, set()
+
+    def final_status(self, run_id: int) -> str:
+        """How a run ended, from its last training cell: completed (also when none trained in it),
+        failed or interrupted."""
+        return {"error": "failed", "interrupted": "interrupted"}.get(
+            self.outcome.get(run_id, "ok"), "completed"
+        )
 
     def cell_seq(self, seq: int | None) -> int | None:
         """The running cell's seq in the current run (it changed if its training began a new run)."""

@@ -34,7 +34,15 @@ from dtwork.kernel.tracebacks import error_line, stopped_by_interrupt
 from dtwork.kernel.watcher import POLL_SECONDS, CellResult, CellWatcher, in_notebook
 from dtwork.runtime import entry
 from dtwork.shared import batch
-from dtwork.shared.records import CELL_SETTINGS, DIVERGED, FOLLOWS, Record, divergence_text, first_non_finite
+from dtwork.shared.records import (
+    CELL_SETTINGS,
+    DIVERGED,
+    FOLLOWS,
+    Kind,
+    Record,
+    divergence_text,
+    first_non_finite,
+)
 from dtwork.store.perf_thinner import PerfThinner
 from dtwork.store.runs import STORE_ERRORS, RunStore, store_problem
 from dtwork.store.writer import StoreWriter
@@ -98,7 +106,8 @@ class Session:
         """The watcher of the cell training in the background, if any."""
         return self.bg.watcher if self.bg is not None else None
 
-    def ensure_run(self) -> int:
+    def ensure_run(self, wanted: int | None = None) -> int:
+        """The current run, made now if there is none (with id ``wanted`` when that is still free)."""
         if self.run_id is None:
             e = self.engines
             self.run_id = self.store.create_run(
@@ -110,6 +119,7 @@ class Session:
                 config_yaml=e.config.to_yaml(),
                 global_batch_size=batch.effective(e.global_batch_size, e.world_size),
                 per_slot_batch_size=batch.per_slot(e.global_batch_size, e.world_size),
+                wanted_id=wanted,
             )
             self.store.set_environment(self.run_id, e.environment())
             self.store.add_event(self.run_id, "start", f"run started on {e.world_size} rank(s), {e.backend}")
@@ -118,15 +128,10 @@ class Session:
     def new_run(self) -> None:
         """End the current run; the next cell starts a new one (after a config change)."""
         if self.run_id is not None:
-            self.writer.run_status(self.run_id, self._final_status())
+            self.writer.run_status(self.run_id, self.book.final_status(self.run_id))
             self.writer.flush(force=True)
         self.run_id = None
         self.replay.restarts_used = 0
-
-    def _final_status(self) -> str:
-        """How the run ended, from its last cell: completed, failed or interrupted."""
-        last = self.last.status if self.last is not None else "ok"
-        return {"error": "failed", "interrupted": "interrupted"}.get(last, "completed")
 
     def persist(
         self, records: list[Record], seq: int | None, *, stored: bool = True, segments: bool = True
@@ -154,6 +159,8 @@ class Session:
     def _write_records(self, records: list[Record], seq: int | None) -> None:
         if records and self.run_id is not None:
             seq = self.cell_seq(seq)
+            if any(rec.get("kind") == Kind.PERF for rec in records):  # a measured training step
+                self._trains(self.run_id)
             self.writer.records(self.run_id, seq, self.perf_rate(records))
             self._estimate(records, seq, time.monotonic())
             self._watch_divergence(records)
@@ -171,11 +178,12 @@ class Session:
         first = int(step) if isinstance(step, (int, float, str)) and step else 0
         # The rank's loop decides (runtime/core/run_axis.py): it names the pending folder it checkpoints in.
         if isinstance(pending, str) and seq is not None:
-            follows = self._begin_run_of_loop(seq, first)
+            follows = self._begin_run_of_loop(seq, first, rec.get("run"))
             if follows is not None:
                 self.book.adopt.append((self.run_id, pending))
             else:
                 print(f"dtwork: its checkpoints are in the folder {pending}: resume={pending!r} loads them")
+        self._trains(self.run_id)
         what, data = self.book.segment(self.run_id, rec)
         if follows is not None:
             data[FOLLOWS] = follows
@@ -183,17 +191,24 @@ class Session:
             data[segments.PENDING] = pending
         self.writer.segment(self.run_id, self.cell_seq(seq), first, what, data)
 
-    def _begin_run_of_loop(self, seq: int, first: int) -> dict[str, int] | None:
+    def _begin_run_of_loop(self, seq: int, first: int, told: object = None) -> dict[str, int] | None:
         """End the current run and go on in a new one from this cell on (its loop trains a new
         model); return where it follows on: the old run, and this cell's seq there."""
         old = self.run_id
         assert old is not None  # the caller checked
         before = self.cell_seq(seq) or seq
+        if old in self.book.trained:  # this cell's loop in the old run ended before the new one began
+            self.book.outcome[old] = "ok"
+            self.book.trained.discard(old)
         try:
-            self.writer.run_status(old, "completed")
+            self.writer.run_status(old, self.book.final_status(old))
             self.writer.flush(force=True)
             self.run_id = None
-            new = self.ensure_run()
+            new = self.ensure_run(told if isinstance(told, int) else None)
+            if isinstance(told, int) and told != new:
+                print(
+                    f"dtwork: ctx.run_id says {told} in this cell: another kernel took that id, the run is {new}"
+                )
             self.book.moved[seq] = self.store.move_cell(old, before, new)
         except STORE_ERRORS as exc:
             self.run_id = self.run_id or old
@@ -208,6 +223,14 @@ class Session:
             f"(run {old} ended; ctx.steps(..., new_run=False) would have gone on with it)"
         )
         return {"run": old, "cell": before}
+
+    def _trains(self, run_id: int) -> None:
+        """The running cell trains in ``run_id``: its status is this cell's to set (running again
+        after a failed cell of its own)."""
+        if run_id not in self.book.trained:
+            self.book.trained.add(run_id)
+            if self.book.outcome.get(run_id, "ok") != "ok":
+                self.writer.run_status(run_id, "running", ended=False)
 
     def _watch_divergence(self, records: list[Record]) -> None:
         """The run's first NaN or infinite logged value: an event, and one line in the cell."""
@@ -280,7 +303,8 @@ class Session:
             # A token names the folder of a run a loop begins mid-cell; none while replaying.
             token = None if replaying else uuid.uuid4().hex[:12]
             told = (run_id, str(self.store_file), new_axis, run_id in book.last_segment, token)
-            self.engines.call(entry.set_run_id, (*told, tuple(book.adopt)), {})
+            ahead = {"next_run": self.store.next_run_id()}  # ctx.run_id of a run a loop begins mid-cell
+            self.engines.call(entry.set_run_id, (*told, tuple(book.adopt)), ahead)
             book.ranks_run, book.adopt = run_id, []
 
     # -- running cells ---------------------------------------------------------------------
@@ -293,10 +317,10 @@ class Session:
         self.writer.flush(force=True)
         try:
             run_id = self.ensure_run()
-            if self.last is not None and self.last.status == "error":  # the run goes on after a failed cell
-                self.store.set_run_status(run_id, "running")
             seq = self.store.add_cell(run_id, source, ranks=ranks)
             self.book.begin_cell(source)
+            if source.lstrip().startswith("%run "):  # a script trains in the run (run_script's cell)
+                self._trains(run_id)
         except STORE_ERRORS as exc:
             raise DtworkError(f"the cell did not start: {store_problem(exc, self.writer.path)}") from None
         self.tell_ranks(run_id)
@@ -353,8 +377,11 @@ class Session:
             self._estimate([], seq, math.inf)  # the cell's last estimate, however short it was
             self.writer.finish_cell(self.run_id, seq, status, err)
             self._record_settings(seq, watcher.rank0, read=not result.errors)
-            if status == "error":
+            for run in self.book.trained:
+                self.book.outcome[run] = status
+            if status == "error" and self.run_id in self.book.trained:  # not a run this cell did not train in
                 self.writer.run_status(self.run_id, "failed", ended=False)
+            if status == "error":
                 self.event("error", f"cell {seq}: {err}")
             self.writer.flush(force=True)
         self.last = result
@@ -460,7 +487,7 @@ class Session:
         """End the session's run (completed, failed or interrupted) and close the store."""
         if self.run_id is not None:
             self.writer.event(self.run_id, "stop", "cluster stopped")
-            self.writer.run_status(self.run_id, self._final_status())
+            self.writer.run_status(self.run_id, self.book.final_status(self.run_id))
         if not self.writer.flush(force=True):
             self.writer.lost(f"{self.writer.problem}; the cluster stopped")
         self.stores.close()

@@ -8,12 +8,12 @@ series and analysis results into titled plotly figures. ``from dtwork import plo
 
 from __future__ import annotations
 
+from dtwork.plots.compare import compare_figure
 from dtwork.plots.figures import (
     HEIGHT,
     NO_DATA,
     NO_DATA_NAME,
     bucket_figure,
-    compare_figure,
     dashboard_figure,
     empty_figure,
     gns_figure,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -32,7 +31,6 @@ __all__ = [
     "NO_DATA",
     "NO_DATA_NAME",
     "bucket_figure",
-    "compare_figure",
     "mark_segments",
     "dashboard_figure",
     "empty_figure",
@@ -426,11 +424,6 @@ def loading_figure(real: float, synthetic: float, title: str) -> go.Figure:
     return fig
 
 
-COMPARE_PANELS = 12  # metrics drawn by compare_figure, the first by name
-_RUN_DASHES = ("solid", "dash")  # the runs of compare_figure; colours stay the metrics'
-_RUN_MARKS = ("#555555", "#aaaaaa")  # each run's segment marks: a grey of its own, as metrics own the colours
-
-
 def mark_segments(fig: go.Figure, starts: Iterable[int], color: str = "#888888") -> go.Figure:
     """Mark where each later segment of a run began (a training cell that went on with its steps):
     a dotted vertical line, named "segment", at each first step but the run's first."""
@@ -441,39 +434,4 @@ def mark_segments(fig: go.Figure, starts: Iterable[int], color: str = "#888888")
         where = {}
     for step in sorted({int(s) for s in starts if s}):
         fig.add_vline(x=step, line_dash="dot", line_color=color, line_width=1, name="segment", **where)
-    return fig
-
-
-def compare_figure(
-    runs: Sequence[tuple[int, Iterable[Mapping[str, Any]]]],
-    names: Sequence[str],
-    segments: Sequence[Iterable[int]] = (),
-) -> go.Figure:
-    """One panel per metric in ``names`` with a curve per run: ``runs`` is ``(run id, its aggregated
-    rows)`` for two runs (``RunStore.metrics(run_id)``); rows without a finite value are skipped.
-    ``segments``: each run's segment first steps (``RunStore.segments``), marked in its grey."""
-    shown = list(names[:COMPARE_PANELS]) or ["(no metrics)"]
-    fig = make_subplots(rows=len(shown), cols=1, subplot_titles=shown, shared_xaxes=True)
-    for (run_id, rows), dash in zip(runs, _RUN_DASHES, strict=False):
-        by_name: dict[str, list[tuple[float, float]]] = {}
-        for r in rows:
-            value = finite(r.get("value"))
-            if value is not None:
-                by_name.setdefault(str(r.get("name")), []).append((r["step"], value))
-        for row, name in enumerate(shown, start=1):
-            points = by_name.get(name, [])
-            trace = go.Scatter(
-                x=[p[0] for p in points],
-                y=[p[1] for p in points],
-                name=f"run {run_id}",
-                legendgroup=str(run_id),
-                showlegend=row == 1,
-                line={"color": metric_colour(name), "dash": dash},
-            )
-            fig.add_trace(trace, row=row, col=1)
-    for starts, color in zip(segments, _RUN_MARKS, strict=False):
-        mark_segments(fig, starts, color)
-    title = " vs ".join(f"run {run_id}" for run_id, _ in runs)
-    fig.update_layout(height=220 * len(shown) + 80, title=title)
-    fig.update_xaxes(title_text="step", row=len(shown), col=1)
     return fig

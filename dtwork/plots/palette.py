@@ -1,5 +1,6 @@
-"""One colour per metric, wherever it is drawn: the live dashboard, the finished cell, the report,
-``runs compare`` and the sidebar's loss sparkline (its run summaries carry the colour).
+"""One colour per metric, wherever it is drawn: the live dashboard, the finished cell, the report
+and the sidebar's loss sparkline (its run summaries carry the colour). ``runs compare`` colours by
+run instead (``plots/compare.py``): there the runs of one metric share a panel.
 
 A figure's default colours follow trace order, which differs between the live view (traces added
 as they appear) and a finished figure, so every metric trace is coloured by its name here. Known

@@ -351,11 +351,13 @@ def set_run_id(
     trained: bool = False,
     token: str | None = None,
     adopt: tuple[tuple[int, str], ...] = (),
+    next_run: int | None = None,
 ) -> None:
     """Name the run the rank trains in, and its store (a run folder of checkpoints is theirs);
     ``new_axis``: the kernel began it (not a rank's training loop), so its steps start at 0;
     ``trained``: it had a loop; ``token``: names a pending folder (runtime/run_axis.py);
-    ``adopt``: (run, pending folder) pairs of runs loops began mid-cell, renamed first."""
+    ``adopt``: (run, pending folder) pairs of runs loops began mid-cell, renamed first;
+    ``next_run``: the id a run a loop begins mid-cell gets (``ctx.run_id`` in that very cell)."""
     from dtwork.runtime.checkpoint import folders
     from dtwork.runtime.core import run_axis
 
@@ -366,6 +368,7 @@ def set_run_id(
         run_axis.new_axis(ctx.state)
     ctx.run_id, ctx.run_store = run_id, store
     run_axis.told_run(ctx.state, trained, token)
+    ctx.state.next_run = next_run
 
 
 def repair_group() -> str | None:

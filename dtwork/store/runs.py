@@ -22,6 +22,7 @@ thread, the Jupyter server extension (read-only) and the report exporter read th
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -59,6 +60,7 @@ __all__ = [
     "store_problem",
 ]
 
+_NEXT_ID = "SELECT seq FROM sqlite_sequence WHERE name = 'runs'"  # AUTOINCREMENT keeps the last id there
 RUN_STATUSES = ("running", "completed", "failed", "interrupted", "stopped")
 
 _RUN_COLUMNS = (
@@ -166,14 +168,18 @@ class RunStore:
         config_yaml: str | None = None,
         global_batch_size: int | None = None,
         per_slot_batch_size: int | None = None,
+        wanted_id: int | None = None,
     ) -> int:
-        """Insert a run with status ``running``; returns its id."""
+        """Insert a run with status ``running``; returns its id: ``wanted_id`` when that is still the
+        next one (the ranks were told it ahead), else the next."""
         with self._db.write() as cur:
+            free = wanted_id is not None and wanted_id == self._next_id(cur)
             cur.execute(
-                "INSERT INTO runs (name, status, created_at, world_size, backend, cluster_id, notebook, "
+                "INSERT INTO runs (id, name, status, created_at, world_size, backend, cluster_id, notebook, "
                 "config_yaml, global_batch_size, per_slot_batch_size) "
-                "VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
+                    wanted_id if free else None,
                     name,
                     time.time(),
                     int(world_size),
@@ -267,6 +273,16 @@ class RunStore:
         if not rows:
             raise self._db.unknown_run(rid)
         return cast(RunRow, rows[0])
+
+    def next_run_id(self) -> int:
+        """The id the next ``create_run`` gives (ids are never reused, even after a delete)."""
+        rows = self._db.query(_NEXT_ID)
+        return int(cast(int, rows[0]["seq"])) + 1 if rows else 1
+
+    @staticmethod
+    def _next_id(cur: sqlite3.Cursor) -> int:
+        row = cur.execute(_NEXT_ID).fetchone()
+        return int(row[0]) + 1 if row else 1
 
     def latest_run_id(self) -> int | None:
         rows = self._db.query("SELECT MAX(id) AS id FROM runs")

@@ -105,7 +105,7 @@ def test_a_continued_run_keeps_one_step_axis_and_a_new_wrap_starts_a_new_run(
     args = ["runs", "compare", str(run), str(new), "--store", str(store.path), "--plot", str(plot), "--json"]
     assert cli.main(args) == 0
     compared = json.loads(capsys.readouterr().out)
-    assert [s["first_step"] for s in compared["a"]["segments"]] == [0, 20]
+    assert [s["first_step"] for s in compared["runs"][0]["segments"]] == [0, 20]
     assert plot.read_text().count('"name":"segment"') == 1  # run a's second segment, in its panel
 
 

@@ -106,6 +106,25 @@ def test_compare_puts_two_runs_side_by_side_and_writes_a_plot(notebook_dir: Path
     assert "run 1 vs run 2" in html and "validation_loss" in html
 
 
+def test_compare_of_three_runs_writes_its_plot_beside_the_store(notebook_dir: Path) -> None:
+    with RunStore(notebook_dir / ".dtwork" / "runs.sqlite") as store:
+        third = store.create_run(name="lr-0.8", world_size=2, backend="gloo")
+        store.add_metrics(third, [{"step": s, "name": "loss", "value": 1e6 * (s + 1)} for s in range(20)])
+    out = dtwork("runs", "compare", "1", "2", str(third), cwd=notebook_dir).stdout
+    header = out.splitlines()[0].split()
+    assert header == ["run", "1", "run", "2", "run", "3", "vs", "run", "1"]
+    rows = {line.split("  ")[0].strip(): line.split() for line in out.splitlines()}
+    assert rows["loss (last)"][-4:] == ["0.1", "2.000e+07", "+100.0%,", "+39999999900.0%"]
+    plot = notebook_dir / ".dtwork" / "compare" / "runs-1-2-3.html"
+    assert out.splitlines()[-1] == f"plot: {plot}"
+    assert plot.stat().st_size < 200_000  # plotly.js once beside it, not in every figure
+    assert not list(notebook_dir.glob("*.html")), "a compare wrote into the notebook's folder"
+    data = json.loads(dtwork("runs", "compare", "1", "2", "3", "--json", cwd=notebook_dir).stdout)
+    assert [r["id"] for r in data["runs"]] == [1, 2, 3] and data["plot"] == str(plot)
+    err = dtwork("runs", "compare", "1", cwd=notebook_dir, ok=False).stderr
+    assert err.strip() == "dtwork: dtwork runs compare takes two runs or more: dtwork runs compare 2 3 4"
+
+
 def test_export_writes_tensorboard_and_says_where(notebook_dir: Path) -> None:
     pytest.importorskip("tensorboard")
     out = dtwork("runs", "export", "--tensorboard", "tb", cwd=notebook_dir).stdout

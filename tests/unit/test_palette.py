@@ -38,9 +38,10 @@ def test_a_metric_has_one_colour_in_every_figure() -> None:
     for name in names:
         assert report[name] == finished[name] == shown[name] == metric_colour(name), name
     compare = plots.compare_figure([(1, ROWS), (2, ROWS)], ["loss", "my_metric"])
-    by_panel = {(t.yaxis, t.line.dash): t.line.color for t in compare.data}
-    assert by_panel[("y", "solid")] == by_panel[("y", "dash")] == metric_colour("loss")
-    assert by_panel[("y2", "solid")] == by_panel[("y2", "dash")] == metric_colour("my_metric")
+    # runs compare tells runs apart within a panel: there a colour is a run's, the same in every panel
+    by_panel = {(t.yaxis, t.name): t.line.color for t in compare.data}
+    assert by_panel[("y", "run 1")] == by_panel[("y2", "run 1")] != by_panel[("y", "run 2")]
+    assert by_panel[("y", "run 2")] == by_panel[("y2", "run 2")]
     assert len({metric_colour(n) for n in ("loss", "accuracy", "compute", "data loading")}) == 4
 
 

@@ -251,6 +251,24 @@ def test_compare_figure_has_a_panel_per_metric_and_a_curve_per_run() -> None:
     assert plots.compare_figure([(1, []), (2, [])], []).layout.annotations[0].text == "(no metrics)"
 
 
+def test_compare_figure_colours_each_run_and_draws_losses_on_a_log_scale() -> None:
+    runs = [
+        (i, [{"name": "loss", "step": 0, "value": 10.0**i}, {"name": "acc", "step": 0, "value": 0.5}])
+        for i in (1, 2, 3)
+    ]
+    fig = plots.compare_figure(runs, ["acc", "loss"], [[0, 5], [], [0, 7]])
+    assert fig.layout.title.text == "run 1 vs run 2 vs run 3"
+    colours = [t.line.color for t in fig.data if t.yaxis == "y2"]
+    assert len(set(colours)) == 3 and colours == [t.line.color for t in fig.data if t.yaxis == "y"]
+    assert fig.layout.yaxis2.type == "log" and fig.layout.yaxis.type != "log"
+    assert {s.line.color for s in fig.layout.shapes} == {
+        colours[0],
+        colours[2],
+    }  # segments in the run's colour
+    negative = [(1, [{"name": "loss", "step": 0, "value": -1.0}])]
+    assert plots.compare_figure(negative, ["loss"]).layout.yaxis.type != "log"
+
+
 def test_loading_figure_bars_real_against_synthetic() -> None:
     fig = plots.loading_figure(80.0, 100.0, "the loader is the bottleneck")
     assert list(fig.data[0].y) == [80.0, 100.0] and fig.layout.title.text == "the loader is the bottleneck"

@@ -92,3 +92,11 @@ def test_one_shape_of_perf_record() -> None:
     hand = make_perf_record(5, 1, samples=640, seconds=2.0, steps=10, comm=0.5)  # data loading unseen
     assert hand["values"] == pytest.approx({"samples_per_s": 320.0, "step_time": 0.2, "comm_time": 0.05})
     assert make_perf_record(0, 0, samples=0, seconds=0.0, steps=0, comm=0.0)["values"]["samples_per_s"] == 0.0
+
+
+def test_a_new_cell_does_not_send_the_last_cells_progress_again(transport: Transport) -> None:
+    pub = Publisher(rank=0, interval=0.0)
+    pub.progress(step=600, phase="done")
+    pub.new_cell()  # idle time, then a cell that logs: its age would read as a stall
+    pub.record("log", 0, {"x": 1.0})
+    assert [d.get("progress", {}).get("step") for d in transport.sent] == [600, None]

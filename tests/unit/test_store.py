@@ -42,6 +42,13 @@ def _run(store: RunStore, **kw) -> int:
     return store.create_run(**args)
 
 
+def test_the_next_run_id_is_told_ahead_and_given_while_it_is_free(store: RunStore) -> None:
+    assert store.next_run_id() == 1
+    assert _run(store, wanted_id=1) == 1 and store.next_run_id() == 2
+    assert _run(store) == 2  # another kernel took 2 meanwhile: the run told 2 gets the next
+    assert _run(store, wanted_id=2) == 3 and store.next_run_id() == 4
+
+
 # -- opening ---------------------------------------------------------------------------------
 
 

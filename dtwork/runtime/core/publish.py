@@ -69,6 +69,10 @@ class Publisher:
         self._buf.append(record)
         self.maybe_flush()
 
+    def new_cell(self) -> None:
+        """A cell begins: the last one's progress is not sent again (its age would read as a stall)."""
+        self._progress = None
+
     def progress(self, **fields: object) -> None:
         self._progress = {"rank": self.rank, "time": time.time(), **fields}
         self.maybe_flush()

@@ -81,6 +81,7 @@ class RankState:  # the rank's state between cells, one field per thing kept; gr
     gns_state: GNSEstimator | None = None
     scaler: torch.amp.GradScaler | None = None  # the fp16 loss scaler of ctx.steps
     log_step: int = -1  # the step of the last ctx.log outside ctx.steps
+    after_loop_step: int | None = None  # after a ctx.steps loop: its last step, where ctx.log goes
     fusion_tuned_for: ExperimentConfig | None = None  # the config the bucket size was tuned for
     mesh: DeviceMesh | None = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
     adaptive: Any = None  # the AdaptiveBatch of the last ctx.loader(adaptive=True) (runtime.adaptive)
@@ -98,6 +99,7 @@ class RankState:  # the rank's state between cells, one field per thing kept; gr
     pending_token: str | None = None
     pending_count: int = 0
     run_folder: str | None = None
+    next_run: int | None = None  # the id the kernel gives the next run: ctx.run_id of a run begun mid-cell
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.rank)

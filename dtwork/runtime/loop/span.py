@@ -36,12 +36,13 @@ class Span:
         self.epoch = 0
         self.stopped = False  # the ranks agreed to stop (an interrupt, a stop request)
 
-    def begin(self, state: RankState, resuming: bool) -> int:
-        """Open the loop's segment of the run; return its first step."""
-        self.first = run_axis.begin(
+    def begin(self, state: RankState, resuming: bool) -> run_axis.Opening:
+        """Decide the loop's segment of the run (announced once a resume is loaded: its first step)."""
+        opening = run_axis.open_segment(
             state, self.new_run, "ctx.steps", resuming=resuming, max_steps=self.max_steps
         )
-        return self.first
+        self.first = opening.first
+        return opening
 
     def done(self, step: int) -> bool:
         if self.stopped:

@@ -89,7 +89,9 @@ def log_scalars(state: RankState, scalars: dict[str, object]) -> None:
     if state.config.optimizations.average_training_metrics and state.world_size > 1:
         state.require_all_ranks("ctx.log outside ctx.steps")
         vec = _agreed_mean(state, names, vec)
-    state.log_step = step if step is not None else state.log_step + 1
+    if step is None:  # after a ctx.steps loop: at its last step (a test loss), else the next
+        step = state.after_loop_step if state.after_loop_step is not None else state.log_step + 1
+    state.log_step = step
     if state.rank == 0:
         state.publisher.record("log", state.log_step, dict(zip(names, vec.tolist(), strict=True)))
         state.publisher.flush()

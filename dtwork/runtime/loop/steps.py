@@ -120,12 +120,18 @@ class StepLoop:
         state = self.state
         if state.loop is not None:
             raise DtworkError("ctx.steps is already running: nested training loops are not supported")
-        self.step = self.span.begin(state, resuming=self.cadence.resume is True)
+        opening = self.span.begin(state, resuming=self.cadence.resume is True)
+        self.step = opening.first
         if self.step == 0:  # a run's first loop: no loss scale carried over from another run's model
             state.scaler = None
         setup_scaler(state)
         self.gns.setup()  # arms the GNS hooks for the first step: after the step is known
-        resume_state, self.pending_optimizers = self.cadence.load_resume()
+        try:
+            resume_state, self.pending_optimizers = self.cadence.load_resume()
+        except BaseException:
+            run_axis.announce(state, opening)  # the kernel knows the run it began, also when this fails
+            raise
+        run_axis.announce(state, opening, resume_state["step"] if resume_state is not None else None)
         state.forget_dropped()  # held below for the whole loop: replaced models must be gone first
         models = state.models
         self.perf.begin(models)  # a failed cell may have left counts on one rank: start clean
@@ -169,6 +175,7 @@ class StepLoop:
             self.gns.publish(force=True)
             control.exit_loop()
             run_axis.end(state, self.step)
+            state.after_loop_step = max(0, self.step - 1)  # ctx.log after the loop: at its last step
             state.loop = None
             self._progress("done")
             state.publisher.flush()

@@ -88,7 +88,9 @@ def _cell_starts() -> None:
     from dtwork import runtime
 
     if runtime.joined():
-        runtime.current().state.cell += 1  # what this cell uses is told apart from earlier cells'
+        state = runtime.current().state
+        state.cell += 1  # what this cell uses is told apart from earlier cells'
+        state.publisher.new_cell()
 
 
 def _cell_ends() -> None:
