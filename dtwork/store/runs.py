@@ -365,6 +365,10 @@ class RunStore:
         else about ``most`` bucket means (``rank`` None: the aggregated series)."""
         return views.points(self._db, parse_run_id(run_id), name, rank, most)
 
+    def last_step(self, run_id: int | str, *, cell: int | None = None) -> int | None:
+        """The highest step the run (or its cell ``cell``) logged, None before any."""
+        return views.last_step(self._db, parse_run_id(run_id), cell)
+
     def figure_rows(
         self, run_id: int | str, *, cell: int | None = None, rank: Literal["aggregated", "all"] = "all"
     ) -> list[MetricRow]:

@@ -16,7 +16,7 @@ from dtwork.store.rollups import AGGREGATED_RANK, LEVELS, NO_CELL, Bucket, activ
 from dtwork.store.rows import MetricRow
 from dtwork.store.schema import stored_float
 
-__all__ = ["FULL_READ_ROWS", "SeriesSummary", "figure_rows", "points", "summaries"]
+__all__ = ["FULL_READ_ROWS", "SeriesSummary", "figure_rows", "last_step", "points", "summaries"]
 
 FULL_READ_ROWS = 20_000  # up to this many rows a reader takes the raw rows
 FIGURE_BUCKETS = 500  # buckets per series in a figure: each gives two points, its min and its max
@@ -127,6 +127,25 @@ def points(
     return total, [(b.last_step, b.total / b.n, b.last_time) for b in buckets]
 
 
+def last_step(db: Database, run_id: int, cell: int | None) -> int | None:
+    """The highest step the run (or its cell ``cell``) logged."""
+    if cell is None:
+        row = db.query("SELECT MAX(last_step) AS s FROM series WHERE run_id = ?", (run_id,))[0]
+    else:
+        found = db.query("SELECT name, n FROM series WHERE run_id = ?", (run_id,))
+        names, total = [str(r["name"]) for r in found], sum(int(cast(int, r["n"])) for r in found)
+        marks = ", ".join("?" * len(names))
+        row = db.query(
+            f"SELECT MAX(last_step) AS s FROM rollups WHERE run_id = ? AND name IN ({marks}) AND level = ? "
+            "AND cell_seq = ?",
+            [run_id, *names, LEVELS[-1], int(cell)],
+        )[0]
+        if total <= FULL_READ_ROWS or row["s"] is None:  # a short run's: non-finite values count too
+            sql = "SELECT MAX(step) AS s FROM metrics WHERE run_id = ? AND cell_seq = ?"
+            row = db.query(sql, (run_id, cell))[0]
+    return None if row["s"] is None else int(cast(int, row["s"]))
+
+
 def _run_span(db: Database, run_id: int) -> int:
     row = db.query(
         "SELECT MIN(first_step) AS a, MAX(last_step) AS b FROM series WHERE run_id = ?", (run_id,)
@@ -165,7 +184,8 @@ def figure_rows(
     for b in buckets:
         ends = [(b.lo_step, b.lo), (b.hi_step, b.hi)]
         ends.sort(key=lambda e: e[0])
-        at = (b.bucket * w + w // 4, b.bucket * w + (3 * w) // 4)
+        late = min(b.bucket * w + (3 * w) // 4, b.last_step)  # a bucket still filling ends at its last step
+        at = (min(b.bucket * w + w // 4, late), late)
         for (_, value), step, stamp in zip(ends, at, (b.first_time, b.last_time), strict=True):
             out.append(
                 {
@@ -179,5 +199,18 @@ def figure_rows(
                     "time": stamp,
                 }
             )
+    if cell is None:  # the run's last values close its figure, as its raw rows would
+        for b in _last_buckets(buckets):
+            row = {**out[0], "cell_seq": b.cell_seq, "kind": b.kind, "rank": b.rank, "name": b.name}
+            out.append({**row, "step": b.last_step, "value": b.last, "time": b.last_time})  # type: ignore[typeddict-item]
     out.sort(key=lambda r: (r["step"], r["rank"] is not None, r["rank"] or 0))
     return out
+
+
+def _last_buckets(buckets: list[Bucket]) -> list[Bucket]:
+    """Each series' last bucket."""
+    last: dict[tuple[str, int | None], Bucket] = {}
+    for b in buckets:
+        if (key := (b.name, b.rank)) not in last or b.bucket > last[key].bucket:
+            last[key] = b
+    return list(last.values())
