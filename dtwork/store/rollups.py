@@ -78,6 +78,69 @@ class Bucket(NamedTuple):
     last: float
 
 
+_FINEST = width(LEVELS[0])
+
+
+class _Agg:
+    """One bucket's aggregate of finite values, as a batch builds it."""
+
+    __slots__ = ("hi", "hi_step", "kind", "last", "last_step", "lo", "lo_step", "n", "t0", "t1", "total")
+
+    def __init__(self, kind: str, step: int, value: float, stamp: float) -> None:
+        self.kind, self.n, self.total = kind, 1, value
+        self.lo = self.hi = self.last = value
+        self.lo_step = self.hi_step = self.last_step = step
+        self.t0 = self.t1 = stamp
+
+    def add(self, step: int, value: float, stamp: float) -> None:
+        self.n += 1
+        self.total += value
+        if value < self.lo:
+            self.lo, self.lo_step = value, step
+        if value > self.hi:
+            self.hi, self.hi_step = value, step
+        if stamp < self.t0:
+            self.t0 = stamp
+        if stamp > self.t1:
+            self.t1 = stamp
+        if step >= self.last_step:
+            self.last_step, self.last = step, value
+
+    def merge(self, o: _Agg) -> None:
+        """Take in another bucket's aggregate, of later rows (a tie of steps goes to ``o``)."""
+        self.n += o.n
+        self.total += o.total
+        if o.lo < self.lo:
+            self.lo, self.lo_step = o.lo, o.lo_step
+        if o.hi > self.hi:
+            self.hi, self.hi_step = o.hi, o.hi_step
+        self.t0, self.t1 = min(self.t0, o.t0), max(self.t1, o.t1)
+        if o.last_step >= self.last_step:
+            self.last_step, self.last = o.last_step, o.last
+
+    def copy(self) -> _Agg:
+        new = _Agg.__new__(_Agg)
+        for name in _Agg.__slots__:
+            setattr(new, name, getattr(self, name))
+        return new
+
+    def row(self) -> tuple[object, ...]:
+        """The values of a rollup row, in the upsert's order."""
+        return (
+            self.kind,
+            self.n,
+            self.total,
+            self.lo,
+            self.hi,
+            self.lo_step,
+            self.hi_step,
+            self.t0,
+            self.t1,
+            self.last_step,
+            self.last,
+        )
+
+
 class _Series:
     """A series' summary as the ``series`` table holds it, updated row by row."""
 
@@ -152,7 +215,7 @@ def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow]) -> None:
     ).fetchall():
         known[(row["name"], row["rank"])] = _Series(row["kind"], row)
     span_before = _span(known.values())
-    buckets: dict[tuple[str, int, int, int, int], list[object]] = {}
+    fine: dict[tuple[str, int, int, int], _Agg] = {}  # by the finest buckets first: one update a row
     touched: dict[tuple[str, int], _Series] = {}
     levels = active_levels(span_before)
     for _, cell_seq, kind, step, rank, name, value, stamp in rows:
@@ -164,34 +227,21 @@ def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow]) -> None:
         touched[key] = s
         if not isinstance(value, float) or not math.isfinite(value):
             continue  # rollups aggregate finite values; the raw row keeps a NaN or an infinity
-        cell = NO_CELL if cell_seq is None else cell_seq
+        at = (name, NO_CELL if cell_seq is None else cell_seq, key[1], step // _FINEST)
+        b = fine.get(at)
+        if b is None:
+            fine[at] = _Agg(kind, step, value, stamp)
+        else:
+            b.add(step, value, stamp)
+    buckets: dict[tuple[str, int, int, int, int], _Agg] = {}
+    for (name, cell, rank, b10), agg in fine.items():
         for lv in levels:
-            b = buckets.get((name, lv, cell, key[1], step // width(lv)))
-            if b is None:
-                buckets[(name, lv, cell, key[1], step // width(lv))] = [
-                    kind,
-                    1,
-                    value,
-                    value,
-                    value,
-                    step,
-                    step,
-                    stamp,
-                    stamp,
-                    step,
-                    value,
-                ]
-                continue
-            b[1] = int(b[1]) + 1  # type: ignore[call-overload]
-            b[2] = float(b[2]) + value  # type: ignore[arg-type]
-            if value < float(b[3]):  # type: ignore[arg-type]
-                b[3], b[5] = value, step
-            if value > float(b[4]):  # type: ignore[arg-type]
-                b[4], b[6] = value, step
-            b[7], b[8] = min(float(b[7]), stamp), max(float(b[8]), stamp)  # type: ignore[arg-type]
-            if step >= int(b[9]):  # type: ignore[call-overload]
-                b[9], b[10] = step, value
-    cur.executemany(_ROLLUP_UPSERT, [(run_id, *k, *v) for k, v in buckets.items()])
+            k = (name, lv, cell, rank, b10 // (width(lv) // _FINEST))
+            if (into := buckets.get(k)) is None:
+                buckets[k] = agg.copy()
+            else:
+                into.merge(agg)
+    cur.executemany(_ROLLUP_UPSERT, [(run_id, *k, *v.row()) for k, v in buckets.items()])
     for (name, rank), s in touched.items():
         if s.kind in PRUNED_KINDS and s.n > RAW_ROWS and s.n // PRUNE_EVERY > s.n0 // PRUNE_EVERY:
             s.raw_from = _trim(cur, run_id, name, rank, s.raw_from)
