@@ -20,6 +20,9 @@ __all__ = ["FULL_READ_ROWS", "SeriesSummary", "figure_rows", "last_step", "point
 
 FULL_READ_ROWS = 20_000  # up to this many rows a reader takes the raw rows
 FIGURE_BUCKETS = 500  # buckets per series in a figure: each gives two points, its min and its max
+FIGURE_ROWS = 12_000  # rows of a figure in all, ranks' series included
+MIN_BUCKETS = 50
+JOIN = 4  # a figure reads up to this many buckets per one it draws
 
 
 class SeriesSummary(TypedDict):
@@ -75,14 +78,15 @@ def _level(span: int, run_span: int, most: int) -> int:
     return next((lv for lv in kept if span // width(lv) + 1 <= most), kept[-1])
 
 
-def _merged(buckets: list[Bucket]) -> list[Bucket]:
-    """One bucket per (name, rank, bucket): the cells' buckets of the same steps joined."""
+def _merged(buckets: list[Bucket], k: int = 1) -> list[Bucket]:
+    """One bucket per (name, rank, bucket // k): the cells' buckets of the same steps joined, and
+    ``k`` neighbours into one (numbered ``bucket // k``)."""
     out: dict[tuple[str, int | None, int], Bucket] = {}
     for b in buckets:
-        key = (b.name, b.rank, b.bucket)
+        key = (b.name, b.rank, b.bucket // k)
         a = out.get(key)
         if a is None:
-            out[key] = b
+            out[key] = b._replace(bucket=b.bucket // k)
             continue
         lo, lo_step = (a.lo, a.lo_step) if a.lo <= b.lo else (b.lo, b.lo_step)
         hi, hi_step = (a.hi, a.hi_step) if a.hi >= b.hi else (b.hi, b.hi_step)
@@ -175,11 +179,13 @@ def figure_rows(
     total = sum(b.n for b in coarse) if cell is not None else sum(s["n"] for s in series)
     if not coarse or (total <= FULL_READ_ROWS and not any(s["raw_from"] for s in series)):
         return metric_rows.select(db, run_id, rank=rank, cell=cell)
-    first, last = min(b.bucket for b in coarse), max(b.bucket for b in coarse)
-    span = (last - first + 1) * width(LEVELS[-1])
-    level = _level(span, _run_span(db, run_id), most)
-    w = width(level)
-    buckets = _merged(_buckets(db, run_id, names, level, where, list(params)))
+    # the steps drawn: from the earliest extreme of the first buckets to the last step (near enough)
+    span = max(b.last_step for b in coarse) - min(min(b.lo_step, b.hi_step) for b in coarse)
+    most = max(MIN_BUCKETS, min(most, FIGURE_ROWS // (2 * len(series))))  # many ranks: fewer buckets each
+    level = _level(span, _run_span(db, run_id), most * JOIN)
+    k = -(-(span // width(level) + 1) // most)  # neighbours joined: the levels are 10x apart
+    w = width(level) * k
+    buckets = _merged(_buckets(db, run_id, names, level, where, list(params)), k)
     out: list[MetricRow] = []
     for b in buckets:
         ends = [(b.lo_step, b.lo), (b.hi_step, b.hi)]
