@@ -37,13 +37,17 @@ def _second(t: int, ranks: int) -> list[dict[str, Any]]:
         for r in range(ranks):
             spike = 5.0 if (t * 7 + i + r) % 9973 == 0 else 1.0
             values = {n: (100.0 + (t + r) % 13) * spike / (k + 1) for k, n in enumerate(PERF)}
-            out.append({"kind": "perf", "step": step, "rank": r, "time": base + i / PERF_HZ, "values": values})
+            out.append(
+                {"kind": "perf", "step": step, "rank": r, "time": base + i / PERF_HZ, "values": values}
+            )
     for r in range(ranks):
         values = {n: 50.0 + (t * (k + 1) + r) % 40 for k, n in enumerate(GPU)}
         out.append({"kind": "gpu", "step": t * STEPS_HZ, "rank": r, "time": base, "values": values})
     for s in range(t * STEPS_HZ, (t + 1) * STEPS_HZ):
         values = {n: 2.0 / (1 + s) ** 0.3 + (k * 0.1) for k, n in enumerate(USER)}
-        out.append({"kind": "log", "step": s, "rank": 0, "time": base + (s % STEPS_HZ) / STEPS_HZ, "values": values})
+        out.append(
+            {"kind": "log", "step": s, "rank": 0, "time": base + (s % STEPS_HZ) / STEPS_HZ, "values": values}
+        )
     return out
 
 

@@ -32,7 +32,8 @@ SCRIPT = ROOT / "tests" / "fixtures" / "ddp_tutorial.py"  # the PyTorch DDP tuto
 PHASES = "cold_start round_trip throughput iteration_latency turns gns_interleaved live_interleaved handloop"
 PHASES += " script_rerun kernel_scale fsdp adaptive long_run"
 OPT_IN = ("adaptive", "long_run")  # long on their own: run only when named (--only adaptive)
-CLUSTERLESS = {"cold_start", "kernel_scale", "long_run"}  # start their own processes or none: no suite clusters
+# start their own processes or none: no suite clusters
+CLUSTERLESS = {"cold_start", "kernel_scale", "long_run"}
 
 
 def _kinds(mlp: int, convnet: int) -> Any:

@@ -195,11 +195,23 @@ def long_run_table(r: dict[str, Any]) -> str:
         for k, goal in LONG_RUN_TARGETS.items():
             grew = b[k] / a[k] if a[k] else None
             ok = "yes" if b[k] <= goal and (grew is None or grew <= 2) else "no"
-            rows.append([run, k.removesuffix("_s").replace("_", " "), fmt(a[k]), fmt(b[k]), fmt(grew, 2), f"<= {goal:g}", ok])
+            rows.append(
+                [
+                    run,
+                    k.removesuffix("_s").replace("_", " "),
+                    fmt(a[k]),
+                    fmt(b[k]),
+                    fmt(grew, 2),
+                    f"<= {goal:g}",
+                    ok,
+                ]
+            )
         ok = "yes" if b["store_mib"] <= 100 else "no"
         rows.append([run, "store (MiB)", fmt(a["store_mib"], 1), fmt(b["store_mib"], 1), "", "<= 100", ok])
         grew = x["writer_rss_growth_mib"]
-        rows.append([run, "writer RSS growth (MiB)", "", fmt(grew, 1), "", "<= 200", "yes" if grew <= 200 else "no"])
+        rows.append(
+            [run, "writer RSS growth (MiB)", "", fmt(grew, 1), "", "<= 200", "yes" if grew <= 200 else "no"]
+        )
         rows.append([run, "write (rows/s)", "", fmt(x["write_rows_per_s"], 0), "", "", ""])
     return table("run | reader | after 10 min (s) | at the end (s) | end / 10 min | target | met", rows)
 
