@@ -149,15 +149,15 @@ def test_figures_from_rollups_keep_every_buckets_min_and_max(tmp_path: Path, sma
         run = store.create_run(world_size=2, backend="gloo")
         store.add_cell(run, "train()")
         writer = StoreWriter(lambda: store, store.path, say=lambda _: None)
-        writer.records(run, 1, _records(range(0, 1200), ranks=2))
+        writer.records(run, 1, _records(range(0, 600), ranks=2))
         assert writer.flush()
         rows = store.figure_rows(run, cell=1)
-        level = 2  # 1200 steps over 100-step buckets: 12 of them fit the screen
+        level = 2  # 600 steps over 100-step buckets: 6 of them fit the screen
         buckets = store.db.query(
             "SELECT name, rank, lo, hi FROM rollups WHERE run_id = ? AND level = ? AND cell_seq = 1",
             (run, level),
         )
-        assert len(rows) == 2 * len(buckets) and len(rows) < 1200
+        assert len(rows) == 2 * len(buckets) and len(rows) < 600
         series = plots.cell_series()
         for s in series.values():
             s.add(rows)
@@ -179,7 +179,7 @@ def test_figures_from_rollups_keep_every_buckets_min_and_max(tmp_path: Path, sma
         from dtwork.plots.cell_view import cell_view
 
         view = cell_view(store, run, 1)
-        assert view["step"] == 1199
+        assert view["step"] == 599
         ys = [y for trace in view["figure"]["data"] for y in (trace.get("y") or [])]
         assert max(b["hi"] for b in loss) in ys
 
