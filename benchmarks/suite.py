@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks import adaptive, kernel_scale, windows
+from benchmarks import adaptive, kernel_scale, long_run, windows
 from benchmarks import fsdp as fsdp_phase
 from benchmarks import workload as W
 from benchmarks.runners import TORCHRUN, ColdStarts, DtworkRunner, LaunchWorkerRunner, missing
@@ -30,9 +30,10 @@ KINDS = W.KINDS
 OPTIONAL = ("accelerate", "fabric")
 SCRIPT = ROOT / "tests" / "fixtures" / "ddp_tutorial.py"  # the PyTorch DDP tutorial's structure
 PHASES = "cold_start round_trip throughput iteration_latency turns gns_interleaved live_interleaved handloop"
-PHASES += " script_rerun kernel_scale fsdp adaptive"
-OPT_IN = ("adaptive",)  # 20-25 minutes of its own: run only when named (--only adaptive)
-CLUSTERLESS = {"cold_start", "kernel_scale"}  # start their own processes or none: no suite clusters
+PHASES += " script_rerun kernel_scale fsdp adaptive long_run"
+OPT_IN = ("adaptive", "long_run")  # long on their own: run only when named (--only adaptive)
+# start their own processes or none: no suite clusters
+CLUSTERLESS = {"cold_start", "kernel_scale", "long_run"}
 
 
 def _kinds(mlp: int, convnet: int) -> Any:
@@ -67,6 +68,7 @@ class Plan:
     adaptive: dict[str, Any] = field(default_factory=lambda: dict(ADAPTIVE))
     fsdp_steps: int = 40  # a small transformer: about 2 s a turn on 2 cores
     fsdp_reps: int = 3
+    long_run: tuple[tuple[float, int], ...] = ((4.0, 8),)  # (hours, ranks) of simulated long runs
 
     @classmethod
     def smoke_plan(cls) -> Plan:
@@ -74,7 +76,7 @@ class Plan:
         per_kind = "warmup steps window_warmup gns_cycles live_window live_cycles turn_steps turn_cycles"
         once = "coldstart_reps throughput_reps latency_reps_inprocess latency_reps_relaunch turn_blocks"
         small = dict(hand_window=2, hand_cycles=2, rerun_epochs=1, scale_ranks=(4,), scale_seconds=1.0)
-        small |= dict(fsdp_steps=2, fsdp_reps=1)
+        small |= dict(fsdp_steps=2, fsdp_reps=1, long_run=((0.2, 2),))
         small |= dict.fromkeys(per_kind.split(), {"mlp": 2, "convnet": 1})
         small["adaptive"] = ADAPTIVE | ADAPTIVE_SMOKE
         return cls(True, **dict.fromkeys([*once.split(), "rerun_reps"], 1), round_trips=3, **small)
@@ -337,6 +339,14 @@ class Suite:
             for n in p.scale_ranks:
                 log(f"the kernel with {n} simulated ranks ({p.scale_seconds:.0f} s)")
                 out.append(kernel_scale.measure(n, p.scale_seconds, Path(folder)))
+        return out
+
+    def long_run(self) -> list[dict[str, Any]]:
+        out = []
+        for hours, ranks in self.plan.long_run:
+            with tempfile.TemporaryDirectory(prefix="dtwork-long-run-") as folder:
+                log(f"a {hours:g} h run of {ranks} simulated ranks through the store writer")
+                out.append(long_run.measure(hours, ranks, Path(folder)))
         return out
 
     def fsdp(self) -> dict[str, Any]:

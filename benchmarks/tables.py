@@ -182,6 +182,40 @@ def kernel_scale_table(r: dict[str, Any]) -> str:
     return table("ranks | kernel CPU (share of one core) | redraw interval (s) | store (MB per hour)", rows)
 
 
+LONG_RUN_TARGETS = {"sidebar_list_s": 0.05, "run_card_s": 0.05, "reopened_figure_s": 0.5, "runs_show_s": 1.0,
+                    "report_export_s": 15.0}  # fmt: skip
+
+
+def long_run_table(r: dict[str, Any]) -> str:
+    """Each reader's seconds after 10 minutes and at the end of each simulated run, and its target."""
+    rows = []
+    for x in r["long_run"]:
+        a, b = x["after_10_min"], x["at_end"]
+        run = f"{x['ranks']} ranks x {x['hours']:g} h"
+        for k, goal in LONG_RUN_TARGETS.items():
+            grew = b[k] / a[k] if a[k] else None
+            ok = "yes" if b[k] <= goal and (grew is None or grew <= 2) else "no"
+            rows.append(
+                [
+                    run,
+                    k.removesuffix("_s").replace("_", " "),
+                    fmt(a[k]),
+                    fmt(b[k]),
+                    fmt(grew, 2),
+                    f"<= {goal:g}",
+                    ok,
+                ]
+            )
+        ok = "yes" if b["store_mib"] <= 100 else "no"
+        rows.append([run, "store (MiB)", fmt(a["store_mib"], 1), fmt(b["store_mib"], 1), "", "<= 100", ok])
+        grew = x["writer_rss_growth_mib"]
+        rows.append(
+            [run, "writer RSS growth (MiB)", "", fmt(grew, 1), "", "<= 200", "yes" if grew <= 200 else "no"]
+        )
+        rows.append([run, "write (rows/s)", "", fmt(x["write_rows_per_s"], 0), "", "", ""])
+    return table("run | reader | after 10 min (s) | at the end (s) | end / 10 min | target | met", rows)
+
+
 def _s(x: Any, nd: int = 2) -> str:
     return "not reached" if x == math.inf else fmt(x, nd)
 
@@ -280,7 +314,8 @@ def write_doc(out: Path, doc: Path) -> None:
     makers = {"meta": run_table, "targets": targets_table, "alternatives": alternatives_table,
               "iteration_latency": core_table, "turns": turns_table, "live_interleaved": live_table,
               "gns_interleaved": gns_table, "handloop": handloop_table, "script_rerun": script_rerun_table,
-              "kernel_scale": kernel_scale_table, "adaptive": adaptive_table, "fsdp": fsdp_table}  # fmt: skip
+              "kernel_scale": kernel_scale_table, "adaptive": adaptive_table, "fsdp": fsdp_table,
+              "long_run": long_run_table}  # fmt: skip
     names = {k: make.__name__.removesuffix("_table").replace("_", "-") for k, make in makers.items()}
     generated = {names[k]: make(r) for k, make in makers.items() if k in r}
     if (out / "live.json").exists():

@@ -59,17 +59,21 @@ def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:  # Any: what
     rid = run["id"]
     metrics: dict[str, dict[str, Any]] = {}
     own: dict[str, tuple[int, float | None]] = {}  # dtwork's measurements: name -> (step, latest value)
-    for m in store.metrics(rid):
+    for m in sorted((s for s in store.series(rid) if s["rank"] is None), key=lambda s: s["last_step"]):
         if is_own(m):
-            own[m["name"] if m["kind"] != Kind.SCALING else Kind.SCALING.value] = (m["step"], m["value"])
-            continue
-        if m["value"] is None:
-            continue
-        entry = metrics.setdefault(m["name"], {"count": 0, "min": math.inf, "max": -math.inf})
-        entry["count"] += 1
-        if not math.isnan(m["value"]):  # a NaN has no order: min and max skip it, last shows it
-            entry["min"], entry["max"] = min(entry["min"], m["value"]), max(entry["max"], m["value"])
-        entry["last"], entry["last_step"] = m["value"], m["step"]
+            own[m["name"] if m["kind"] != Kind.SCALING else Kind.SCALING.value] = (
+                m["last_step"],
+                m["last_value"],
+            )
+        elif m["last_value"] is not None or m["lo"] is not None:  # a NaN has no order: min and max skip it
+            metrics[m["name"]] = {
+                "count": m["n"],
+                "min": math.inf if m["lo"] is None else m["lo"],
+                "max": -math.inf if m["hi"] is None else m["hi"],
+                "last": m["last_value"],
+                "last_step": m["last_step"],
+            }
+    metrics = dict(sorted(metrics.items()))
     ended = run.get("ended_at")
     return {
         "id": rid,
@@ -278,7 +282,7 @@ def _write_compare(store: RunStore, runs: list[dict[str, Any]], names: list[str]
     from dtwork.plots import compare_figure
 
     fig = compare_figure(
-        [(s["id"], store.metrics(s["id"])) for s in runs],
+        [(s["id"], store.figure_rows(s["id"], rank="aggregated")) for s in runs],
         names,
         [[seg["first_step"] for seg in s["segments"]] for s in runs],
     )

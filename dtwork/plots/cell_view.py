@@ -53,7 +53,7 @@ def cell_view(store: RunStore, run_id: int, seq: int) -> CellView:
     cell = next((c for c in store.cells(run_id) if c["seq"] == int(seq)), None)
     if cell is None:
         raise DtworkError(f"run {run_id} has no cell {seq}")
-    rows = store.metrics(run_id, rank="all", cell=seq)
+    rows = store.figure_rows(run_id, cell=seq)
     series = plots.cell_series(run.get("global_batch_size"))
     for s in series.values():
         s.add(rows)
@@ -64,8 +64,7 @@ def cell_view(store: RunStore, run_id: int, seq: int) -> CellView:
             parts.append(
                 (series[key], [t._replace(x=list(t.x.tolist()), y=list(t.y.tolist())) for t in traces])
             )
-    steps = [int(r["step"]) for r in rows if r["step"] is not None]
-    step = max(steps) if steps else None
+    step = store.last_step(run_id, cell=seq)
     status = str(cell["status"] or "running")
     if status == "running" and run.get("status") not in (None, "running"):
         status = str(run["status"])  # the cluster stopped before the cell could say how it ended

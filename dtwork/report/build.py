@@ -298,7 +298,7 @@ def _recorded(store: RunStore, run: RunRow, lr: helpers.LrSettings) -> helpers.R
             for seg in store.segments(rid)
         ],
         "columns": COLUMNS,
-        "rows": [_in_columns(r) for r in store.metrics(rid, rank="all")],
+        "rows": [_in_columns(r) for r in store.figure_rows(rid)],  # a long run's: its rollups
     }
 
 

@@ -139,20 +139,23 @@ def downsample(points: list[T], n: int) -> list[T]:
 
 
 def loss_points(store: RunStore, run_id: int, n: int) -> list[list[float]]:
-    """``[[step, loss], ...]`` of the aggregated loss (rank 0's when none is aggregated)."""
-    rows = store.metrics(run_id, LOSS_NAME) or store.metrics(run_id, LOSS_NAME, rank=0)
-    pts = [[float(r["step"]), v] for r in rows if (v := finite(r["value"])) is not None]
+    """``[[step, loss], ...]`` of the aggregated loss (rank 0's when none is aggregated); a long
+    run's from its rollups' bucket means."""
+    rows = store.metric_points(run_id, LOSS_NAME)[1] or store.metric_points(run_id, LOSS_NAME, rank=0)[1]
+    pts = [[float(step), v] for step, value, _ in rows if (v := finite(value)) is not None]
     return downsample(pts, n)
 
 
 def world_throughput(store: RunStore, run_id: int) -> float | None:
     """Samples/s over all ranks: the sum of each rank's latest ``samples_per_s`` (as plots.py)."""
-    latest: dict[int, float] = {}
-    for row in store.metrics(run_id, RANK_THROUGHPUT, rank="all"):  # ordered by step
-        value = finite(row["value"])
-        if row["rank"] is not None and value is not None:
-            latest[row["rank"]] = value
-    return sum(latest.values()) if latest else None
+    latest = [
+        v
+        for s in store.series(run_id)
+        if s["name"] == RANK_THROUGHPUT
+        and s["rank"] is not None
+        and (v := finite(s["last_value"])) is not None
+    ]
+    return sum(latest) if latest else None
 
 
 def adaptive_batch(store: RunStore, run_id: int, n: int = BATCH_CHANGES) -> AdaptiveBatch | None:
@@ -278,12 +281,14 @@ def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> Metri
         if name not in names:
             have = ", ".join(names) if names else "none yet"
             raise NotFound(f"run {run_id} has no metric {name!r}; its metrics: {have}")
-        rows = store.metrics(run_id, name) or store.metrics(run_id, name, rank=0)
-        pts: list[list[float | None]] = [[r["step"], r["value"], r["time"]] for r in rows]
+        total, rows = store.metric_points(run_id, name, most=max_points)
+        if not rows:
+            total, rows = store.metric_points(run_id, name, rank=0, most=max_points)
+        pts: list[list[float | None]] = [[step, value, stamp] for step, value, stamp in rows]
         reply: MetricsReply = {
             "run_id": run_id,
             "name": name,
-            "total": len(pts),
+            "total": total,
             "points": downsample(pts, max_points),
         }
         return json_safe(reply)

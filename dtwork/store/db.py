@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from dtwork.errors import DtworkError
+from dtwork.store.rollups import backfill
 from dtwork.store.schema import SCHEMA_VERSION, check_version, create_or_upgrade, ranges
 
 __all__ = [
@@ -154,7 +155,8 @@ class Database:
         check_version(self.path, version, self.readonly)
         if version < SCHEMA_VERSION:
             with self.write() as cur:
-                create_or_upgrade(cur)
+                if 0 < create_or_upgrade(cur) < SCHEMA_VERSION:
+                    backfill(cur)
 
     def _file_identity(self) -> tuple[int, int] | None:
         try:

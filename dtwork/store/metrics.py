@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from dtwork.errors import DtworkError
+from dtwork.store import rollups
 from dtwork.store.db import Database, SqlValue
 from dtwork.store.rows import MetricRow
 from dtwork.store.schema import float_or_none, int_or_none, stored_float
@@ -56,6 +57,7 @@ def add(db: Database, run_id: int, records: Iterable[Mapping[str, Any]]) -> int:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
+            rollups.fold(cur, run_id, rows)  # type: ignore[arg-type]  # the tuples built above
     return len(rows)
 
 
@@ -108,17 +110,15 @@ def frame(rows: list[MetricRow]) -> pandas.DataFrame:
 
 def names(db: Database, run_id: int) -> list[str]:
     """The names the run logged, sorted."""
-    rows = db.query("SELECT DISTINCT name FROM metrics WHERE run_id = ? ORDER BY name", (run_id,))
+    rows = db.query("SELECT DISTINCT name FROM series WHERE run_id = ? ORDER BY name", (run_id,))
     return [str(row["name"]) for row in rows]
 
 
 def last_values(db: Database, run_id: int) -> dict[str, float]:
     """The latest (highest step, last written) aggregated value of each metric; NULL -> nan."""
     rows = db.query(
-        "SELECT name, value FROM (SELECT name, value, ROW_NUMBER() OVER "
-        "(PARTITION BY name ORDER BY step DESC, rowid DESC) AS rn "
-        "FROM metrics WHERE run_id = ? AND rank IS NULL) WHERE rn = 1 ORDER BY name",
-        (run_id,),
+        "SELECT name, last_value FROM series WHERE run_id = ? AND rank = ? ORDER BY name",
+        (run_id, rollups.AGGREGATED_RANK),
     )
-    values = {str(row["name"]): stored_float(row["value"]) for row in rows}
+    values = {str(row["name"]): stored_float(row["last_value"]) for row in rows}
     return {name: math.nan if value is None else value for name, value in values.items()}

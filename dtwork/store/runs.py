@@ -26,12 +26,13 @@ import sqlite3
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from dtwork.errors import DtworkError
 from dtwork.shared.records import FOLLOWS
 from dtwork.store import events as event_rows
 from dtwork.store import metrics as metric_rows
+from dtwork.store import views
 from dtwork.store.db import (
     STORE_ERRORS,
     Database,
@@ -70,10 +71,21 @@ _RUN_COLUMNS = (
 _RUN_SELECT = (
     f"SELECT {_RUN_COLUMNS}, "
     "(SELECT COUNT(*) FROM cells c WHERE c.run_id = runs.id) AS n_cells, "
-    "(SELECT MAX(step) FROM metrics m WHERE m.run_id = runs.id) AS last_step FROM runs"
+    "(SELECT MAX(last_step) FROM series s WHERE s.run_id = runs.id) AS last_step FROM runs"
 )
+_KEYED_TABLES = ("series", "rollups")  # WITHOUT ROWID: their primary key orders them
 # A run's rows, table by table, as copy_run carries them (events and results get new ids).
-_RUN_TABLES = ("runs", "cells", "metrics", "events", "environment", "results", "segments")
+_RUN_TABLES = (
+    "runs",
+    "cells",
+    "metrics",
+    "series",
+    "rollups",
+    "events",
+    "environment",
+    "results",
+    "segments",
+)
 
 
 class RunStore:
@@ -126,12 +138,14 @@ class RunStore:
 
     def copy_run(self, run_id: int | str, into: RunStore) -> dict[str, int]:
         """Write the run's rows from this store into ``into``, keeping its id, in one transaction
-        (this store may be a deleted file still open); returns the rows copied per table."""
+        (this store may be a deleted file still open); returns the rows copied per table (the derived
+        series and rollups go too, uncounted)."""
         rid = parse_run_id(run_id)
         tables: dict[str, list[dict[str, object]]] = {}
         for table in _RUN_TABLES:
             key = "id" if table == "runs" else "run_id"
-            rows = self._db.query(f"SELECT * FROM {table} WHERE {key} = ? ORDER BY rowid", (rid,))
+            order = "" if table in _KEYED_TABLES else " ORDER BY rowid"
+            rows = self._db.query(f"SELECT * FROM {table} WHERE {key} = ?{order}", (rid,))
             tables[table] = [
                 {k: v for k, v in r.items() if not (k == "id" and table != "runs")} for r in rows
             ]
@@ -145,7 +159,7 @@ class RunStore:
                     cols = ", ".join(row)
                     marks = ", ".join("?" * len(row))
                     cur.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(row.values()))
-        return {table: len(rows) for table, rows in tables.items()}
+        return {table: len(rows) for table, rows in tables.items() if table not in _KEYED_TABLES}
 
     def _update_run(self, run_id: int | str, sql: str, params: tuple[SqlValue, ...]) -> None:
         rid = parse_run_id(run_id)
@@ -352,6 +366,31 @@ class RunStore:
     def last_metrics(self, run_id: int | str) -> dict[str, float]:
         """The latest (highest step, last written) aggregated value of each metric; NULL -> nan."""
         return metric_rows.last_values(self._db, parse_run_id(run_id))
+
+    # -- reads that cost what they show (dtwork.store.views) ---------------------------------
+
+    def series(self, run_id: int | str) -> list[views.SeriesSummary]:
+        """Each series (name and rank) of the run: count, first and last step, last value, least
+        and greatest value; a few rows however long the run."""
+        return views.summaries(self._db, parse_run_id(run_id))
+
+    def metric_points(
+        self, run_id: int | str, name: str, *, rank: int | None = None, most: int = views.FIGURE_BUCKETS
+    ) -> tuple[int, list[tuple[int, float | None, float | None]]]:
+        """``(rows, [(step, value, time), ...])`` of one series: every row while they are few,
+        else about ``most`` bucket means (``rank`` None: the aggregated series)."""
+        return views.points(self._db, parse_run_id(run_id), name, rank, most)
+
+    def last_step(self, run_id: int | str, *, cell: int | None = None) -> int | None:
+        """The highest step the run (or its cell ``cell``) logged, None before any."""
+        return views.last_step(self._db, parse_run_id(run_id), cell)
+
+    def figure_rows(
+        self, run_id: int | str, *, cell: int | None = None, rank: Literal["aggregated", "all"] = "all"
+    ) -> list[MetricRow]:
+        """The rows a figure of the run (or its cell ``cell``) draws: :meth:`metrics` while the
+        run is short, else each rollup bucket's min and max (at most a screen's width per series)."""
+        return views.figure_rows(self._db, parse_run_id(run_id), cell=cell, rank=rank)
 
     # -- events, results, environment, segments (dtwork.store.events) -----------------------
 

@@ -22,7 +22,7 @@ __all__ = [
     "stored_float",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # runs.summary_json is read and written by nothing; it stays so that an older dtwork opens a store
 # of this version (dropping it would need a version of its own).
@@ -63,8 +63,42 @@ CREATE TABLE IF NOT EXISTS metrics (
     time REAL,
     kind TEXT NOT NULL DEFAULT 'log'
 );
-CREATE INDEX IF NOT EXISTS metrics_run_name_step ON metrics (run_id, name, step);
-CREATE INDEX IF NOT EXISTS metrics_run_step ON metrics (run_id, step);
+CREATE INDEX IF NOT EXISTS metrics_run_name_rank_step ON metrics (run_id, name, rank, step);
+CREATE TABLE IF NOT EXISTS series (
+    run_id INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    rank INT NOT NULL,
+    kind TEXT NOT NULL,
+    n INT NOT NULL,
+    first_step INT,
+    last_step INT,
+    last_value REAL,
+    last_time REAL,
+    lo REAL,
+    hi REAL,
+    raw_from INT NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, name, rank)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollups (
+    run_id INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    level INT NOT NULL,
+    cell_seq INT NOT NULL,
+    rank INT NOT NULL,
+    bucket INT NOT NULL,
+    kind TEXT NOT NULL,
+    n INT NOT NULL,
+    total REAL NOT NULL,
+    lo REAL NOT NULL,
+    hi REAL NOT NULL,
+    lo_step INT NOT NULL,
+    hi_step INT NOT NULL,
+    first_time REAL NOT NULL,
+    last_time REAL NOT NULL,
+    last_step INT NOT NULL,
+    last REAL NOT NULL,
+    PRIMARY KEY (run_id, name, level, cell_seq, rank, bucket)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id INTEGER,
@@ -96,6 +130,13 @@ CREATE TABLE IF NOT EXISTS segments (
     data_json TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (run_id, seq)
 );
+"""
+
+# Version 4 added the series and rollups tables (dtwork.store.rollups), built from the rows an
+# older store holds when it is upgraded, and one index by (run, name, rank, step) in place of two.
+_MIGRATE_3_TO_4 = """
+DROP INDEX IF EXISTS metrics_run_name_step;
+DROP INDEX IF EXISTS metrics_run_step
 """
 
 # Version 3 added the segments table (each training loop of a run: its cell, first step, what
@@ -141,15 +182,18 @@ def _run(cur: sqlite3.Cursor, script: str) -> None:
             cur.execute(statement)
 
 
-def create_or_upgrade(cur: sqlite3.Cursor) -> None:
-    """Create or upgrade the schema inside the caller's write transaction."""
+def create_or_upgrade(cur: sqlite3.Cursor) -> int:
+    """Create or upgrade the schema inside the caller's write transaction; return the version found
+    (0: a new store; from 1 to 3 the caller builds the rollups of the rows it holds)."""
     # Re-read the version under the write lock: another process may have done it meanwhile.
     found = cur.execute("PRAGMA user_version").fetchone()[0]
     if found == 1:
         _run(cur, _MIGRATE_1_TO_2)
     if found < SCHEMA_VERSION:
+        _run(cur, _MIGRATE_3_TO_4)
         _run(cur, _SCHEMA)
         cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return int(found)
 
 
 def _json_default(obj: object) -> object:

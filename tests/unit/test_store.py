@@ -62,7 +62,7 @@ def test_creates_parent_dirs_schema_and_pragmas(store: RunStore, store_path: Pat
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert {"runs", "cells", "metrics", "events", "environment", "results"} <= tables
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-        assert "metrics_run_name_step" in indexes
+        assert "metrics_run_name_rank_step" in indexes
     finally:
         conn.close()
     assert store.db.connection().execute("PRAGMA busy_timeout").fetchone()[0] == 5000

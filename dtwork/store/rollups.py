@@ -1,0 +1,322 @@
+"""What keeps a long run's store and its readers bounded: series summaries, rollups, the raw window.
+
+Three things are maintained incrementally, in the transaction that inserts a batch of metric rows:
+
+* ``series``: one row per (run, name, rank) with its row count, first and last step, last value
+  (highest step, last written) and least and greatest non-NaN value, so that the run list, the run
+  card and ``dtwork runs show`` read a few rows however long the run was.
+* ``rollups``: per bucket of ``10 ** level`` steps, per cell, name and rank, the count, sum, min and
+  max of the finite values (and the steps where min and max fell, the bucket's time span and last
+  value). A level is kept while the run spans at most ``KEEP_BUCKETS`` of its buckets, the coarsest
+  always, so a figure of any range reads at most a screen's width of buckets with every spike.
+* The raw window: ``perf`` and ``gpu`` rows (the ranks' timings and GPU telemetry) are kept at full
+  resolution for each series' last ``RAW_ROWS`` rows only; older ones live on in the rollups. User
+  metrics (``ctx.log``, GNS, adaptive decisions, scaling estimates) are kept at every step, always.
+
+A run with fewer rows than these bounds reads exactly the raw rows it always did.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from dtwork.store.schema import NAN_TEXT
+
+__all__ = [
+    "AGGREGATED_RANK",
+    "KEEP_BUCKETS",
+    "LEVELS",
+    "PRUNED_KINDS",
+    "RAW_ROWS",
+    "Bucket",
+    "fold",
+    "width",
+]
+
+LEVELS = (1, 2, 3, 4)  # bucket widths 10, 100, 1000 and 10000 steps
+KEEP_BUCKETS = 2000  # a level is kept while the run spans at most this many of its buckets
+RAW_ROWS = 3000  # perf and gpu rows kept at full resolution, per series
+PRUNE_EVERY = 500  # a series' raw window is trimmed each time it grows by this many rows
+PRUNED_KINDS = ("perf", "gpu")
+AGGREGATED_RANK = -1  # rank NULL (aggregated over ranks) as the rollup and series keys store it
+NO_CELL = 0  # cell_seq NULL as the rollup key stores it (cells are numbered from 1)
+
+# (run_id, cell_seq, kind, step, rank, name, value, time): a metric row as metrics.add inserts it
+InsertedRow = tuple[int, "int | None", str, int, "int | None", str, "float | str | None", float]
+
+
+def width(level: int) -> int:
+    """Steps per bucket at ``level``."""
+    return int(10**level)
+
+
+def active_levels(span: int) -> list[int]:
+    """The levels kept for a run spanning ``span`` steps (the coarsest always)."""
+    return [lv for lv in LEVELS if lv == LEVELS[-1] or span < width(lv) * KEEP_BUCKETS]
+
+
+class Bucket(NamedTuple):
+    """One rollup row as read back: a bucket of one series at one level."""
+
+    name: str
+    kind: str
+    rank: int | None
+    cell_seq: int | None
+    bucket: int
+    n: int
+    total: float
+    lo: float
+    hi: float
+    lo_step: int
+    hi_step: int
+    first_time: float
+    last_time: float
+    last_step: int
+    last: float
+
+
+_FINEST = width(LEVELS[0])
+
+
+class _Agg:
+    """One bucket's aggregate of finite values, as a batch builds it."""
+
+    __slots__ = ("hi", "hi_step", "kind", "last", "last_step", "lo", "lo_step", "n", "t0", "t1", "total")
+
+    def __init__(self, kind: str, step: int, value: float, stamp: float) -> None:
+        self.kind, self.n, self.total = kind, 1, value
+        self.lo = self.hi = self.last = value
+        self.lo_step = self.hi_step = self.last_step = step
+        self.t0 = self.t1 = stamp
+
+    def add(self, step: int, value: float, stamp: float) -> None:
+        self.n += 1
+        self.total += value
+        if value < self.lo:
+            self.lo, self.lo_step = value, step
+        if value > self.hi:
+            self.hi, self.hi_step = value, step
+        if stamp < self.t0:
+            self.t0 = stamp
+        if stamp > self.t1:
+            self.t1 = stamp
+        if step >= self.last_step:
+            self.last_step, self.last = step, value
+
+    def merge(self, o: _Agg) -> None:
+        """Take in another bucket's aggregate, of later rows (a tie of steps goes to ``o``)."""
+        self.n += o.n
+        self.total += o.total
+        if o.lo < self.lo:
+            self.lo, self.lo_step = o.lo, o.lo_step
+        if o.hi > self.hi:
+            self.hi, self.hi_step = o.hi, o.hi_step
+        self.t0, self.t1 = min(self.t0, o.t0), max(self.t1, o.t1)
+        if o.last_step >= self.last_step:
+            self.last_step, self.last = o.last_step, o.last
+
+    def copy(self) -> _Agg:
+        new = _Agg.__new__(_Agg)
+        for name in _Agg.__slots__:
+            setattr(new, name, getattr(self, name))
+        return new
+
+    def row(self) -> tuple[object, ...]:
+        """The values of a rollup row, in the upsert's order."""
+        return (
+            self.kind,
+            self.n,
+            self.total,
+            self.lo,
+            self.hi,
+            self.lo_step,
+            self.hi_step,
+            self.t0,
+            self.t1,
+            self.last_step,
+            self.last,
+        )
+
+
+class _Series:
+    """A series' summary as the ``series`` table holds it, updated row by row."""
+
+    __slots__ = ("first", "hi", "kind", "last_step", "last_time", "last_value", "lo", "n", "n0", "raw_from")
+
+    def __init__(self, kind: str, row: sqlite3.Row | None = None) -> None:
+        self.kind = kind
+        self.n = self.n0 = 0
+        self.first: int | None = None
+        self.last_step: int | None = None
+        self.last_value: float | str | None = None
+        self.last_time: float | None = None
+        self.lo: float | None = None
+        self.hi: float | None = None
+        self.raw_from = 0
+        if row is not None:
+            self.n = self.n0 = int(row["n"])
+            self.first, self.last_step = row["first_step"], row["last_step"]
+            self.last_value, self.last_time = row["last_value"], row["last_time"]
+            self.lo, self.hi, self.raw_from = row["lo"], row["hi"], int(row["raw_from"])
+
+    def add(self, step: int, value: float | str | None, stamp: float) -> None:
+        self.n += 1
+        self.first = step if self.first is None else min(self.first, step)
+        if self.last_step is None or step >= self.last_step:  # the last written of the highest step
+            self.last_step, self.last_value, self.last_time = step, value, stamp
+        if isinstance(value, float) and not math.isnan(value):
+            self.lo = value if self.lo is None else min(self.lo, value)
+            self.hi = value if self.hi is None else max(self.hi, value)
+
+
+_SERIES_UPSERT = """
+INSERT INTO series (run_id, name, rank, kind, n, first_step, last_step, last_value, last_time, lo, hi,
+    raw_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (run_id, name, rank) DO UPDATE SET n = excluded.n, first_step = excluded.first_step,
+    last_step = excluded.last_step, last_value = excluded.last_value, last_time = excluded.last_time,
+    lo = excluded.lo, hi = excluded.hi, raw_from = excluded.raw_from
+"""
+
+# Every right-hand side reads the row as it was: min and max steps follow their values.
+_ROLLUP_UPSERT = """
+INSERT INTO rollups (run_id, name, level, cell_seq, rank, bucket, kind, n, total, lo, hi, lo_step,
+    hi_step, first_time, last_time, last_step, last) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (run_id, name, level, cell_seq, rank, bucket) DO UPDATE SET
+    n = n + excluded.n, total = total + excluded.total,
+    lo_step = CASE WHEN excluded.lo < lo THEN excluded.lo_step ELSE lo_step END,
+    lo = MIN(lo, excluded.lo),
+    hi_step = CASE WHEN excluded.hi > hi THEN excluded.hi_step ELSE hi_step END,
+    hi = MAX(hi, excluded.hi),
+    first_time = MIN(first_time, excluded.first_time), last_time = MAX(last_time, excluded.last_time),
+    last = CASE WHEN excluded.last_step >= last_step THEN excluded.last ELSE last END,
+    last_step = MAX(last_step, excluded.last_step)
+"""
+
+
+def _span(series: Iterable[_Series]) -> int:
+    firsts = [s.first for s in series if s.first is not None]
+    lasts = [s.last_step for s in series if s.last_step is not None]
+    return (max(lasts) - min(firsts)) if firsts else 0
+
+
+def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow]) -> None:
+    """Bring the run's series, rollups and raw window up to date with ``rows`` (just inserted),
+    inside the caller's write transaction."""
+    if not rows:
+        return
+    known: dict[tuple[str, int], _Series] = {}
+    for row in cur.execute(
+        "SELECT name, rank, kind, n, first_step, last_step, last_value, last_time, lo, hi, raw_from "
+        "FROM series WHERE run_id = ?",
+        (run_id,),
+    ).fetchall():
+        known[(row["name"], row["rank"])] = _Series(row["kind"], row)
+    span_before = _span(known.values())
+    fine: dict[tuple[str, int, int, int], _Agg] = {}  # by the finest buckets first: one update a row
+    touched: dict[tuple[str, int], _Series] = {}
+    levels = active_levels(span_before)
+    for _, cell_seq, kind, step, rank, name, value, stamp in rows:
+        key = (name, AGGREGATED_RANK if rank is None else rank)
+        s = known.get(key)
+        if s is None:
+            s = known[key] = _Series(kind)
+        s.add(step, value, stamp)
+        touched[key] = s
+        if not isinstance(value, float) or not math.isfinite(value):
+            continue  # rollups aggregate finite values; the raw row keeps a NaN or an infinity
+        at = (name, NO_CELL if cell_seq is None else cell_seq, key[1], step // _FINEST)
+        b = fine.get(at)
+        if b is None:
+            fine[at] = _Agg(kind, step, value, stamp)
+        else:
+            b.add(step, value, stamp)
+    buckets: dict[tuple[str, int, int, int, int], _Agg] = {}
+    for (name, cell, rank, b10), agg in fine.items():
+        for lv in levels:
+            k = (name, lv, cell, rank, b10 // (width(lv) // _FINEST))
+            if (into := buckets.get(k)) is None:
+                buckets[k] = agg.copy()
+            else:
+                into.merge(agg)
+    cur.executemany(_ROLLUP_UPSERT, [(run_id, *k, *v.row()) for k, v in buckets.items()])
+    for (name, rank), s in touched.items():
+        if s.kind in PRUNED_KINDS and s.n > RAW_ROWS and s.n // PRUNE_EVERY > s.n0 // PRUNE_EVERY:
+            s.raw_from = _trim(cur, run_id, name, rank, s.raw_from)
+    cur.executemany(
+        _SERIES_UPSERT,
+        [
+            (
+                run_id,
+                name,
+                rank,
+                s.kind,
+                s.n,
+                s.first,
+                s.last_step,
+                s.last_value,
+                s.last_time,
+                s.lo,
+                s.hi,
+                s.raw_from,
+            )
+            for (name, rank), s in touched.items()
+        ],
+    )
+    for lv in set(levels) - set(active_levels(_span(known.values()))):
+        cur.execute("DELETE FROM rollups WHERE run_id = ? AND level = ?", (run_id, lv))
+
+
+def _trim(cur: sqlite3.Cursor, run_id: int, name: str, rank: int, raw_from: int) -> int:
+    """Delete the series' raw rows before its last ``RAW_ROWS``; return the first step kept."""
+    row = cur.execute(
+        "SELECT step FROM metrics WHERE run_id = ? AND name = ? AND rank = ? "
+        "ORDER BY step DESC LIMIT 1 OFFSET ?",
+        (run_id, name, rank, RAW_ROWS - 1),
+    ).fetchone()
+    if row is None or int(row[0]) <= raw_from:
+        return raw_from
+    cut = int(row[0])
+    cur.execute(
+        "DELETE FROM metrics WHERE run_id = ? AND name = ? AND rank = ? AND step < ?",
+        (run_id, name, rank, cut),
+    )
+    return cut
+
+
+def backfill(cur: sqlite3.Cursor, chunk: int = 50_000) -> None:
+    """Build the series and rollups of every run from the rows a store of an older version holds
+    (its upgrade), trimming perf and gpu rows to the raw window; user metrics are all kept."""
+    last = 0
+    while True:
+        got = cur.execute(
+            "SELECT rowid, run_id, cell_seq, kind, step, rank, name, value, time FROM metrics "
+            "WHERE rowid > ? ORDER BY rowid LIMIT ?",
+            (last, chunk),
+        ).fetchall()
+        if not got:
+            return
+        last = int(got[-1][0])
+        by_run: dict[int, list[InsertedRow]] = {}
+        for r in got:
+            by_run.setdefault(int(r["run_id"]), []).append(_stored(r))
+        for run_id, rows in by_run.items():
+            fold(cur, run_id, rows)
+
+
+def _stored(r: sqlite3.Row) -> InsertedRow:
+    value = r["value"]
+    value = value if value == NAN_TEXT or value is None else float(value)
+    stamp = 0.0 if r["time"] is None else float(r["time"])
+    return (
+        int(r["run_id"]),
+        r["cell_seq"],
+        str(r["kind"]),
+        int(r["step"]),
+        r["rank"],
+        str(r["name"]),
+        value,
+        stamp,
+    )

@@ -1,0 +1,222 @@
+"""Reads that cost what they show: series summaries, a metric's points, a figure's rows.
+
+Each reads the raw rows while they are few and complete (a short run reads exactly as it always
+did), else the rollups of :mod:`dtwork.store.rollups` at the finest level that fits the points asked
+for: a bucket gives its mean as a point, and to a figure its min and max, so spikes stay visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, TypedDict, cast
+
+from dtwork.store import metrics as metric_rows
+from dtwork.store.db import Database, SqlValue
+from dtwork.store.rollups import AGGREGATED_RANK, LEVELS, NO_CELL, Bucket, active_levels, width
+from dtwork.store.rows import MetricRow
+from dtwork.store.schema import stored_float
+
+__all__ = ["FULL_READ_ROWS", "SeriesSummary", "figure_rows", "last_step", "points", "summaries"]
+
+FULL_READ_ROWS = 20_000  # up to this many rows a reader takes the raw rows
+FIGURE_BUCKETS = 500  # buckets per series in a figure: each gives two points, its min and its max
+FIGURE_ROWS = 12_000  # rows of a figure in all, ranks' series included
+MIN_BUCKETS = 50
+JOIN = 4  # a figure reads up to this many buckets per one it draws
+
+
+class SeriesSummary(TypedDict):
+    """One series (a name and a rank, None: aggregated) of a run, as the ``series`` table keeps it."""
+
+    name: str
+    rank: int | None
+    kind: str
+    n: int
+    first_step: int
+    last_step: int
+    last_value: float | None  # the last written value at the highest step (NaN and None as stored)
+    last_time: float | None
+    lo: float | None  # the least and greatest non-NaN value
+    hi: float | None
+    raw_from: int  # perf and gpu rows before this step live in the rollups only (0: none trimmed)
+
+
+def summaries(db: Database, run_id: int) -> list[SeriesSummary]:
+    """Every series of the run, by name then rank (aggregated first)."""
+    rows = db.query(
+        "SELECT name, rank, kind, n, first_step, last_step, last_value, last_time, lo, hi, raw_from "
+        "FROM series WHERE run_id = ? ORDER BY name, rank",
+        (run_id,),
+    )
+    for row in rows:
+        row["rank"] = None if row["rank"] == AGGREGATED_RANK else row["rank"]
+        row["last_value"] = stored_float(row["last_value"])
+    return cast("list[SeriesSummary]", rows)
+
+
+def _buckets(
+    db: Database, run_id: int, names: Sequence[str], level: int, where: str, params: list[SqlValue]
+) -> list[Bucket]:
+    marks = ", ".join("?" * len(names))
+    rows = db.query(
+        "SELECT name, kind, rank, cell_seq, bucket, n, total, lo, hi, lo_step, hi_step, first_time, last_time, "
+        f"last_step, last FROM rollups WHERE run_id = ? AND name IN ({marks}) AND level = ?{where} "
+        "ORDER BY bucket",
+        [run_id, *names, level, *params],
+    )
+    out = []
+    for r in rows:
+        r["rank"] = None if r["rank"] == AGGREGATED_RANK else r["rank"]
+        r["cell_seq"] = None if r["cell_seq"] == NO_CELL else r["cell_seq"]
+        out.append(Bucket(**r))  # type: ignore[arg-type]
+    return out
+
+
+def _level(span: int, run_span: int, most: int) -> int:
+    """The finest level kept for the run whose buckets over ``span`` steps number at most ``most``."""
+    kept = active_levels(run_span)
+    return next((lv for lv in kept if span // width(lv) + 1 <= most), kept[-1])
+
+
+def _merged(buckets: list[Bucket], k: int = 1) -> list[Bucket]:
+    """One bucket per (name, rank, bucket // k): the cells' buckets of the same steps joined, and
+    ``k`` neighbours into one (numbered ``bucket // k``)."""
+    out: dict[tuple[str, int | None, int], Bucket] = {}
+    for b in buckets:
+        key = (b.name, b.rank, b.bucket // k)
+        a = out.get(key)
+        if a is None:
+            out[key] = b._replace(bucket=b.bucket // k)
+            continue
+        lo, lo_step = (a.lo, a.lo_step) if a.lo <= b.lo else (b.lo, b.lo_step)
+        hi, hi_step = (a.hi, a.hi_step) if a.hi >= b.hi else (b.hi, b.hi_step)
+        last_step, last = (a.last_step, a.last) if a.last_step > b.last_step else (b.last_step, b.last)
+        out[key] = a._replace(
+            n=a.n + b.n,
+            total=a.total + b.total,
+            lo=lo,
+            hi=hi,
+            lo_step=lo_step,
+            hi_step=hi_step,
+            first_time=min(a.first_time, b.first_time),
+            last_time=max(a.last_time, b.last_time),
+            last_step=last_step,
+            last=last,
+        )
+    return list(out.values())
+
+
+def points(
+    db: Database, run_id: int, name: str, rank: int | None, most: int
+) -> tuple[int, list[tuple[int, float | None, float | None]]]:
+    """``(total, [(step, value, time), ...])`` of one series, at most about ``most`` points when it
+    is long (bucket means at their last step and time; a caller may thin further): total counts its
+    rows."""
+    key = AGGREGATED_RANK if rank is None else rank
+    found = db.query(
+        "SELECT n, first_step, last_step, raw_from FROM series WHERE run_id = ? AND name = ? AND rank = ?",
+        (run_id, name, key),
+    )
+    if not found:
+        return 0, []
+    s = found[0]
+    total = int(cast(int, s["n"]))
+    if total <= FULL_READ_ROWS and not s["raw_from"]:
+        rows = metric_rows.select(db, run_id, name, rank="aggregated" if rank is None else rank)
+        return total, [(r["step"], r["value"], r["time"]) for r in rows]
+    span = int(cast(int, s["last_step"])) - int(cast(int, s["first_step"]))
+    level = _level(span, _run_span(db, run_id), most)
+    buckets = _merged(_buckets(db, run_id, [name], level, " AND rank = ?", [key]))
+    buckets.sort(key=lambda b: b.bucket)
+    return total, [(b.last_step, b.total / b.n, b.last_time) for b in buckets]
+
+
+def last_step(db: Database, run_id: int, cell: int | None) -> int | None:
+    """The highest step the run (or its cell ``cell``) logged."""
+    if cell is None:
+        row = db.query("SELECT MAX(last_step) AS s FROM series WHERE run_id = ?", (run_id,))[0]
+    else:
+        found = db.query("SELECT name, n FROM series WHERE run_id = ?", (run_id,))
+        names, total = [str(r["name"]) for r in found], sum(int(cast(int, r["n"])) for r in found)
+        marks = ", ".join("?" * len(names))
+        row = db.query(
+            f"SELECT MAX(last_step) AS s FROM rollups WHERE run_id = ? AND name IN ({marks}) AND level = ? "
+            "AND cell_seq = ?",
+            [run_id, *names, LEVELS[-1], int(cell)],
+        )[0]
+        if total <= FULL_READ_ROWS or row["s"] is None:  # a short run's: non-finite values count too
+            sql = "SELECT MAX(step) AS s FROM metrics WHERE run_id = ? AND cell_seq = ?"
+            row = db.query(sql, (run_id, cell))[0]
+    return None if row["s"] is None else int(cast(int, row["s"]))
+
+
+def _run_span(db: Database, run_id: int) -> int:
+    row = db.query(
+        "SELECT MIN(first_step) AS a, MAX(last_step) AS b FROM series WHERE run_id = ?", (run_id,)
+    )[0]
+    return 0 if row["a"] is None else int(cast(int, row["b"])) - int(cast(int, row["a"]))
+
+
+def figure_rows(
+    db: Database,
+    run_id: int,
+    *,
+    cell: int | None = None,
+    rank: Literal["aggregated", "all"] = "all",
+    most: int = FIGURE_BUCKETS,
+) -> list[MetricRow]:
+    """The rows a figure of the run (or of one of its cells) draws, ordered as ``metrics.select``:
+    the raw rows while they are few and none was trimmed, else each bucket's min and max at two
+    fixed steps of the bucket (the same for every rank, so means over ranks stay aligned)."""
+    series = [s for s in summaries(db, run_id) if rank == "all" or s["rank"] is None]
+    names = sorted({s["name"] for s in series})
+    if not names:
+        return []
+    where, params = (" AND rank = ?", [AGGREGATED_RANK]) if rank == "aggregated" else ("", [])
+    if cell is not None:
+        where, params = where + " AND cell_seq = ?", [*params, int(cell)]
+    coarse = _buckets(db, run_id, names, LEVELS[-1], where, list(params))
+    total = sum(b.n for b in coarse) if cell is not None else sum(s["n"] for s in series)
+    if not coarse or (total <= FULL_READ_ROWS and not any(s["raw_from"] for s in series)):
+        return metric_rows.select(db, run_id, rank=rank, cell=cell)
+    # the steps drawn: from the earliest extreme of the first buckets to the last step (near enough)
+    span = max(b.last_step for b in coarse) - min(min(b.lo_step, b.hi_step) for b in coarse)
+    most = max(MIN_BUCKETS, min(most, FIGURE_ROWS // (2 * len(series))))  # many ranks: fewer buckets each
+    level = _level(span, _run_span(db, run_id), most * JOIN)
+    k = -(-(span // width(level) + 1) // most)  # neighbours joined: the levels are 10x apart
+    w = width(level) * k
+    buckets = _merged(_buckets(db, run_id, names, level, where, list(params)), k)
+    out: list[MetricRow] = []
+    for b in buckets:
+        ends = [(b.lo_step, b.lo), (b.hi_step, b.hi)]
+        ends.sort(key=lambda e: e[0])
+        late = min(b.bucket * w + (3 * w) // 4, b.last_step)  # a bucket still filling ends at its last step
+        at = (min(b.bucket * w + w // 4, late), late)
+        for (_, value), step, stamp in zip(ends, at, (b.first_time, b.last_time), strict=True):
+            out.append(
+                {
+                    "run_id": run_id,
+                    "cell_seq": b.cell_seq,
+                    "kind": b.kind,
+                    "step": step,
+                    "rank": b.rank,
+                    "name": b.name,
+                    "value": value,
+                    "time": stamp,
+                }
+            )
+    if cell is None:  # the run's last values close its figure, as its raw rows would
+        for b in _last_buckets(buckets):
+            row = {**out[0], "cell_seq": b.cell_seq, "kind": b.kind, "rank": b.rank, "name": b.name}
+            out.append({**row, "step": b.last_step, "value": b.last, "time": b.last_time})  # type: ignore[typeddict-item]
+    out.sort(key=lambda r: (r["step"], r["rank"] is not None, r["rank"] or 0))
+    return out
+
+
+def _last_buckets(buckets: list[Bucket]) -> list[Bucket]:
+    """Each series' last bucket."""
+    last: dict[tuple[str, int | None], Bucket] = {}
+    for b in buckets:
+        if (key := (b.name, b.rank)) not in last or b.bucket > last[key].bucket:
+            last[key] = b
+    return list(last.values())
