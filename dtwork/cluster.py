@@ -22,6 +22,7 @@ from dtwork.kernel.engines import EngineGroup
 from dtwork.kernel.replies import ClusterStatus, EngineReply
 from dtwork.kernel.session import Session
 from dtwork.kernel.spec import DEFAULT_TIMEOUT, ClusterSpec, ConfigSource
+from dtwork.kernel.stacks import RankStacks
 from dtwork.kernel.watcher import CellResult
 from dtwork.launch import rendezvous
 from dtwork.store.runs import store_path
@@ -233,6 +234,12 @@ class Cluster:
         """Send a signal to the ranks' engine processes (through ipyparallel)."""
         self.refresh()
         self.engines.signal(signum, ranks)
+
+    def stacks(self, ranks: list[int] | None = None) -> RankStacks:
+        """Every rank's Python stacks now, ranks alike grouped; answers while ranks are blocked in
+        a collective (``print`` it, or ``.summary()`` for one line)."""
+        self.refresh()
+        return self.engines.stacks(ranks)
 
     # -- facts (the engine group's, read through) ---------------------------------------------
 

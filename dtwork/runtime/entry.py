@@ -380,6 +380,13 @@ def set_cell_ranks(ranks: list[int]) -> None:
     control.set_next_cell_ranks(ranks)
 
 
+def serve_stacks(token: str, address: str) -> int:
+    """Answer the kernel's stack requests on ``address`` from a thread of this rank; the port."""
+    from dtwork.runtime.debug import stacks
+
+    return stacks.serve(token, address)
+
+
 def reload_modules(folder: str) -> list[str]:
     """Reload the modules from the notebook's ``folder`` edited since they were loaded (before a cell)."""
     from dtwork.runtime.scripts import autoreload

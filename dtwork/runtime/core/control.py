@@ -47,6 +47,11 @@ def install() -> None:
 _left_step: list[int] = []  # the step at which ctx.steps was left by an error, in this cell
 
 
+def in_cell() -> bool:
+    """Whether a cell is running on this rank now."""
+    return _in_cell.is_set()
+
+
 def _cell_starts() -> None:
     _left_step.clear()
     _in_cell.set()
