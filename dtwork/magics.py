@@ -48,6 +48,8 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
                   sweep DDP bucket sizes, write the best into the config
   gns [--dataset-size N]
                   the gradient noise scale and batch-size advice of the current run
+  stacks [--ranks 0,1] [--all]
+                  every rank's Python stack now (works while a cell hangs in a collective)
   report [PATH.ipynb] [--run ID] [--html] [--verify]
                   export a run as a notebook that re-runs to the same numbers
 
@@ -187,6 +189,13 @@ def _gns_parser() -> _Parser:
     return p
 
 
+def _stacks_parser() -> _Parser:
+    p = _parser("stacks")
+    p.add_argument("--ranks", default=None)
+    p.add_argument("--all", dest="all_threads", action="store_true")
+    return p
+
+
 def _bare(name: str) -> Callable[[], _Parser]:
     """The parser of a subcommand that takes no options."""
     return lambda: _parser(name)
@@ -208,6 +217,7 @@ PARSERS: dict[str, Callable[[], _Parser]] = {
     "throughput": _throughput_parser,
     "tune": _tune_parser,
     "gns": _gns_parser,
+    "stacks": _stacks_parser,
 }
 
 
@@ -446,6 +456,14 @@ class DtrainMagics(Magics):
 
         ns = _gns_parser().parse_args(argv)
         commands.gns_advice(current(), dataset_size=ns.dataset_size)
+        return None
+
+    def _sub_stacks(self, argv: list[str]) -> None:
+        from dtwork import commands
+
+        ns = _stacks_parser().parse_args(argv)
+        ranks = _int_list(ns.ranks) if ns.ranks else None
+        commands.show_stacks(current(), ranks, all_threads=ns.all_threads)
         return None
 
     # -- the cell magic ----------------------------------------------------------------------

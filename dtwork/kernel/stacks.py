@@ -122,7 +122,11 @@ def from_cell_down(frames: list[Frame]) -> list[Frame]:
 
 def _where(frame: Frame, cell: object) -> str:
     if frame.get("cell"):
-        return f"cell line {frame['line']}" if frame["cell"] == cell else f"cell {frame['cell']} line {frame['line']}"
+        return (
+            f"cell line {frame['line']}"
+            if frame["cell"] == cell
+            else f"cell {frame['cell']} line {frame['line']}"
+        )
     path = str(frame["file"])
     inside = re.split(r"[/\\](?:site|dist)-packages[/\\]", path)
     short = inside[-1] if len(inside) > 1 else os.path.relpath(path) if path.startswith(os.getcwd()) else path
@@ -187,6 +191,16 @@ class RankStacks:
             out.setdefault(_doing(self.by_rank[rank]), []).append(rank)
         return [(ranks, summary, lines) for (summary, lines), ranks in out.items()]
 
+    def waiting(self) -> list[int]:
+        """The ranks whose main thread is inside a collective."""
+        out = []
+        for rank, snap in sorted(self.by_rank.items()):
+            if not isinstance(snap, str) and any(
+                t.get("main") and t.get("collective") for t in _threads(snap)
+            ):
+                out.append(rank)
+        return out
+
     def summary(self) -> str:
         """One line: "ranks 0,2,3: all_reduce float32[4] at cell line 7; rank 1: cell line 12"."""
         return "; ".join(f"{_ranks(ranks)}: {what}" for ranks, what, _ in self.groups())
@@ -194,7 +208,9 @@ class RankStacks:
     def text(self, all_threads: bool = False) -> str:
         """Each group's main-thread stack from the cell down, then the user's other threads
         (``all_threads``: every thread, the libraries' included)."""
-        out = [f"dtwork: stacks of {_ranks(sorted(self.by_rank))} (main thread from the cell down, innermost last)"]
+        out = [
+            f"dtwork: stacks of {_ranks(sorted(self.by_rank))} (main thread from the cell down, innermost last)"
+        ]
         for ranks, what, lines in self.groups():
             out.append(f"{_ranks(ranks)}: {what}")
             out.extend(f"    {line}" for line in lines)
@@ -213,7 +229,9 @@ class RankStacks:
                 out.append(f"rank {rank}, thread {thread.get('name')!r}:")
                 out.extend(f"    {line}" for line in _lines(frames))
         if hidden:
-            out.append(f"({hidden} threads of ipykernel, ipyparallel and dtwork not shown: stacks(all_threads=True))")
+            out.append(
+                f"({hidden} threads of ipykernel, ipyparallel and dtwork not shown: stacks(all_threads=True))"
+            )
         return "\n".join(out)
 
     def __str__(self) -> str:

@@ -153,7 +153,9 @@ def collective(frame: FrameType | None) -> Collective | None:
         filename = frame.f_code.co_filename
         if filename.endswith(_C10D) and not frame.f_code.co_name.startswith("_"):
             found = {"op": frame.f_code.co_name, "tensor": _tensor(frame)}
-        elif found is None and filename.endswith(_BACKWARD) and frame.f_code.co_name == "_engine_run_backward":
+        elif (
+            found is None and filename.endswith(_BACKWARD) and frame.f_code.co_name == "_engine_run_backward"
+        ):
             found = {"op": "backward (DDP's gradient all-reduce, in C++)", "tensor": None}
         frame = frame.f_back
     return found

@@ -1,0 +1,79 @@
+"""Seeing inside hung ranks: every rank's stack while one waits in a collective the other never reaches."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+# Rank 1 waits in an all_reduce (line 3) while rank 0 waits for a file (line 7) and only then joins it.
+HANG = """import os, time, torch, torch.distributed as dist
+if ctx.rank == 1:
+    dist.all_reduce(torch.ones(2))
+else:
+    deadline = time.time() + 40
+    while not os.path.exists(RELEASE) and time.time() < deadline:
+        time.sleep(0.02)
+    dist.all_reduce(torch.ones(2))
+"""
+
+
+def _hang(release: Path) -> str:
+    return HANG.replace("RELEASE", repr(str(release)))
+
+
+def test_stacks_name_each_rank_s_line_and_collective_while_one_hangs(
+    ip: Any, tmp_path: Path, capsys: Any
+) -> None:
+    from dtwork import cluster as clusters
+
+    cluster = clusters.current()
+    release = tmp_path / "release"
+    cluster.run(_hang(release), bg=True, quiet=True)
+    try:
+        deadline = time.monotonic() + 30  # the cell reaches its lines (a loaded machine may take seconds)
+        while time.monotonic() < deadline and cluster.stacks().waiting() != [1]:
+            time.sleep(0.1)
+        capsys.readouterr()
+        t0 = time.monotonic()
+        ip.run_line_magic("dtrain", "stacks")
+        took = time.monotonic() - t0
+        out = capsys.readouterr().out
+    finally:
+        release.touch()
+        result = cluster.session.wait_background()
+    assert took < 5, f"%dtrain stacks took {took:.1f} s"
+    assert "rank 0: cell line 7\n" in out, out
+    assert "rank 1: all_reduce float32[2] at cell line 3\n" in out, out
+    assert "    cell line 3: dist.all_reduce(torch.ones(2))" in out, out
+    assert result is not None and result.ok
+
+
+def test_a_hung_foreground_cell_shows_the_stacks_by_itself(cluster: Any, tmp_path: Path, capsys: Any) -> None:
+    release = tmp_path / "release"
+    shown = threading.Event()
+    event = cluster.session.event
+
+    def on_event(kind: str, message: str, data: Any = None) -> None:
+        event(kind, message, data)
+        if kind == "stacks":  # what the notebook has just shown lets rank 0 go on
+            shown.set()
+            release.touch()
+
+    cluster.session.event = on_event
+    cluster.session.stall_seconds = 2.0
+    t0 = time.monotonic()
+    try:
+        result = cluster.run(_hang(release), quiet=True)
+    finally:
+        cluster.session.stall_seconds = 60.0
+        del cluster.session.event
+    err = capsys.readouterr().err
+    assert shown.is_set(), f"no stacks shown by the hang detector: {err}"
+    assert time.monotonic() - t0 < 60
+    assert (
+        "dtwork: no progress for" in err and "rank 1 waits in a collective that rank 0 did not reach" in err
+    )
+    assert "rank 0: cell line 7\n" in err and "rank 1: all_reduce float32[2] at cell line 3\n" in err, err
+    assert result.ok
