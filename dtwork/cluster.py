@@ -235,6 +235,18 @@ class Cluster:
         self.refresh()
         self.engines.signal(signum, ranks)
 
+    def check_collectives(self, on: bool = True) -> None:
+        """Check every collective across the ranks before it runs (torch's DETAIL debug level): a
+        mismatched op or shape fails at once on every rank, naming each rank's op, shape and line.
+        It slows each collective (docs/benchmarks.md): leave it off for long training."""
+        self.refresh()
+        self.engines.check_collectives(on)
+
+    @property
+    def checks_collectives(self) -> bool:
+        """Whether collectives are checked across the ranks before they run."""
+        return self.engines.checks_collectives
+
     def stacks(self, ranks: list[int] | None = None) -> RankStacks:
         """Every rank's Python stacks now, ranks alike grouped; answers while ranks are blocked in
         a collective (``print`` it, or ``.summary()`` for one line)."""

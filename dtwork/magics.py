@@ -48,6 +48,8 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
                   sweep DDP bucket sizes, write the best into the config
   gns [--dataset-size N]
                   the gradient noise scale and batch-size advice of the current run
+  collectives [on|off]
+                  check every collective's op and shapes across the ranks before it runs (off)
   stacks [--ranks 0,1] [--all]
                   every rank's Python stack now (works while a cell hangs in a collective)
   report [PATH.ipynb] [--run ID] [--html] [--verify]
@@ -189,6 +191,12 @@ def _gns_parser() -> _Parser:
     return p
 
 
+def _collectives_parser() -> _Parser:
+    p = _parser("collectives")
+    p.add_argument("state", nargs="?", choices=["on", "off"])
+    return p
+
+
 def _stacks_parser() -> _Parser:
     p = _parser("stacks")
     p.add_argument("--ranks", default=None)
@@ -218,6 +226,7 @@ PARSERS: dict[str, Callable[[], _Parser]] = {
     "tune": _tune_parser,
     "gns": _gns_parser,
     "stacks": _stacks_parser,
+    "collectives": _collectives_parser,
 }
 
 
@@ -456,6 +465,15 @@ class DtrainMagics(Magics):
 
         ns = _gns_parser().parse_args(argv)
         commands.gns_advice(current(), dataset_size=ns.dataset_size)
+        return None
+
+    def _sub_collectives(self, argv: list[str]) -> None:
+        ns = _collectives_parser().parse_args(argv)
+        cluster = current()
+        if ns.state is not None:
+            cluster.check_collectives(ns.state == "on")
+        checked = "checked across the ranks before they run" if cluster.checks_collectives else "not checked"
+        print(f"dtwork: collectives are {checked} (%dtrain collectives on|off)")
         return None
 
     def _sub_stacks(self, argv: list[str]) -> None:

@@ -96,6 +96,7 @@ class EngineGroup:
         self._reaper: subprocess.Popen[bytes] | None = None
         self._listeners: list[Callable[[str], None]] = []
         self.health = RankHealth(self)  # which ranks' engines are gone, and why
+        self.checks_collectives = False  # kept across restarts: fresh engines check again
 
     @property
     def profile(self) -> str | None:
@@ -224,6 +225,8 @@ class EngineGroup:
         ]
         self.global_batch_size = joined.rank_info[0].get("global_batch_size")  # the batch used
         joined.stacks = rank_stacks.arm(client, joined.rank_info, probes, iface)
+        if self.checks_collectives:
+            self.check_collectives(True)
         calls.show_warnings(notes)
 
     def _register(self) -> None:
@@ -425,6 +428,11 @@ class EngineGroup:
     def pull(self, name: str, ranks: list[int] | None = None) -> list[object]:
         """Fetch a variable from every rank: a list by rank."""
         return calls.pull_by_rank(self.view(ranks), name)
+
+    def check_collectives(self, on: bool) -> None:
+        """Have every rank compare each collective's op and shapes with the others' before it runs."""
+        self.checks_collectives = on
+        self.view().apply_sync(entry.check_collectives, on)
 
     def stacks(self, ranks: list[int] | None = None) -> RankStacks:
         """Every rank's Python stacks, asked on a side channel (answers while a rank is blocked)."""

@@ -26,6 +26,7 @@ from dtwork.kernel.progress import Progress, ProgressWatch
 from dtwork.kernel.stacks import RankStacks
 from dtwork.kernel.tracebacks import (
     ANSI,
+    collective_mismatch,
     error_line,
     left_after_peer,
     remote_traceback,
@@ -423,9 +424,11 @@ class CellWatcher:
         """One traceback (the first failing rank's) plus one status line per other rank."""
         errs = self.result.errors
         first = min(errs, key=lambda r: (r not in self.dead, left_after_peer(errs[r]), r))  # the cause first
+        mismatch = collective_mismatch(errs)
         lines = [
             f"dtwork: the cell failed on rank {first}"
             + (f" ({self.result.message})" if self.result.message else "")
+            + (f": {mismatch[0]}" if mismatch else "")
         ]
         whole = remote_traceback(errs[first])
         short, changed = short_traceback(whole)
@@ -441,7 +444,9 @@ class CellWatcher:
         for rank in self.ranks:
             if rank == first:
                 continue
-            if rank in errs and left_after_peer(errs[rank]) and not left_after_peer(errs[first]):
+            if mismatch and rank in mismatch[1]:
+                lines.append(f"rank {rank}: the same mismatch")
+            elif rank in errs and left_after_peer(errs[rank]) and not left_after_peer(errs[first]):
                 lines.append(f"rank {rank}: left its collective when rank {first} failed")
             elif rank in errs:
                 lines.append(f"rank {rank}: {error_line(errs[rank])}")

@@ -380,6 +380,13 @@ def set_cell_ranks(ranks: list[int]) -> None:
     control.set_next_cell_ranks(ranks)
 
 
+def check_collectives(on: bool) -> None:
+    """Compare every collective's op and shapes across the ranks before it runs (``on``), or not."""
+    from dtwork.runtime.core import group
+
+    group.check_collectives(on)
+
+
 def serve_stacks(token: str, address: str) -> int:
     """Answer the kernel's stack requests on ``address`` from a thread of this rank; the port."""
     from dtwork.runtime.debug import stacks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -77,3 +78,42 @@ def test_a_hung_foreground_cell_shows_the_stacks_by_itself(cluster: Any, tmp_pat
     )
     assert "rank 0: cell line 7\n" in err and "rank 1: all_reduce float32[2] at cell line 3\n" in err, err
     assert result.ok
+
+
+MISMATCH = """import torch, torch.distributed as dist
+if ctx.rank == 0:
+    dist.all_reduce(torch.ones(4))
+else:
+    x = 1
+    dist.all_reduce(torch.ones(3))
+"""
+
+
+def test_mismatched_collectives_fail_at_once_naming_each_rank_s_shape_and_line(ip: Any, capsys: Any) -> None:
+    from dtwork import cluster as clusters
+    from dtwork.errors import RankFailure
+
+    cluster = clusters.current()
+    ip.run_line_magic("dtrain", "collectives on")
+    try:
+        t0 = time.monotonic()
+        try:
+            cluster.run(MISMATCH, quiet=True)
+        except RankFailure as exc:
+            failure = str(exc)
+        else:
+            raise AssertionError("the mismatched collectives did not fail")
+        took = time.monotonic() - t0
+    finally:
+        ip.run_line_magic("dtrain", "collectives off")
+    assert "collectives are checked" in capsys.readouterr().out
+    assert took < 30, f"the mismatch took {took:.0f} s to fail (the group's timeout is 60 s)"
+    first = failure.splitlines()[0]
+    assert re.search(
+        r"mismatched collectives \(the group's collective #\d+\): "
+        r"rank 0 all_reduce float\[4\] at cell line 3; rank 1 all_reduce float\[3\] at cell line 6$",
+        first,
+    ), failure
+    assert "rank 1: the same mismatch" in failure
+    cluster.run("after = ctx.rank", quiet=True)
+    assert cluster.pull("after") == [0, 1]
