@@ -242,6 +242,18 @@ class Cluster:
         self.refresh()
         self.engines.check_collectives(on)
 
+    def debug(self, rank: int | None = None) -> None:
+        """pdb on a rank's last cell error (the first failing rank of the last cell by default),
+        its prompt read with ``input()``: ``p``, ``pp``, ``up``, ``down``, ``l``; ``q`` leaves."""
+        from dtwork.kernel import postmortem
+
+        self.refresh()
+        if rank is None:
+            last = self.session.last
+            rank = postmortem.failed_first(last.errors if last is not None else {})
+        self.engines.engine_ids([rank])  # an unknown rank fails here, naming the ranks there are
+        postmortem.drive(self.engines, rank)
+
     @property
     def checks_collectives(self) -> bool:
         """Whether collectives are checked across the ranks before they run."""

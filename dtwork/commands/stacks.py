@@ -1,4 +1,5 @@
-"""``%dtrain stacks``: every rank's Python stack now, ranks with the same stack grouped.
+"""``%dtrain stacks``: every rank's Python stack now, ranks with the same stack grouped; and
+``%dtrain collectives``: whether collectives are checked across the ranks before they run.
 
 The ranks answer on a side channel of their own (``Cluster.stacks``), so this works while a
 cell hangs in a collective: run it from another cell after ``%%dtrain --bg``, or read what the
@@ -19,3 +20,11 @@ def show_stacks(cluster: Cluster, ranks: list[int] | None = None, all_threads: b
     stacks = cluster.stacks(ranks)
     print(stacks.text(all_threads=all_threads))
     return stacks
+
+
+def check_collectives(cluster: Cluster, state: str | None) -> None:
+    """Turn the checks ``on`` or ``off`` (None: leave them), and say where they stand."""
+    if state is not None:
+        cluster.check_collectives(state == "on")
+    checked = "checked across the ranks before they run" if cluster.checks_collectives else "not checked"
+    print(f"dtwork: collectives are {checked} (%dtrain collectives on|off)")

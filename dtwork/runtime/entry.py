@@ -387,6 +387,20 @@ def check_collectives(on: bool) -> None:
     group.check_collectives(on)
 
 
+def debug_start() -> str | None:
+    """Open a post-mortem debugger on this rank's last cell error; its first words, or None."""
+    from dtwork.runtime.debug import postmortem
+
+    return postmortem.start()
+
+
+def debug_command(line: str) -> tuple[str, bool]:
+    """One pdb command in the open debugger: its output, and whether the debugger ended."""
+    from dtwork.runtime.debug import postmortem
+
+    return postmortem.command(line)
+
+
 def serve_stacks(token: str, address: str) -> int:
     """Answer the kernel's stack requests on ``address`` from a thread of this rank; the port."""
     from dtwork.runtime.debug import stacks

@@ -117,3 +117,31 @@ def test_mismatched_collectives_fail_at_once_naming_each_rank_s_shape_and_line(i
     assert "rank 1: the same mismatch" in failure
     cluster.run("after = ctx.rank", quiet=True)
     assert cluster.pull("after") == [0, 1]
+
+
+def test_debug_prints_a_rank_s_local_and_returns_and_the_next_cell_runs(
+    ip: Any, capsys: Any, monkeypatch: Any
+) -> None:
+    from dtwork import cluster as clusters
+    from dtwork.errors import RankFailure
+
+    cluster = clusters.current()
+    try:
+        cluster.run("here = 40 + ctx.rank\nif ctx.rank == 1:\n    raise ValueError('boom')\n", quiet=True)
+    except RankFailure:
+        pass
+    typed = iter(["p here + 1", "up", "q"])
+    prompts: list[str] = []
+
+    def reply(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(typed)
+
+    monkeypatch.setattr("builtins.input", reply)
+    capsys.readouterr()
+    ip.run_line_magic("dtrain", "debug 1")
+    out = capsys.readouterr().out
+    assert prompts == ["(rank 1 pdb) "] * 3
+    assert "ValueError: boom" in out and "\n42\n" in out, out
+    cluster.run("after = ctx.rank", quiet=True)
+    assert cluster.pull("after") == [0, 1]

@@ -121,7 +121,7 @@ def snapshot() -> Snapshot:
     return {"pid": os.getpid(), "in_cell": control.in_cell(), "threads": threads}
 
 
-def _cell_name(filename: str) -> str | None:
+def cell_name(filename: str) -> str | None:
     """IPython's name of the cell compiled under ``filename`` ("In[3]"), or None."""
     try:
         from IPython import get_ipython
@@ -139,7 +139,7 @@ def _frames(frame: FrameType) -> list[Frame]:
             "line": fs.lineno or 0,
             "function": fs.name,
             "code": (fs.line or "").strip(),
-            "cell": _cell_name(fs.filename),
+            "cell": cell_name(fs.filename),
         }
         for fs in traceback.extract_stack(frame)
     ]
