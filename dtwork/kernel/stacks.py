@@ -40,6 +40,7 @@ class StackChannels:
 
     token: str = ""
     where: dict[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (address, port)
+    processes: dict[int, str] = field(default_factory=dict)  # rank -> "PID on HOST", for py-spy
 
 
 def arm(
@@ -53,7 +54,8 @@ def arm(
         addr = rendezvous.LOOPBACK if local else rendezvous.master_address(probes[info["engine_id"]], iface)
         asked[info["rank"]] = (addr, client[info["engine_id"]].apply_async(entry.serve_stacks, token, addr))
     where = {rank: (addr, int(ar.get(timeout=ARM_SECONDS))) for rank, (addr, ar) in asked.items()}
-    return StackChannels(token, where)
+    processes = {info["rank"]: f"{info.get('pid')} on {info.get('hostname')}" for info in rank_info}
+    return StackChannels(token, where, processes)
 
 
 def ask(channels: StackChannels, ranks: list[int], timeout: float = ASK_SECONDS) -> RankStacks:
@@ -68,7 +70,10 @@ def ask(channels: StackChannels, ranks: list[int], timeout: float = ASK_SECONDS)
             got[rank] = _request(channels.where[rank], channels.token, timeout)
         except (OSError, ValueError) as exc:
             why = "no answer" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
-            got[rank] = f"{why} within {timeout:.0f} s (C code holding its GIL, or its host unreachable)"
+            got[rank] = (
+                f"{why} within {timeout:.0f} s: C code holds its GIL, or its host is unreachable; "
+                f"py-spy dump --pid {channels.processes.get(rank, '?')} sees it even then"
+            )
 
     threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in ranks]
     for t in threads:
