@@ -22,6 +22,7 @@ from dtwork.kernel.engines import EngineGroup
 from dtwork.kernel.replies import ClusterStatus, EngineReply
 from dtwork.kernel.session import Session
 from dtwork.kernel.spec import DEFAULT_TIMEOUT, ClusterSpec, ConfigSource
+from dtwork.kernel.stacks import RankStacks
 from dtwork.kernel.watcher import CellResult
 from dtwork.launch import rendezvous
 from dtwork.store.runs import store_path
@@ -233,6 +234,36 @@ class Cluster:
         """Send a signal to the ranks' engine processes (through ipyparallel)."""
         self.refresh()
         self.engines.signal(signum, ranks)
+
+    def check_collectives(self, on: bool = True) -> None:
+        """Check every collective across the ranks before it runs (torch's DETAIL debug level): a
+        mismatched op or shape fails at once on every rank, naming each rank's op, shape and line.
+        It slows each collective (docs/benchmarks.md): leave it off for long training."""
+        self.refresh()
+        self.engines.check_collectives(on)
+
+    def debug(self, rank: int | None = None) -> None:
+        """pdb on a rank's last cell error (the first failing rank of the last cell by default),
+        its prompt read with ``input()``: ``p``, ``pp``, ``up``, ``down``, ``l``; ``q`` leaves."""
+        from dtwork.kernel import postmortem
+
+        self.refresh()
+        if rank is None:
+            last = self.session.last
+            rank = postmortem.failed_first(last.errors if last is not None else {})
+        self.engines.engine_ids([rank])  # an unknown rank fails here, naming the ranks there are
+        postmortem.drive(self.engines, rank)
+
+    @property
+    def checks_collectives(self) -> bool:
+        """Whether collectives are checked across the ranks before they run."""
+        return self.engines.checks_collectives
+
+    def stacks(self, ranks: list[int] | None = None) -> RankStacks:
+        """Every rank's Python stacks now, ranks alike grouped; answers while ranks are blocked in
+        a collective (``print`` it, or ``.summary()`` for one line)."""
+        self.refresh()
+        return self.engines.stacks(ranks)
 
     # -- facts (the engine group's, read through) ---------------------------------------------
 

@@ -48,6 +48,9 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
                   sweep DDP bucket sizes, write the best into the config
   gns [--dataset-size N]
                   the gradient noise scale and batch-size advice of the current run
+  stacks [--ranks 0,1] [--all]   every rank's Python stack now (also while a cell hangs)
+  collectives [on|off]   check each collective's op and shapes across the ranks first (off)
+  debug [RANK]    pdb on a rank's last cell error (first failing rank): p, pp, up, down, l, q
   report [PATH.ipynb] [--run ID] [--html] [--verify]
                   export a run as a notebook that re-runs to the same numbers
 
@@ -134,9 +137,10 @@ def _runs_parser() -> _Parser:
     return p
 
 
-def _autoreload_parser() -> _Parser:
-    p = _parser("autoreload")
-    p.add_argument("state", nargs="?", choices=["on", "off"])
+def _one_arg(name: str, dest: str = "state", **options: object) -> _Parser:
+    """The parser of a subcommand that takes one optional argument (on|off by default)."""
+    p = _parser(name)
+    p.add_argument(dest, nargs="?", **({"choices": ["on", "off"]} | options))  # type: ignore[arg-type]
     return p
 
 
@@ -187,6 +191,13 @@ def _gns_parser() -> _Parser:
     return p
 
 
+def _stacks_parser() -> _Parser:
+    p = _parser("stacks")
+    p.add_argument("--ranks", default=None)
+    p.add_argument("--all", dest="all_threads", action="store_true")
+    return p
+
+
 def _bare(name: str) -> Callable[[], _Parser]:
     """The parser of a subcommand that takes no options."""
     return lambda: _parser(name)
@@ -200,7 +211,7 @@ PARSERS: dict[str, Callable[[], _Parser]] = {
     "restart": _bare("restart"),
     "config": _config_parser,
     "runs": _runs_parser,
-    "autoreload": _autoreload_parser,
+    "autoreload": lambda: _one_arg("autoreload"),
     "wait": _bare("wait"),
     "attach": _bare("attach"),
     "report": _report_parser,
@@ -208,6 +219,9 @@ PARSERS: dict[str, Callable[[], _Parser]] = {
     "throughput": _throughput_parser,
     "tune": _tune_parser,
     "gns": _gns_parser,
+    "stacks": _stacks_parser,
+    "collectives": lambda: _one_arg("collectives"),
+    "debug": lambda: _one_arg("debug", "rank", type=int, choices=None),
 }
 
 
@@ -364,7 +378,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_autoreload(self, argv: list[str]) -> None:
-        ns = _autoreload_parser().parse_args(argv)
+        ns = PARSERS["autoreload"]().parse_args(argv)
         session = current().session
         if ns.state is not None:
             session.autoreload = ns.state == "on"
@@ -451,6 +465,20 @@ class DtrainMagics(Magics):
         ns = _gns_parser().parse_args(argv)
         commands.gns_advice(current(), dataset_size=ns.dataset_size)
         return None
+
+    def _sub_collectives(self, argv: list[str]) -> None:
+        from dtwork import commands
+
+        commands.check_collectives(current(), PARSERS["collectives"]().parse_args(argv).state)
+
+    def _sub_debug(self, argv: list[str]) -> None:
+        current().debug(PARSERS["debug"]().parse_args(argv).rank)
+
+    def _sub_stacks(self, argv: list[str]) -> None:
+        from dtwork import commands
+
+        ns = _stacks_parser().parse_args(argv)
+        commands.show_stacks(current(), _int_list(ns.ranks) if ns.ranks else None, all_threads=ns.all_threads)
 
     # -- the cell magic ----------------------------------------------------------------------
 

@@ -30,10 +30,12 @@ from dtwork.config import ExperimentConfig
 from dtwork.config.determined import check_slots
 from dtwork.errors import DtworkError
 from dtwork.kernel import calls
+from dtwork.kernel import stacks as rank_stacks
 from dtwork.kernel.health import RankHealth
 from dtwork.kernel.processes import EngineProcesses
 from dtwork.kernel.replies import ClusterStatus, EngineReply
 from dtwork.kernel.spec import ClusterSpec
+from dtwork.kernel.stacks import RankStacks, StackChannels
 from dtwork.launch import launchers, registry, rendezvous
 from dtwork.runtime import entry
 from dtwork.shared import devices, telemetry
@@ -52,6 +54,7 @@ class Joined:
     master_port: int | None = None
     started_at: float | None = None
     start_seconds: float | None = None
+    stacks: StackChannels = field(default_factory=StackChannels)  # where each rank serves its stacks
 
 
 class EngineGroup:
@@ -93,6 +96,7 @@ class EngineGroup:
         self._reaper: subprocess.Popen[bytes] | None = None
         self._listeners: list[Callable[[str], None]] = []
         self.health = RankHealth(self)  # which ranks' engines are gone, and why
+        self.checks_collectives = False  # kept across restarts: fresh engines check again
 
     @property
     def profile(self) -> str | None:
@@ -220,6 +224,9 @@ class EngineGroup:
             {**p.to_dict(), **infos[p.engine_id], "backend": self.backend} for p in joined.ranks
         ]
         self.global_batch_size = joined.rank_info[0].get("global_batch_size")  # the batch used
+        joined.stacks = rank_stacks.arm(client, joined.rank_info, probes, iface)
+        if self.checks_collectives:
+            self.check_collectives(True)
         calls.show_warnings(notes)
 
     def _register(self) -> None:
@@ -421,6 +428,16 @@ class EngineGroup:
     def pull(self, name: str, ranks: list[int] | None = None) -> list[object]:
         """Fetch a variable from every rank: a list by rank."""
         return calls.pull_by_rank(self.view(ranks), name)
+
+    def check_collectives(self, on: bool) -> None:
+        """Have every rank compare each collective's op and shapes with the others' before it runs."""
+        self.checks_collectives = on
+        self.view().apply_sync(entry.check_collectives, on)
+
+    def stacks(self, ranks: list[int] | None = None) -> RankStacks:
+        """Every rank's Python stacks, asked on a side channel (answers while a rank is blocked)."""
+        self._require_running()
+        return rank_stacks.ask(self.joined.stacks, list(range(self.world_size)) if ranks is None else ranks)
 
     def signal(self, signum: int, ranks: list[int] | None = None) -> None:
         """Send a signal to the ranks' engine processes (through ipyparallel)."""

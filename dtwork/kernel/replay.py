@@ -17,6 +17,7 @@ from dtwork.config import ExperimentConfig
 from dtwork.kernel.engines import EngineGroup
 from dtwork.kernel.progress import Progress
 from dtwork.kernel.segments import RunBook
+from dtwork.kernel.stacks import RankStacks
 from dtwork.kernel.watcher import CellHost, CellResult, CellWatcher
 from dtwork.runtime import entry
 from dtwork.shared.records import Record
@@ -96,6 +97,9 @@ class _ReplayedCell:
 
     def show_progress(self, progress: dict[int, Progress]) -> None:
         self.session.show_progress(progress)
+
+    def stacks(self, ranks: list[int]) -> RankStacks:
+        return self.session.stacks(ranks)
 
 
 class Replay:

@@ -29,6 +29,7 @@ from dtwork.kernel.engines import EngineGroup
 from dtwork.kernel.progress import Progress
 from dtwork.kernel.replay import Replay
 from dtwork.kernel.segments import is_segment
+from dtwork.kernel.stacks import RankStacks
 from dtwork.kernel.store_handle import StoreHandle
 from dtwork.kernel.tracebacks import error_line, stopped_by_interrupt
 from dtwork.kernel.watcher import POLL_SECONDS, CellResult, CellWatcher, in_notebook
@@ -284,6 +285,9 @@ class Session:
 
     def restart_after_failure(self, why: str) -> None:
         self.restart(why, force=True)
+
+    def stacks(self, ranks: list[int]) -> RankStacks:
+        return self.engines.stacks(ranks)
 
     # -- the engines -----------------------------------------------------------------------
 

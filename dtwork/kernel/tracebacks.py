@@ -7,6 +7,7 @@ frames dropped, runs of torch's and dtwork's frames folded into one line saying 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import ipyparallel as ipp
 
@@ -105,3 +106,29 @@ def short_traceback(text: str) -> tuple[str, bool]:
             lines.append(frame[0])
             lines.extend(ln for ln in frame[1:] if _ARROW.match(ANSI.sub("", ln)))
     return "\n".join([*lines, *tail]), True
+
+
+# torch's checked collectives (DETAIL debug level) describe each rank's call in the error they raise
+_FINGERPRINT = re.compile(
+    r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+), OpType=(\w+), "
+    r"TensorShape=(.*?), TensorDtypes=(\w+)"
+)
+_CELL_LINE = re.compile(r"Cell In\[\d+\], line (\d+)")
+_OPS = {"ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather", "ALLTOALL": "all_to_all"}
+
+
+def collective_mismatch(errors: Mapping[int, BaseException]) -> tuple[str, list[int]] | None:
+    """When the ranks' collectives did not match (``Cluster.check_collectives``): one line naming
+    each rank's op, dtype, shape and cell line, and the ranks it names; None otherwise."""
+    calls: dict[int, tuple[str, str, str, str]] = {}  # rank -> (sequence number, op, dtype, shape)
+    for err in errors.values():
+        for m in _FINGERPRINT.finditer(error_line(err)):
+            calls.setdefault(int(m[1]), (m[2], _OPS.get(m[3], m[3].lower()), m[5].lower(), m[4]))
+    if len(calls) < 2:
+        return None
+    said = []
+    for rank, (_, op, dtype, shape) in sorted(calls.items()):
+        cells = _CELL_LINE.findall(ANSI.sub("", remote_traceback(errors[rank]))) if rank in errors else []
+        said.append(f"rank {rank} {op} {dtype}{shape}" + (f" at cell line {cells[-1]}" if cells else ""))
+    seq = next(iter(calls.values()))[0]
+    return f"mismatched collectives (the group's collective #{seq}): {'; '.join(said)}", sorted(calls)

@@ -23,8 +23,10 @@ import ipyparallel as ipp
 from dtwork.errors import RankFailure
 from dtwork.kernel.output import RankOutput
 from dtwork.kernel.progress import Progress, ProgressWatch
+from dtwork.kernel.stacks import RankStacks
 from dtwork.kernel.tracebacks import (
     ANSI,
+    collective_mismatch,
     error_line,
     left_after_peer,
     remote_traceback,
@@ -90,6 +92,10 @@ class CellHost(Protocol):
         ...
 
     def restart_after_failure(self, why: str) -> None: ...
+
+    def stacks(self, ranks: list[int]) -> RankStacks:
+        """The ranks' Python stacks now (asked on a side channel that answers while they are blocked)."""
+        ...
 
     def show_progress(self, progress: dict[int, Progress]) -> None:
         """Hand the ranks' progress to the live view, if one is showing."""
@@ -160,6 +166,8 @@ class CellWatcher:
         # the first health check comes half a second in: a short cell pays none (a rank that died
         # between cells is found then, or at once when the cell fails)
         self._last_health = time.monotonic()
+        self._stacks_looked = self._t0  # when the stacks were last read for a hang without progress
+        self._stacks_shown = False
         self.done = threading.Event()
 
     @property
@@ -337,6 +345,43 @@ class CellWatcher:
         if stall is not None:
             self._print(stall[0], err=True)
             self.host.event("stall", *stall)
+            self._show_stacks(self._read_stacks())
+        elif not self.watch.progress:
+            self._hang_without_progress(now)
+
+    def _hang_without_progress(self, now: float) -> None:
+        """A cell that reports no progress (no loop) is hung when, after the stall time, some of
+        its ranks wait in a collective: say so with the stacks, once."""
+        limit = self.host.stall_seconds
+        if not limit or self._stacks_shown or now - self._stacks_looked < limit:
+            return
+        self._stacks_looked = now
+        stacks = self._read_stacks()
+        waiting = stacks.waiting() if stacks is not None else []
+        if not waiting:
+            return
+        others = sorted(set(self.ranks) - set(waiting))
+        names = ", ".join(f"rank {r}" for r in waiting)
+        msg = f"dtwork: no progress for {now - self._t0:.0f} s: {names} wait{'s' * (len(waiting) == 1)} in a collective"
+        if others:
+            msg += f" that {', '.join(f'rank {r}' for r in others)} did not reach"
+        self._print(msg, err=True)
+        self.host.event("stall", msg, {"ranks": others, "waiting": waiting})
+        self._show_stacks(stacks)
+
+    def _read_stacks(self) -> RankStacks | None:
+        try:
+            return self.host.stacks(self.ranks)
+        except Exception as exc:  # the hang is named already; the stacks are extra
+            self._print(f"dtwork: could not read the ranks' stacks: {exc}", err=True)
+            return None
+
+    def _show_stacks(self, stacks: RankStacks | None) -> None:
+        if stacks is None:
+            return
+        self._stacks_shown = True
+        self._print(stacks.text(), err=True)
+        self.host.event("stacks", stacks.summary(), {"text": stacks.text()})
 
     def _metadata_errors(self) -> bool:
         return any(md.get("status") == "error" for md in self._metadata())
@@ -379,9 +424,11 @@ class CellWatcher:
         """One traceback (the first failing rank's) plus one status line per other rank."""
         errs = self.result.errors
         first = min(errs, key=lambda r: (r not in self.dead, left_after_peer(errs[r]), r))  # the cause first
+        mismatch = collective_mismatch(errs)
         lines = [
             f"dtwork: the cell failed on rank {first}"
             + (f" ({self.result.message})" if self.result.message else "")
+            + (f": {mismatch[0]}" if mismatch else "")
         ]
         whole = remote_traceback(errs[first])
         short, changed = short_traceback(whole)
@@ -397,7 +444,9 @@ class CellWatcher:
         for rank in self.ranks:
             if rank == first:
                 continue
-            if rank in errs and left_after_peer(errs[rank]) and not left_after_peer(errs[first]):
+            if mismatch and rank in mismatch[1]:
+                lines.append(f"rank {rank}: the same mismatch")
+            elif rank in errs and left_after_peer(errs[rank]) and not left_after_peer(errs[first]):
                 lines.append(f"rank {rank}: left its collective when rank {first} failed")
             elif rank in errs:
                 lines.append(f"rank {rank}: {error_line(errs[rank])}")

@@ -385,6 +385,34 @@ def set_cell_ranks(ranks: list[int]) -> None:
     control.set_next_cell_ranks(ranks)
 
 
+def check_collectives(on: bool) -> None:
+    """Compare every collective's op and shapes across the ranks before it runs (``on``), or not."""
+    from dtwork.runtime.core import group
+
+    group.check_collectives(on)
+
+
+def debug_start() -> str | None:
+    """Open a post-mortem debugger on this rank's last cell error; its first words, or None."""
+    from dtwork.runtime.debug import postmortem
+
+    return postmortem.start()
+
+
+def debug_command(line: str) -> tuple[str, bool]:
+    """One pdb command in the open debugger: its output, and whether the debugger ended."""
+    from dtwork.runtime.debug import postmortem
+
+    return postmortem.command(line)
+
+
+def serve_stacks(token: str, address: str) -> int:
+    """Answer the kernel's stack requests on ``address`` from a thread of this rank; the port."""
+    from dtwork.runtime.debug import stacks
+
+    return stacks.serve(token, address)
+
+
 def reload_modules(folder: str) -> list[str]:
     """Reload the modules from the notebook's ``folder`` edited since they were loaded (before a cell)."""
     from dtwork.runtime.scripts import autoreload

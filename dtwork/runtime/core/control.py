@@ -47,6 +47,11 @@ def install() -> None:
 _left_step: list[int] = []  # the step at which ctx.steps was left by an error, in this cell
 
 
+def in_cell() -> bool:
+    """Whether a cell is running on this rank now."""
+    return _in_cell.is_set()
+
+
 def _cell_starts() -> None:
     _left_step.clear()
     _in_cell.set()
@@ -77,11 +82,20 @@ def left_loop_at(step: int) -> None:
     _left_step[:] = [step]
 
 
+_last_error: list[BaseException] = []  # the last cell error on this rank, for a post-mortem
+
+
+def last_error() -> BaseException | None:
+    """The exception the last failed cell on this rank raised (kept until another fails)."""
+    return _last_error[0] if _last_error else None
+
+
 def _cell_ran(result: object) -> None:
     """A cell that failed on this rank aborts the group, so that no other rank waits for it."""
     error = getattr(result, "error_in_exec", None)
     if error is None:
         return
+    _last_error[:] = [error]
     from dtwork.runtime.core import group
 
     try:  # an error here would be shown as the cell's own

@@ -36,6 +36,7 @@ class _Group:
         self.spec: RankSpec | None = None
         self.generation = 0
         self.sockets: set[_Conn] = set()
+        self.models: dist.ProcessGroup | None = None  # see models_group
 
 
 _group = _Group()
@@ -129,9 +130,39 @@ def repair() -> str | None:
     reason = failed()
     if reason is None or _group.store is None or _group.spec is None:
         return None
+    _rejoin()
+    return reason
+
+
+def check_collectives(on: bool) -> None:
+    """Join a new group whose collectives are checked (``on``) or not: with torch's DETAIL debug
+    level every collective first compares its op, shapes and dtypes across the ranks, so that a
+    mismatch fails on every rank at once, naming both, instead of hanging or corrupting."""
+    if _group.store is None or _group.spec is None:
+        raise DtworkError("this rank has not joined a process group yet")
+    dist.set_debug_level(dist.DebugLevel.DETAIL if on else dist.DebugLevel.OFF)
+    _rejoin()
+
+
+def models_group() -> dist.ProcessGroup | None:
+    """The group wrapped models use: the default one (None) unless collectives are checked."""
+    return _group.models
+
+
+def _rejoin() -> None:
+    """Leave the default group and join a new one on the same store (the wrapped models follow)."""
+    assert _group.store is not None and _group.spec is not None
     if dist.is_initialized():
         dist.destroy_process_group()
     _group.generation += 1
     spec = _group.spec
     join(_group.store, spec, torch.device("cuda", 0) if spec["backend"] == "nccl" else torch.device("cpu"))
-    return reason
+    _group.models = None
+    if dist.get_debug_level() == dist.DebugLevel.DETAIL:
+        # DDP's constructor crashes (SIGSEGV) on torch's checking wrapper group: models use a
+        # plain group of the same ranks (their gradients' buckets match by construction).
+        dist.set_debug_level(dist.DebugLevel.OFF)
+        try:
+            _group.models = dist.new_group(backend=spec["backend"])
+        finally:
+            dist.set_debug_level(dist.DebugLevel.DETAIL)

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from dtwork.runtime.core import group
 from dtwork.runtime.measure import handloop
 from dtwork.runtime.measure.ddp_hooks import (
     MeasureState,
@@ -37,7 +38,7 @@ def wrap_model(
     ddp_kwargs.setdefault("bucket_cap_mb", opt.tensor_fusion_threshold)
     if state.device.type == "cuda":
         ddp_kwargs.setdefault("device_ids", [state.device.index or 0])
-    wrapped = DDP(model, **ddp_kwargs)
+    wrapped = DDP(model, process_group=group.models_group(), **ddp_kwargs)
     comp = opt.gradient_compression
     hook, hook_state = inner_hook(comp.type, comp.rank, comp.start_iter)
     use_gns = state.config.gns.enabled if gns is None else bool(gns)
@@ -60,7 +61,7 @@ def rebind(model: torch.nn.Module) -> None:
     measuring = measure_state(model)
     if not isinstance(model, DDP) or measuring is None:
         return
-    fresh = DDP(model.module, **getattr(model, "_dtwork_kwargs", {}))
+    fresh = DDP(model.module, process_group=group.models_group(), **getattr(model, "_dtwork_kwargs", {}))
     measuring.reset()
     fresh.register_comm_hook(measuring, measure_hook)
     fresh.register_forward_pre_hook(_counter(measuring))
@@ -71,7 +72,7 @@ def rebind(model: torch.nn.Module) -> None:
 def _follow_group(module: torch.nn.Module, args: tuple[object, ...]) -> None:
     """After the group was rebuilt (a failed cell), rebind at the next forward: every rank runs it
     at the same point, whatever models each rank still holds."""
-    if isinstance(module, DDP) and module.process_group is not dist.group.WORLD:
+    if isinstance(module, DDP) and module.process_group is not (group.models_group() or dist.group.WORLD):
         rebind(module)
 
 

@@ -1,0 +1,169 @@
+"""Every thread's Python stack of this rank, served on a side channel of its own.
+
+A thread started when the rank joins listens on a TCP port; the kernel connects, sends the
+token it was given, and reads the stacks back as JSON. It answers while the main thread waits
+in a collective, because torch releases the GIL there: neither ipyparallel's shell channel (busy
+with the cell) nor the rank's cooperation is needed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import socket
+import sys
+import threading
+import traceback
+from types import FrameType
+from typing import TypedDict
+
+from dtwork.runtime.core import control
+
+_C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
+_BACKWARD = os.path.join("torch", "autograd", "graph.py")
+READ_SECONDS = 2.0  # how long a connection may take to send its token
+
+
+class Frame(TypedDict):
+    file: str
+    line: int
+    function: str
+    code: str
+    cell: str | None  # IPython's name of the cell ("In[3]") when the frame runs a cell's code
+
+
+class Collective(TypedDict):
+    op: str  # torch.distributed's function: all_reduce, barrier, ...
+    tensor: str | None  # dtype and shape of its tensor argument, "float32[4]"
+
+
+class Thread(TypedDict):
+    name: str
+    main: bool
+    frames: list[Frame]  # outermost first
+    collective: Collective | None
+
+
+class Snapshot(TypedDict):
+    pid: int
+    in_cell: bool
+    threads: list[Thread]
+
+
+class _Server:
+    """The listening socket and the token a request must carry (a restart of the kernel side
+    hands a new one)."""
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.token = b""
+
+
+_server = _Server()
+
+
+def serve(token: str, address: str) -> int:
+    """Answer stack requests carrying ``token`` on ``address`` (a thread, started once); the port."""
+    _server.token = token.encode()
+    if _server.sock is None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((address, 0))
+        sock.listen(8)
+        _server.sock = sock
+        threading.Thread(target=_loop, args=(sock,), name="dtwork-stacks", daemon=True).start()
+    return int(_server.sock.getsockname()[1])
+
+
+def _loop(sock: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        with conn:
+            try:
+                _answer(conn)
+            except OSError:
+                pass
+
+
+def _answer(conn: socket.socket) -> None:
+    conn.settimeout(READ_SECONDS)
+    got = b""
+    while not got.endswith(b"\n") and len(got) < 256:
+        chunk = conn.recv(256)
+        if not chunk:
+            return
+        got += chunk
+    if not hmac.compare_digest(got.strip(), _server.token):
+        return
+    conn.sendall(json.dumps(snapshot()).encode())
+
+
+def snapshot() -> Snapshot:
+    """Every thread's stack but the asking one's, outermost frame first."""
+    me = threading.get_ident()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    threads: list[Thread] = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        threads.append(
+            {
+                "name": names.get(ident, f"thread {ident}"),
+                "main": ident == main,
+                "frames": _frames(frame),
+                "collective": collective(frame),
+            }
+        )
+    return {"pid": os.getpid(), "in_cell": control.in_cell(), "threads": threads}
+
+
+def cell_name(filename: str) -> str | None:
+    """IPython's name of the cell compiled under ``filename`` ("In[3]"), or None."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    named = shell.compile.format_code_name(filename) if shell is not None else None
+    return named[1] if named else None
+
+
+def _frames(frame: FrameType) -> list[Frame]:
+    return [
+        {
+            "file": fs.filename,
+            "line": fs.lineno or 0,
+            "function": fs.name,
+            "code": (fs.line or "").strip(),
+            "cell": cell_name(fs.filename),
+        }
+        for fs in traceback.extract_stack(frame)
+    ]
+
+
+def collective(frame: FrameType | None) -> Collective | None:
+    """The torch.distributed call a thread is inside (its outermost frame in distributed_c10d),
+    with its tensor's dtype and shape; a backward pass stands for DDP's gradient all-reduce."""
+    found: Collective | None = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.endswith(_C10D) and not frame.f_code.co_name.startswith("_"):
+            found = {"op": frame.f_code.co_name, "tensor": _tensor(frame)}
+        elif (
+            found is None and filename.endswith(_BACKWARD) and frame.f_code.co_name == "_engine_run_backward"
+        ):
+            found = {"op": "backward (DDP's gradient all-reduce, in C++)", "tensor": None}
+        frame = frame.f_back
+    return found
+
+
+def _tensor(frame: FrameType) -> str | None:
+    value = frame.f_locals.get("tensor")
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return None
+    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
