@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -66,8 +67,8 @@ class Skip(Exception):
 class Drive:
     """The checks' shared state: the mode, the cluster, the results written as they come."""
 
-    def __init__(self, out: Path, dry: bool, budget: float) -> None:
-        self.out, self.dry, self.mode = out, dry, "dry" if dry else "gpu"
+    def __init__(self, out: Path, dry: bool, budget: float, ranks: int = 1) -> None:
+        self.out, self.dry, self.mode, self.ranks = out, dry, "dry" if dry else "gpu", ranks
         self.deadline = time.monotonic() + budget
         self.tmp = Path(tempfile.mkdtemp(prefix="dtwork-gpu-"))
         self.cluster: Cluster | None = None
@@ -169,7 +170,7 @@ def start(d: Drive) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     backend = "gloo" if d.no_gpu else "nccl"
-    d.cluster = c = dtwork.start(1, backend=backend, timeout=120, store=str(d.tmp / "runs.sqlite"))
+    d.cluster = c = dtwork.start(d.ranks, backend=backend, timeout=120, store=str(d.tmp / "runs.sqlite"))
     c.session.live = False
     return {
         "backend": c.backend,
@@ -185,7 +186,7 @@ def turns(d: Drive) -> dict[str, Any]:
     sizes, plan = SIZES[d.mode], PLAN[d.mode]
     windows = {k: (steps, WARMUP_CYCLES + cycles) for k, (steps, cycles) in plan.items()}
     device = "cpu" if d.no_gpu else "cuda:0"
-    coordinator = Turns({"dtwork": 1, "plain": 1}, timeout=120)
+    coordinator = _Turns({"dtwork": c.world_size, "plain": 1}, timeout=120)
     args = [str(coordinator.port), device, json.dumps(windows), json.dumps(sizes)]
     cmd = [sys.executable, "-m", "benchmarks.gpu.plain", *args]
     plain = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -195,10 +196,12 @@ def turns(d: Drive) -> dict[str, Any]:
         + f"_facts = serve({coordinator.port}, 'dtwork', {windows!r}, {sizes!r}, str(ctx.device), ctx)\n"
     )
     c.session.live = True  # the live view draws, as in a notebook
+    t0 = time.perf_counter()
     try:
         with silenced():
             c.run(cell)
     finally:
+        t_cell = time.perf_counter()
         coordinator.stop()
         thread.join()
         stdout, stderr = plain.communicate(timeout=60)
@@ -209,7 +212,13 @@ def turns(d: Drive) -> dict[str, Any]:
         raise RuntimeError(f"the plain process exited {plain.returncode}: {stderr[-2000:]}")
     facts = c.pull("_facts")[0]
     d.meta["run_id"] = c.session.run_id
-    res: dict[str, Any] = {"device": device, "plan": plan, "sizes": sizes}
+    res: dict[str, Any] = {"device": device, "plan": plan, "sizes": sizes, "ranks": c.world_size}
+    res["ready_s"] = coordinator.ready - t0  # both jobs built and connected
+    for kind in plan:
+        marks = [m for m in coordinator.marks if m[1] == kind]
+        res[f"{kind}_windows_s"] = [marks[0][2] - t0, marks[-1][3] - t0]
+    res["cell_s"], res["plain_exit_s"] = t_cell - t0, time.perf_counter() - t0
+    res["trained_s"] = sum(sum(sum(v) for v in out[k]["seconds"].values()) for k in plan)
     for kind, (steps, _) in plan.items():
         s = turns_summary(out[kind]["seconds"], "dtwork", "plain", steps)
         res[kind] = {
@@ -226,6 +235,23 @@ def turns(d: Drive) -> dict[str, Any]:
         gpt["mfu"] = {j: facts["gpt"]["flops_per_token"] * t / (peak * 1e12) for j, t in tokens.items()}
         gpt["peak_bf16_tflops"] = peak
     return res
+
+
+class _Turns(Turns):
+    """The coordinator, noting when every rank of both jobs has connected."""
+
+    ready = math.nan
+    marks: list[tuple[str, str, float, float]] = []
+
+    def wait_for_jobs(self, alive: Callable[[], bool]) -> None:
+        super().wait_for_jobs(alive)
+        self.ready = time.perf_counter()
+
+    def window(self, job: str, kind: str, steps: int) -> float:
+        t0 = time.perf_counter()
+        out = super().window(job, kind, steps)
+        self.marks = [*self.marks, (job, kind, t0, time.perf_counter())]
+        return out
 
 
 def gpu_rows(d: Drive) -> dict[str, Any]:
@@ -256,8 +282,8 @@ def kernel_no_cuda_context(d: Drive) -> dict[str, Any]:
     import pynvml as nv
 
     nv.nvmlInit()
-    handle = nv.nvmlDeviceGetHandleByIndex(0)
-    pids = sorted({p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)})
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+    pids = sorted({p.pid for h in handles for p in nv.nvmlDeviceGetComputeRunningProcesses(h)})
     ranks = sorted(int(r["pid"]) for r in c.rank_info)
     torch = sys.modules.get("torch")
     here = bool(torch is not None and torch.cuda.is_initialized())
@@ -309,7 +335,8 @@ def doctor(d: Drive) -> dict[str, Any]:
     """``python -m dtwork doctor --gpu``: its rows (resume on the GPU, fp16/bf16 AMP, TFLOP/s among them)."""
     if d.dry:
         raise Skip("dry run: tests/cluster/test_doctor.py runs the doctor")
-    proc = _sub([sys.executable, "-m", "dtwork", "doctor", "--gpu"], BUDGETS["doctor"] - 10)
+    # from a folder outside the checkout: the installed wheel runs, not the checkout's source
+    proc = _sub([sys.executable, "-m", "dtwork", "doctor", "--gpu"], BUDGETS["doctor"] - 10, cwd=d.tmp)
     rows = {}
     for m in re.finditer(r"^dtwork doctor: (.+?): (ok|FAIL|skip) \((.*)\)$", proc.stdout, re.M):
         rows[m[1]] = {"status": m[2], "detail": m[3]}
@@ -343,10 +370,10 @@ def pytest_gpu(d: Drive) -> dict[str, Any]:
     }
 
 
-def _sub(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run a command from the checkout, its output into the log."""
+def _sub(cmd: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run a command (from the checkout unless told), its output into the log."""
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         print(exc.stdout or "", exc.stderr or "", file=sys.__stdout__, flush=True)
         raise RuntimeError(f"{' '.join(cmd[1:4])} ran past {timeout:.0f} s") from None
@@ -366,12 +393,17 @@ def main(argv: list[str] | None = None) -> int:
         "--dry-run", action="store_true", help="one CPU rank, tiny shapes, GPU-only checks skipped"
     )
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for all the checks together")
+    ap.add_argument(
+        "--ranks", type=int, default=1, help="dtwork's ranks, one a GPU (the plain job keeps one)"
+    )
     args = ap.parse_args(argv)
     exit_on_sigterm()  # a killed run still stops the engines it started
     os.environ.setdefault(
         "DTWORK_STORE", str(Path(tempfile.mkdtemp(prefix="dtwork-gpu-store-")) / "runs.sqlite")
     )
-    d = Drive(args.out, args.dry_run, args.budget)
+    if args.ranks < 1:
+        ap.error("--ranks takes the number of GPUs to use, at least 1")
+    d = Drive(args.out, args.dry_run, args.budget, args.ranks)
     try:
         for check in CHECKS:
             d.run(check.__name__, check)

@@ -11,25 +11,27 @@ PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 mkdir -p "$OUT"
 log="$OUT/gpu.log"
-if [ $# -ne 1 ]; then
-  echo "usage: bash benchmarks/gpu/run.sh DIR | --dry-run" >&2
+if [ $# -lt 1 ]; then
+  echo "usage: bash benchmarks/gpu/run.sh DIR|--dry-run [--ranks G]   (G: the GPUs, 1 by default)" >&2
   exit 2
 fi
+where="$1"
+shift  # the rest goes to the driver (--ranks G)
 t0=$(date +%s)
-if [ "$1" = "--dry-run" ]; then
+if [ "$where" = "--dry-run" ]; then
   drive=(--dry-run --budget "${DTWORK_GPU_BUDGET:-300}")
   : >"$log"
 else
-  if ! ls "$1"/dtwork-*.whl >/dev/null 2>&1; then
-    echo "run.sh: no dtwork wheel in $1: run 'bash benchmarks/gpu/prepare.sh $1' on a machine with PyPI first" >&2
+  if ! ls "$where"/dtwork-*.whl >/dev/null 2>&1; then
+    echo "run.sh: no dtwork wheel in $where: run 'bash benchmarks/gpu/prepare.sh $where' on a machine with PyPI first" >&2
     exit 2
   fi
   drive=(--budget "${DTWORK_GPU_BUDGET:-400}")
   {
-    echo "== $(date -u +%FT%TZ) install from $1"
+    echo "== $(date -u +%FT%TZ) install from $where"
     nvidia-smi -L
-    "$PY" -m pip install --no-index --find-links "$1" --force-reinstall --no-deps "$1"/dtwork-*.whl &&
-      "$PY" -m pip install --no-index --find-links "$1" dtwork
+    "$PY" -m pip install --no-index --find-links "$where" --force-reinstall --no-deps "$where"/dtwork-*.whl &&
+      "$PY" -m pip install --no-index --find-links "$where" dtwork
   } >"$log" 2>&1
   rc=$?
   tail -3 "$log"
@@ -42,7 +44,7 @@ else
 fi
 # The whole drive stops at 8 minutes from the start; its checks have budgets inside that.
 left=$((480 - ($(date +%s) - t0)))
-timeout --signal=TERM --kill-after=20 "$left" "$PY" -m benchmarks.gpu.drive --out "$OUT" "${drive[@]}" 2>&1 | tee -a "$log"
+timeout --signal=TERM --kill-after=20 "$left" "$PY" -m benchmarks.gpu.drive --out "$OUT" "${drive[@]}" "$@" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
 echo "run.sh: exit $rc after $(($(date +%s) - t0)) s; $OUT/gpu.json, $OUT/gpu.log" | tee -a "$log"
 exit "$rc"

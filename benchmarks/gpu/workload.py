@@ -103,7 +103,7 @@ def serve(port, job, plan, sizes, device, dtwork_ctx=None):
     with socket.create_connection(("127.0.0.1", port), timeout=300) as sock:
         sock.settimeout(None)
         f = sock.makefile("rw")
-        f.write(f"HELLO {job} 0\\n")
+        f.write(f"HELLO {job} {dtwork_ctx.rank if dtwork_ctx is not None else 0}\\n")
         f.flush()
         for line in f:
             cmd = line.split()

@@ -47,9 +47,11 @@ def test_a_complete_set_passes_with_markers_extras_and_the_image(tmp_path: Path,
         "tests-only; extra == 'test'",
     )
     wheel(tmp_path, "lib", "2.1", "speedup; extra == 'fast'", "slow; extra == 'slow'")
-    wheel(tmp_path, "speedup", "0.3", tag="cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64")
+    fast = wheel(tmp_path, "speedup", "0.3", tag="cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64")
     assert problems(tmp_path, image) == []
     assert complete.main([str(tmp_path), "--image", str(image)]) == 0
+    fast.unlink()  # what the extra asked for is missing now; what no one asked for stays unneeded
+    assert [p.split(":")[0] for p in problems(tmp_path, image)] == ["missing speedup"]
 
 
 def test_missing_and_refused_versions_are_named_and_listed_to_fetch(
