@@ -19,7 +19,7 @@ where="$1"
 shift  # the rest goes to the driver (--ranks G)
 t0=$(date +%s)
 if [ "$where" = "--dry-run" ]; then
-  drive=(--dry-run --budget "${DTWORK_GPU_BUDGET:-300}")
+  drive=(--dry-run --budget "${DTWORK_GPU_BUDGET:-420}")
   : >"$log"
 else
   if ! ls "$where"/dtwork-*.whl >/dev/null 2>&1; then

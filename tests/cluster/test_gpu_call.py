@@ -61,7 +61,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Comp
 def test_the_dry_run_records_every_check_and_skips_the_gpu_ones_with_the_reason(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHONPATH": str(ROOT)}
     env |= {"DTWORK_HOME": str(tmp_path / "home"), "DTWORK_STORE": str(tmp_path / "runs.sqlite")}
-    proc = _run(["bash", "benchmarks/gpu/run.sh", "--dry-run"], env, timeout=400)
+    proc = _run(["bash", "benchmarks/gpu/run.sh", "--dry-run"], env, timeout=540)  # a hang guard
     assert proc.returncode == 0, proc.stdout[-4000:]
     doc = json.loads((tmp_path / "out" / "gpu.json").read_text())
     assert list(doc["checks"]) == CHECKS and doc["meta"]["dry_run"] is True
