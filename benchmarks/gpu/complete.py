@@ -5,7 +5,8 @@ marker for that machine (with the extras some requirement asked of the wheel), a
 requirement is met by a wheel in DIR or by a package of the image (``image.txt`` beside this file); also
 that each wheel installs there and that no name comes twice. Prints the problems; exit status 1 if any.
 ``--missing``: instead print, one a line, what ``pip download --no-deps`` should fetch next (the unmet
-names with every version range asked of them), first deleting a wheel whose version a range refuses.
+names with every version range asked of them, and the image's names of unknown version that a range caps
+from above), first deleting a wheel whose version a range refuses.
 
 Standalone (the standard library and ``packaging``), so it runs on any machine before dtwork is installed.
 """
@@ -165,7 +166,14 @@ def to_fetch(report: Report, folder: Path, image: dict[NormalizedName, Version |
     for path in report.stale:
         path.unlink()
         have.discard(read_wheel_name(path))
-    return [f"{name}{spec}" for name, spec in sorted(report.wanted.items()) if name not in have | set(image)]
+    # A name the image holds at an unknown version is fetched too when a range caps it: if the image's
+    # is too new, pip installs the folder's instead of failing
+    known = {n for n in image if image[n] is not None or not _capped(report.wanted.get(n, SpecifierSet()))}
+    return [f"{name}{spec}" for name, spec in sorted(report.wanted.items()) if name not in have | known]
+
+
+def _capped(spec: SpecifierSet) -> bool:
+    return any(s.operator in ("<", "<=", "==", "~=", "===") for s in spec)
 
 
 def read_wheel_name(path: Path) -> NormalizedName:
