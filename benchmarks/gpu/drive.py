@@ -74,7 +74,7 @@ class Drive:
         self.cluster: Cluster | None = None
         self.lost = "its start failed"  # why there is no cluster
         self.gpu_name: str | None = None
-        self.no_gpu = "dry run: one CPU rank, tiny shapes" if dry else _no_gpu()
+        self.no_gpu = "dry run: CPU ranks (gloo), tiny shapes" if dry else _no_gpu()
         self.mode = "gpu" if self.no_gpu is None else "dry"  # without a GPU, the tiny shapes
         self.checks: dict[str, dict[str, Any]] = {}
         self.meta = dict(date=now(), commit=git_commit(), dry_run=dry, budget_s=budget, argv=sys.argv)
