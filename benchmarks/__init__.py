@@ -8,4 +8,5 @@
 - ``stats``     medians, intervals, cycles and blocks
 - ``suite``     the measurements in order (phases, ``--only``), results.json and the targets
 - ``tables``    the generated tables of docs/benchmarks.md
+- ``gpu/``      one prepared call on a lent GPU machine (prepare.sh, run.sh, drive.py)
 """

@@ -1,0 +1,1 @@
+"""One prepared call on a lent GPU machine: prepare.sh (wheels), run.sh (install, then drive.py)."""
