@@ -160,6 +160,7 @@ class GNSEstimator:
         self._cur_n = 0
         self._blocks: list[list[float]] = []  # closed windows: [closed at step, g, s, w]
         self._interval: GNSInterval | None = None
+        self._floor: GNSInterval | None = None  # a one-sided interval where no two-sided one is bounded
 
     def update(self, g_small_sq: float, g_big_sq: float, b_small: float, b_big: float) -> bool:
         """Add one measurement: ``g_small_sq`` is the mean over the small batches of their squared
@@ -186,18 +187,19 @@ class GNSEstimator:
         oldest = self._steps - (math.log(_DROP_WEIGHT) / math.log(d) if d > 0 else 0.0)
         while self._blocks and self._blocks[0][0] < oldest:
             self._blocks.pop(0)
-        self._interval = self._window_interval()
+        self._interval, self._floor = self._window_interval()
 
-    def _window_interval(self) -> GNSInterval | None:
+    def _window_interval(self) -> tuple[GNSInterval | None, GNSInterval | None]:
+        """Return the two-sided interval, or else the one-sided one (see :attr:`decision_interval`)."""
         if not self._blocks:
-            return None
+            return None, None
         at, g, s, w = np.array(self._blocks, dtype=np.float64).T
         f = self.ema_decay ** (self._steps - at)
         g, s, w = g * f, s * f, w * f
         tot_g, tot_s, tot_w = float(g.sum()), float(s.sum()), float(w.sum())
         m = tot_w**2 / float(w @ w)
-        if m < MIN_BLOCKS or tot_g <= 0:
-            return None
+        if m < MIN_BLOCKS:
+            return None, None
         # deviations from each window's share of the totals and of a linear trend in time: |G|^2
         # shrinking as training goes on is a change, not noise, and must not widen the interval
         design = np.stack([w, w * (at - float(w @ at) / tot_w)], axis=1)
@@ -205,19 +207,19 @@ class GNSEstimator:
         dev_s, dev_g = (np.stack([s, g], axis=1) - design @ coef).T
         c = m / (m - 2)
         v_s, v_g, cov = c * float(dev_s @ dev_s), c * float(dev_g @ dev_g), c * float(dev_s @ dev_g)
-        ratio = tot_s / tot_g
-        estimate = ratio - (ratio * v_g - cov) / tot_g**2
         t2 = t_quantile_975(m - 2) ** 2
         qa = tot_g**2 - t2 * v_g  # Fieller: qa r^2 - 2 qb r + qc <= 0
-        if qa <= 0:
-            return None
         qb = tot_s * tot_g - t2 * cov
         qc = tot_s**2 - t2 * v_s
+        if qa <= 0 or tot_g <= 0:
+            return None, _floor(qa, qb, qc, tot_s, m)
+        ratio = tot_s / tot_g
+        estimate = ratio - (ratio * v_g - cov) / tot_g**2
         root = math.sqrt(max(0.0, qb * qb - qa * qc))
         lo, hi = (qb - root) / qa, (qb + root) / qa
         half = max(hi - estimate, estimate - lo)
         settled = estimate > 0 and lo > 0 and half <= SETTLED_HALF_WIDTH * estimate
-        return GNSInterval(estimate, lo, hi, m, settled)
+        return GNSInterval(estimate, lo, hi, m, settled), None
 
     @property
     def steps(self) -> int:
@@ -244,6 +246,19 @@ class GNSEstimator:
         """Return the estimate with its 95% interval as of the last closed window, or None while
         fewer than ``MIN_BLOCKS`` windows (or no clearly positive |G|^2) support one."""
         return self._interval
+
+    @property
+    def decision_interval(self) -> GNSInterval | None:
+        """Return the interval a decision to grow the batch rests on: :attr:`interval` when it is
+        bounded, else a one-sided one, ``GNSInterval(lo, lo, inf, ...)``, when tr(Sigma) is clearly
+        positive but |G|^2 is not clearly above zero.
+
+        That is the usual state of a B_simple far above the batches measured (|G|^2 is then a
+        small difference of two large norms): Fieller's set is then two rays, and as B_simple >= 0
+        only the upper one, [lo, inf), is possible. Its estimate is taken at lo, the pessimistic
+        end for growing; nothing is known on the side of shrinking, which is not "settled".
+        """
+        return self._interval if self._interval is not None else self._floor
 
     @property
     def settled(self) -> bool:
@@ -311,10 +326,25 @@ class GNSEstimator:
             self._cur, self._cur_n = [float(v) for v in window[:3]], int(window[3])
         self._blocks = [[float(v) for v in b] for b in state.get("windows", [])]
         if self._blocks:
-            self._interval = self._window_interval()
+            self._interval, self._floor = self._window_interval()
 
     def __repr__(self) -> str:
         return f"GNSEstimator(ema_decay={self.ema_decay}, steps={self._steps}, b_simple={self.b_simple})"
+
+
+def _floor(qa: float, qb: float, qc: float, tot_s: float, windows: float) -> GNSInterval | None:
+    """Return the one-sided interval [lo, inf) of Fieller's set qa r^2 - 2 qb r + qc <= 0 when
+    qa <= 0 (|G|^2 not clearly positive) and tr(Sigma) is clearly positive (qc > 0: r = 0 is out),
+    else None. Then the set is r <= r1 < 0 or r >= r2 > 0, and B_simple >= 0 leaves r >= r2."""
+    if tot_s <= 0 or qc <= 0 or qa > 0:
+        return None
+    if qa < 0:
+        lo = (qb - math.sqrt(qb * qb - qa * qc)) / qa  # qa qc < 0: two real roots, this the positive one
+    elif qb > 0:
+        lo = qc / (2 * qb)  # qa = 0: the set is the ray r >= qc / (2 qb)
+    else:
+        return None
+    return GNSInterval(lo, lo, math.inf, windows, False) if lo > 0 and math.isfinite(lo) else None
 
 
 def no_estimate_reason(world_size: int, accumulation: int) -> str | None:
