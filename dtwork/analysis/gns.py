@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from dtwork.analysis.gns_interval import SETTLED_HALF_WIDTH, GNSInterval, floor_interval, t_quantile_975
 from dtwork.shared.batch import split as split_batch
 
 
@@ -57,55 +58,9 @@ def b_simple(trace_sigma: float | None, g2: float | None) -> float | None:
 
 
 MIN_BLOCKS = 8  # windows (effective) before an interval is computed
-SETTLED_HALF_WIDTH = 0.25  # "settled": the 95% interval within +-25% of the estimate
 BLOCKS_PER_HORIZON = 20
 MIN_BLOCK = 10  # measurements per window at least (windows close at O(windows) cost)
 _DROP_WEIGHT = 1e-4  # windows weighted less than this are forgotten
-
-
-def t_quantile_975(df: float) -> float:
-    """Return the 0.975 quantile of Student's t with ``df`` degrees of freedom.
-
-    Cornish-Fisher expansion around z = 1.96 (Abramowitz & Stegun 26.7.5); within 0.2% of
-    the exact value for df >= 5 (MIN_BLOCKS windows give df >= 6).
-    """
-    z = 1.959963984540054
-    if df <= 0:
-        return math.inf
-    z3, z5, z7 = z**3, z**5, z**7
-    return (
-        z
-        + (z3 + z) / (4 * df)
-        + (5 * z5 + 16 * z3 + 3 * z) / (96 * df**2)
-        + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * df**3)
-    )
-
-
-@dataclass(frozen=True)
-class GNSInterval:
-    """The bias-corrected B_simple with its 95% interval, from windows of measurements."""
-
-    estimate: float
-    lo: float
-    hi: float
-    windows: float  # the effective number of windows the interval rests on
-    settled: bool
-
-    @property
-    def low_settled(self) -> bool:
-        """The lower end within ``SETTLED_HALF_WIDTH`` of the estimate. A B_simple that grows as
-        training goes on keeps the upper end wide (|G|^2 shrinks towards its own noise), while
-        the lower end, all that a larger batch's pessimistic efficiency rests on, is known."""
-        return (
-            self.estimate > 0
-            and self.lo > 0
-            and self.estimate - self.lo <= SETTLED_HALF_WIDTH * self.estimate
-        )
-
-    @property
-    def high_settled(self) -> bool:
-        """The upper end within ``SETTLED_HALF_WIDTH`` of the estimate (what a smaller batch rests on)."""
-        return self.estimate > 0 and self.hi - self.estimate <= SETTLED_HALF_WIDTH * self.estimate
 
 
 class GNSEstimator:
@@ -160,6 +115,7 @@ class GNSEstimator:
         self._cur_n = 0
         self._blocks: list[list[float]] = []  # closed windows: [closed at step, g, s, w]
         self._interval: GNSInterval | None = None
+        self._floor: GNSInterval | None = None  # a one-sided interval where no two-sided one is bounded
 
     def update(self, g_small_sq: float, g_big_sq: float, b_small: float, b_big: float) -> bool:
         """Add one measurement: ``g_small_sq`` is the mean over the small batches of their squared
@@ -186,18 +142,19 @@ class GNSEstimator:
         oldest = self._steps - (math.log(_DROP_WEIGHT) / math.log(d) if d > 0 else 0.0)
         while self._blocks and self._blocks[0][0] < oldest:
             self._blocks.pop(0)
-        self._interval = self._window_interval()
+        self._interval, self._floor = self._window_interval()
 
-    def _window_interval(self) -> GNSInterval | None:
+    def _window_interval(self) -> tuple[GNSInterval | None, GNSInterval | None]:
+        """Return the two-sided interval, or else the one-sided one (see :attr:`decision_interval`)."""
         if not self._blocks:
-            return None
+            return None, None
         at, g, s, w = np.array(self._blocks, dtype=np.float64).T
         f = self.ema_decay ** (self._steps - at)
         g, s, w = g * f, s * f, w * f
         tot_g, tot_s, tot_w = float(g.sum()), float(s.sum()), float(w.sum())
         m = tot_w**2 / float(w @ w)
-        if m < MIN_BLOCKS or tot_g <= 0:
-            return None
+        if m < MIN_BLOCKS:
+            return None, None
         # deviations from each window's share of the totals and of a linear trend in time: |G|^2
         # shrinking as training goes on is a change, not noise, and must not widen the interval
         design = np.stack([w, w * (at - float(w @ at) / tot_w)], axis=1)
@@ -205,19 +162,19 @@ class GNSEstimator:
         dev_s, dev_g = (np.stack([s, g], axis=1) - design @ coef).T
         c = m / (m - 2)
         v_s, v_g, cov = c * float(dev_s @ dev_s), c * float(dev_g @ dev_g), c * float(dev_s @ dev_g)
-        ratio = tot_s / tot_g
-        estimate = ratio - (ratio * v_g - cov) / tot_g**2
         t2 = t_quantile_975(m - 2) ** 2
         qa = tot_g**2 - t2 * v_g  # Fieller: qa r^2 - 2 qb r + qc <= 0
-        if qa <= 0:
-            return None
         qb = tot_s * tot_g - t2 * cov
         qc = tot_s**2 - t2 * v_s
+        if qa <= 0 or tot_g <= 0:
+            return None, floor_interval(qa, qb, qc, tot_s, m)
+        ratio = tot_s / tot_g
+        estimate = ratio - (ratio * v_g - cov) / tot_g**2
         root = math.sqrt(max(0.0, qb * qb - qa * qc))
         lo, hi = (qb - root) / qa, (qb + root) / qa
         half = max(hi - estimate, estimate - lo)
         settled = estimate > 0 and lo > 0 and half <= SETTLED_HALF_WIDTH * estimate
-        return GNSInterval(estimate, lo, hi, m, settled)
+        return GNSInterval(estimate, lo, hi, m, settled), None
 
     @property
     def steps(self) -> int:
@@ -244,6 +201,19 @@ class GNSEstimator:
         """Return the estimate with its 95% interval as of the last closed window, or None while
         fewer than ``MIN_BLOCKS`` windows (or no clearly positive |G|^2) support one."""
         return self._interval
+
+    @property
+    def decision_interval(self) -> GNSInterval | None:
+        """Return the interval a decision to grow the batch rests on: :attr:`interval` when it is
+        bounded, else a one-sided one, ``GNSInterval(lo, lo, inf, ...)``, when tr(Sigma) is clearly
+        positive but |G|^2 is not clearly above zero.
+
+        That is the usual state of a B_simple far above the batches measured (|G|^2 is then a
+        small difference of two large norms): Fieller's set is then two rays, and as B_simple >= 0
+        only the upper one, [lo, inf), is possible. Its estimate is taken at lo, the pessimistic
+        end for growing; nothing is known on the side of shrinking, which is not "settled".
+        """
+        return self._interval if self._interval is not None else self._floor
 
     @property
     def settled(self) -> bool:
@@ -311,7 +281,7 @@ class GNSEstimator:
             self._cur, self._cur_n = [float(v) for v in window[:3]], int(window[3])
         self._blocks = [[float(v) for v in b] for b in state.get("windows", [])]
         if self._blocks:
-            self._interval = self._window_interval()
+            self._interval, self._floor = self._window_interval()
 
     def __repr__(self) -> str:
         return f"GNSEstimator(ema_decay={self.ema_decay}, steps={self._steps}, b_simple={self.b_simple})"

@@ -241,6 +241,32 @@ def test_no_interval_while_the_squared_gradient_is_not_clearly_positive():
     assert est.interval is None and not est.settled
 
 
+def test_a_noise_scale_far_above_the_batch_gets_a_one_sided_interval_for_growing():
+    """B_simple = 20,000 measured with batches of 16 and 32 on 2 ranks (issue 46's regime): |G|^2
+    is within its own noise, so no two-sided interval exists; the one a decision to grow rests on is
+    [lo, inf), lo positive and below the truth in nearly every run (a 97.5% bound); with tr(Sigma)
+    = 0 nothing is known beyond the interval."""
+    lows = []
+    for seed in range(20):
+        rng, d, per_rank = np.random.default_rng(seed), 64, 16
+        mean = np.full(d, np.sqrt(1.0 / d))  # |G|^2 = 1, tr(Sigma) = 20,000
+        small = mean + rng.standard_normal((300, 2, d)) * np.sqrt(20_000.0 / d / per_rank)
+        est = GNSEstimator(ema_decay=0.99)
+        small_sq, big_sq = (small**2).sum(-1).mean(-1).tolist(), (small.mean(1) ** 2).sum(-1).tolist()
+        for s_sq, b_sq in zip(small_sq, big_sq, strict=True):
+            est.update(s_sq, b_sq, per_rank, 32)
+        iv = est.decision_interval
+        assert est.interval is None and iv is not None and iv.hi == math.inf, (est.interval, iv)
+        assert iv.estimate == iv.lo > 0 and iv.low_settled and not iv.high_settled and not iv.settled
+        lows.append(iv.lo)
+    assert np.mean(np.array(lows) < 20_000.0) >= 0.9, lows
+    assert np.median(lows) > 64, lows  # far above the batch: growing is on the table
+    nothing = GNSEstimator(ema_decay=0.99, block=10)
+    for _ in range(300):
+        nothing.update(1.0, 1.0, 4, 8)  # |G|^2 = 1, tr(Sigma) = 0
+    assert nothing.interval is not None and nothing.decision_interval is nothing.interval
+
+
 def test_non_finite_norms_are_left_out():
     est = GNSEstimator()
     assert est.update(5.0, 3.0, 2, 8)

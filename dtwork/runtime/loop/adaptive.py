@@ -265,7 +265,8 @@ class AdaptiveBatch:
         if state.rank == 0:
             self.decision = self._choose(max_accumulation)
             chosen = self.decision.chosen
-            b_simple = state.gns if state.gns is not None and math.isfinite(state.gns) else math.nan
+            b_simple = self._b_simple()
+            b_simple = b_simple if b_simple is not None and math.isfinite(b_simple) else math.nan
             answer[:] = torch.tensor(
                 [chosen.per_slot, chosen.accumulation, self._factor_for(chosen), b_simple],
                 dtype=torch.float64,
@@ -300,7 +301,7 @@ class AdaptiveBatch:
         return ratio if scaled else 1.0
 
     def _choose(self, max_accumulation: int) -> goodput.BatchDecision:
-        gns = self.state.gns_state.interval if self.state.gns_state is not None else None
+        gns = self.state.gns_state.decision_interval if self.state.gns_state is not None else None
         if not self.profile:
             why = "not deciding: no step time measured yet"
             return goodput.BatchDecision(False, self.split, None, None, None, None, None, why)
@@ -321,10 +322,17 @@ class AdaptiveBatch:
             self.max_global_batch, self.min_per_slot_batch, max_accumulation=max_accumulation
         )
 
+    def _b_simple(self) -> float | None:
+        """The B_simple the LR rule and the moments take: the decisions' (the lower end where only
+        that is known, as a far larger B_simple than the batch leaves it), else the running one."""
+        est = self.state.gns_state
+        interval = est.decision_interval if est is not None else None
+        return interval.estimate if interval is not None else self.state.gns
+
     def _factor_for(self, split: goodput.Split) -> float:
         """The LR factor of ``split`` under the rule; the AdaScale rules keep theirs without a GNS."""
         rule = LR_RULES[self.rule()]
-        gns = self.state.gns
+        gns = self._b_simple()
         if rule in ("adascale", "adascale_sqrt") and (gns is None or not math.isfinite(gns)):
             return self.factor
         return goodput.lr_factor(rule, split.global_batch, self.start_batch, gns)
