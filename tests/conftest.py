@@ -16,7 +16,7 @@ os.environ.setdefault("DTWORK_HOME", str(_STATE / "home"))
 os.environ.setdefault("DTWORK_STORE", str(_STATE / "runs.sqlite"))
 os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
 
-# torchrun_ref, slurm_fixtures and jupyter_server_fixtures live here, beside the two folders.
+# torchrun_ref, slurm_fixtures, jupyter_server_fixtures and gpu_prepare live here, beside the two folders.
 TESTS = Path(__file__).resolve().parent
 UNIT = TESTS / "unit"
 if str(TESTS) not in sys.path:
@@ -31,6 +31,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return UNIT not in item.path.parents, "no_cluster" in getattr(item, "fixturenames", ())
 
     items.sort(key=order)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The GPU preparation step waits on the network: begun now, it overlaps the unit tests."""
+    import gpu_prepare
+
+    if any(item.name == gpu_prepare.TEST for item in session.items) and not session.config.option.collectonly:
+        gpu_prepare.start()
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import gpu_prepare
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,13 +87,10 @@ def _index_unreachable() -> str | None:
 
 
 @pytest.mark.skipif(bool(_index_unreachable()), reason=_index_unreachable() or "")
-def test_prepare_fetches_a_complete_set_of_what_the_gpu_machine_lacks(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    folder = tmp_path_factory.mktemp("gpu-wheels")
-    proc = _run(["bash", "benchmarks/gpu/prepare.sh", str(folder)], dict(os.environ), timeout=400)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "complete.py: " in proc.stdout and ": complete" in proc.stdout, proc.stdout[-2000:]
+def test_prepare_fetches_a_complete_set_of_what_the_gpu_machine_lacks() -> None:
+    code, out, folder = gpu_prepare.result(timeout=400)  # begun at collection (tests/conftest.py)
+    assert code == 0, out[-4000:]
+    assert "complete.py: " in out and ": complete" in out, out[-2000:]
     names = {p.name.split("-")[0].lower() for p in folder.glob("*.whl")}
     assert set(LACKING) <= names, sorted(names)
     assert not set(IN_THE_IMAGE) & names, sorted(names)
