@@ -209,3 +209,12 @@ def test_the_graph_sees_function_level_and_type_checking_imports() -> None:
         < floor_of("dtwork.store.runs")
         < floor_of("dtwork.kernel.session")
     )
+
+
+def test_test_files_have_names_unique_across_the_test_folders() -> None:
+    """pytest imports test files by their bare names (no __init__.py): two folders holding the same
+    name stop the whole run at collection, which a run of tests/unit alone would not show."""
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]}: rename one of them"
+        seen[path.name] = path
