@@ -86,7 +86,7 @@ class StepLoop:
         self.is_last_micro = True
         self.stepped = False
         self.memory_noted = False  # what a rank holds, recorded at the first optimizer step
-        self.pending_optimizers: list[dict[str, object]] = []  # a resume's, for optimizers made in this cell
+        self.pending_optimizers: list[checkpoint.Waiting] = []  # a resume's, for optimizers made in this cell
         self.sync = StepSync(state.device, state.world_size, cfg.optimizations.average_training_metrics)
         self.add_log = self.sync.add_log  # ctx.log's short way, every step
         self.gns = GNSMeter(state, self)
@@ -148,11 +148,7 @@ class StepLoop:
             self.cadence.at_end(self.step)
             pending = self.pending_optimizers
             if pending and state.rank == 0 and self.step > self.span.first:
-                print(
-                    f"dtwork: the resumed checkpoint held {len(pending)} optimizer state(s) "
-                    "that no optimizer of this run took: step each optimizer with ctx.step(opt) (or make it "
-                    "with ctx.optimizer) so its state is restored"
-                )
+                print(checkpoint.untaken(pending))
             clean = True
         finally:
             exchanged.remove()
