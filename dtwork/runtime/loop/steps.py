@@ -21,7 +21,7 @@ from dtwork.runtime.core import control, effective_args, run_axis
 from dtwork.runtime.loop import guards
 from dtwork.runtime.loop.adaptive import adaptive_for
 from dtwork.runtime.loop.cadence import Cadence, LoopPosition
-from dtwork.runtime.loop.data import batch_len, to_device
+from dtwork.runtime.loop.data import adaptive_twin, batch_len, to_device
 from dtwork.runtime.loop.options import AdaptiveOptions, LoopOptions
 from dtwork.runtime.loop.precision import Autocast, setup_scaler
 from dtwork.runtime.loop.span import Span
@@ -58,6 +58,8 @@ class StepLoop:
         self.state = state
         self.k = cfg.optimizations.aggregation_frequency
         cfg_steps, cfg_epochs = cfg.stop(state.global_batch_size)  # max_steps, else searcher.max_length
+        if ada.adaptive:  # one switch: a plain ctx.loader(...) runs as its adaptive twin
+            loader = adaptive_twin(state, loader)
         self.span = Span(
             loader,
             opts.max_steps if opts.max_steps is not None else cfg_steps,
