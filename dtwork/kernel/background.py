@@ -23,17 +23,25 @@ class BackgroundCell:
             watcher.ar.wait(POLL_SECONDS)
         watcher.quiet = True
         watcher.finish()
+        if watcher.restart_after is not None:  # a rank died: the failure is known, now fresh engines
+            watcher.host.restart_after_failure(watcher.restart_after)
 
     @property
     def running(self) -> bool:
         return not self.watcher.done.is_set()
 
     def join(self) -> None:
-        """Wait for the cell's end; Ctrl-C relays an interrupt to its ranks and goes on waiting."""
+        """Wait for the cell's end (not for a restart after it); Ctrl-C relays an interrupt to its
+        ranks and goes on waiting."""
         try:
-            while self._thread.is_alive():
-                self._thread.join(0.1)
+            while not self.watcher.done.wait(0.1):
+                pass
         except KeyboardInterrupt:
             self.watcher.interrupt()
-            while self._thread.is_alive():
-                self._thread.join(0.1)
+            while not self.watcher.done.wait(0.1):
+                pass
+
+    def settle(self) -> None:
+        """Wait for its thread's last work: the restart after a dead rank, if any."""
+        while self._thread.is_alive():
+            self._thread.join(0.1)

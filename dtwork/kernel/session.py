@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -62,6 +63,7 @@ class Session:
         # Every write during a cell goes through the writer: what the store refuses waits.
         self.writer = StoreWriter(lambda: self.store, store_file)
         self.bg: BackgroundCell | None = None
+        self.restarting: BackgroundCell | None = None  # brought back; its thread may still restart engines
         self.dashboard: Dashboard | None = None  # the current cell's live view, if any
         self.last: CellResult | None = None
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
@@ -266,6 +268,8 @@ class Session:
 
     def restart(self, why: str | None = None, force: bool = False) -> None:
         """Fresh engines and process group; the run goes on (its event says why, when given)."""
+        if threading.current_thread() is threading.main_thread():
+            self.settle_background()  # not over a background cell's own restart
         if why:
             self.event("restart", f"engines restarted: {why}")
         self.book.ranks_run = None
@@ -290,6 +294,7 @@ class Session:
     ) -> CellResult:
         if self.bg is not None and self.bg.running:
             raise DtworkError("a background cell is still training: %dtrain wait (or attach) first")
+        self.settle_background()
         self.writer.flush(force=True)
         try:
             run_id = self.ensure_run()
@@ -338,9 +343,16 @@ class Session:
         bg = self.bg
         if bg is None:
             return None
-        bg.join()
-        self.bg = None
+        bg.join()  # the cell's end: its failure is told at once, a restart after it goes on
+        self.bg, self.restarting = None, bg
         return self.conclude(bg.watcher, bg.watcher.result)
+
+    def settle_background(self) -> None:
+        """Let the restart after a background cell's dead rank end before the engines are used."""
+        for bg in (self.bg, self.restarting):
+            if bg is not None and not bg.running:
+                bg.settle()
+        self.restarting = None
 
     def conclude(self, watcher: CellWatcher, result: CellResult) -> CellResult:
         status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
@@ -365,7 +377,8 @@ class Session:
             if recovered is not None:
                 return recovered
         if result.errors:
-            self._settle([r for r in result.errors if r not in watcher.dead])
+            if not watcher.restarted:  # fresh engines (or a background cell's restarting) have none to settle
+                self._settle([r for r in result.errors if r not in watcher.dead])
             if not watcher.restarted and not watcher.dead:
                 self._repair_group()
             if status == "error" or not all(map(stopped_by_interrupt, result.errors.values())):
@@ -458,6 +471,7 @@ class Session:
 
     def close(self) -> None:
         """End the session's run (completed, failed or interrupted) and close the store."""
+        self.settle_background()
         if self.run_id is not None:
             self.writer.event(self.run_id, "stop", "cluster stopped")
             self.writer.run_status(self.run_id, self._final_status())
