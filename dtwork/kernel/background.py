@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from dtwork.kernel.watcher import POLL_SECONDS, CellWatcher
 
@@ -10,8 +11,9 @@ from dtwork.kernel.watcher import POLL_SECONDS, CellWatcher
 class BackgroundCell:
     """One cell trained in the background; ``%dtrain wait`` brings it back."""
 
-    def __init__(self, watcher: CellWatcher) -> None:
+    def __init__(self, watcher: CellWatcher, replays: Callable[[], bool]) -> None:
         self.watcher = watcher
+        self.replays = replays  # whether the session replays the run after a dead rank (max_restarts)
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def start(self) -> None:
@@ -22,6 +24,9 @@ class BackgroundCell:
         while not watcher.poll():
             watcher.ar.wait(POLL_SECONDS)
         watcher.quiet = True
+        if watcher.dead and not watcher.restarted and not self.replays():
+            watcher.restarted = True  # before the end is known: %dtrain wait then restarts nothing
+            watcher.restart_after = f"{', '.join(f'rank {r}' for r in sorted(watcher.dead))} died"
         watcher.finish()
         if watcher.restart_after is not None:  # a rank died: the failure is known, now fresh engines
             watcher.host.restart_after_failure(watcher.restart_after)

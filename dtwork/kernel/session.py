@@ -333,7 +333,7 @@ class Session:
         self.perf_rate = PerfThinner(len(rank_list))
         watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
         if bg:
-            self.bg = BackgroundCell(watcher)
+            self.bg = BackgroundCell(watcher, self.replay.replays)
             self.bg.start()
             return watcher.result
         return self.conclude(watcher, watcher.wait())

@@ -1,6 +1,6 @@
 """A rank killed during a background cell (``%%dtrain --bg``) fails the cell within 10 s naming it,
-even when the survivor is never released (as under NCCL): the engines restart after the failure is
-known, not before it; the next cell waits for them."""
+whether gloo releases the survivor or it stays blocked (as under NCCL): the engines restart after
+the failure is known, not before it; the next cell waits for them."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from dtwork.errors import RankFailure
-from tests.cluster.test_dead_rank import FOREVER, KILLED, WORKS
+from tests.cluster.test_dead_rank import FOREVER, IN_GLOO, KILLED, WORKS
 
 
-def test_a_rank_killed_in_a_background_cell_is_named_within_10_s(fresh_run: Any) -> None:
+@pytest.mark.parametrize("wait", [IN_GLOO, FOREVER], ids=["released", "never released"])
+def test_a_rank_killed_in_a_background_cell_is_named_within_10_s(fresh_run: Any, wait: str) -> None:
     cluster = fresh_run
     t0 = time.monotonic()
-    cluster.run(KILLED.replace("WAIT", FOREVER), quiet=True, bg=True)
+    cluster.run(KILLED.replace("WAIT", wait), quiet=True, bg=True)
     with pytest.raises(RankFailure) as failed:
         cluster.session.wait_background()
     told = time.monotonic() - t0
