@@ -14,6 +14,7 @@ class BackgroundCell:
     def __init__(self, watcher: CellWatcher, replays: Callable[[], bool]) -> None:
         self.watcher = watcher
         self.replays = replays  # whether the session replays the run after a dead rank (max_restarts)
+        self.concluded = False  # brought back by %dtrain wait (its thread may still restart engines)
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def start(self) -> None:

@@ -63,7 +63,6 @@ class Session:
         # Every write during a cell goes through the writer: what the store refuses waits.
         self.writer = StoreWriter(lambda: self.store, store_file)
         self.bg: BackgroundCell | None = None
-        self.restarting: BackgroundCell | None = None  # brought back; its thread may still restart engines
         self.dashboard: Dashboard | None = None  # the current cell's live view, if any
         self.last: CellResult | None = None
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
@@ -98,7 +97,7 @@ class Session:
     @property
     def background(self) -> CellWatcher | None:
         """The watcher of the cell training in the background, if any."""
-        return self.bg.watcher if self.bg is not None else None
+        return self.bg.watcher if self.bg is not None and not self.bg.concluded else None
 
     def ensure_run(self) -> int:
         if self.run_id is None:
@@ -341,18 +340,19 @@ class Session:
     def wait_background(self) -> CellResult | None:
         """Bring a background cell back to the foreground and wait for it."""
         bg = self.bg
-        if bg is None:
+        if bg is None or bg.concluded:
             return None
-        bg.join()  # the cell's end: its failure is told at once, a restart after it goes on
-        self.bg, self.restarting = None, bg
+        bg.join()  # the cell's end: its failure is told at once, a restart after it goes on (kept)
+        bg.concluded = True
         return self.conclude(bg.watcher, bg.watcher.result)
 
     def settle_background(self) -> None:
         """Let the restart after a background cell's dead rank end before the engines are used."""
-        for bg in (self.bg, self.restarting):
-            if bg is not None and not bg.running:
-                bg.settle()
-        self.restarting = None
+        bg = self.bg
+        if bg is not None and not bg.running:
+            bg.settle()
+            if bg.concluded:
+                self.bg = None
 
     def conclude(self, watcher: CellWatcher, result: CellResult) -> CellResult:
         status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
