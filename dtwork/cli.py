@@ -410,7 +410,8 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
     return found
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
+def cli_parser(prog: str = "dtwork") -> argparse.ArgumentParser:
+    """The ``dtwork`` command's parser, its subcommands nested (docs/reference.md is checked against it)."""
     parser = _HintParser(prog=prog, description="dtwork from the shell: runs, notebooks, checks")
     top = parser.add_subparsers(dest="command", required=True)
     _runs_parser(top.add_parser("runs", help="list, show, compare and export runs"))
@@ -464,7 +465,7 @@ def _script(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None, prog: str = "dtwork") -> int:
     """The ``dtwork`` console script and ``python -m dtwork``; returns the exit status."""
-    parser = _parser(prog)
+    parser = cli_parser(prog)
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if ns.command == "runs":
         return _runs(ns)

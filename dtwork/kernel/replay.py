@@ -109,6 +109,10 @@ class Replay:
         self.session = session
         self.restarts_used = 0
 
+    def replays(self) -> bool:
+        """Whether a recovery now would replay the run (restarts left, a run to replay)."""
+        return self.restarts_used < self.session.config.max_restarts and self.session.run_id is not None
+
     def recover(self, watcher: CellWatcher) -> CellResult | None:
         """After a rank died: fresh engines; with restarts left, replay the run from its checkpoint."""
         session = self.session

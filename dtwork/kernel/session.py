@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -105,7 +106,7 @@ class Session:
     @property
     def background(self) -> CellWatcher | None:
         """The watcher of the cell training in the background, if any."""
-        return self.bg.watcher if self.bg is not None else None
+        return self.bg.watcher if self.bg is not None and not self.bg.concluded else None
 
     def ensure_run(self, wanted: int | None = None) -> int:
         """The current run, made now if there is none (with id ``wanted`` when that is still free)."""
@@ -293,6 +294,8 @@ class Session:
 
     def restart(self, why: str | None = None, force: bool = False) -> None:
         """Fresh engines and process group; the run goes on (its event says why, when given)."""
+        if threading.current_thread() is threading.main_thread():
+            self.settle_background()  # not over a background cell's own restart
         if why:
             self.event("restart", f"engines restarted: {why}")
         self.book.ranks_run = None
@@ -318,6 +321,7 @@ class Session:
     ) -> CellResult:
         if self.bg is not None and self.bg.running:
             raise DtworkError("a background cell is still training: %dtrain wait (or attach) first")
+        self.settle_background()
         self.writer.flush(force=True)
         try:
             run_id = self.ensure_run()
@@ -356,7 +360,7 @@ class Session:
         self.perf_rate = PerfThinner(len(rank_list))
         watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
         if bg:
-            self.bg = BackgroundCell(watcher)
+            self.bg = BackgroundCell(watcher, self.replay.replays)
             self.bg.start()
             return watcher.result
         return self.conclude(watcher, watcher.wait())
@@ -364,11 +368,19 @@ class Session:
     def wait_background(self) -> CellResult | None:
         """Bring a background cell back to the foreground and wait for it."""
         bg = self.bg
-        if bg is None:
+        if bg is None or bg.concluded:
             return None
-        bg.join()
-        self.bg = None
+        bg.join()  # the cell's end: its failure is told at once, a restart after it goes on (kept)
+        bg.concluded = True
         return self.conclude(bg.watcher, bg.watcher.result)
+
+    def settle_background(self) -> None:
+        """Let the restart after a background cell's dead rank end before the engines are used."""
+        bg = self.bg
+        if bg is not None and not bg.running:
+            bg.settle()
+            if bg.concluded:
+                self.bg = None
 
     def conclude(self, watcher: CellWatcher, result: CellResult) -> CellResult:
         status = {"ok": "ok", "interrupted": "interrupted"}.get(result.status, "error")
@@ -396,7 +408,8 @@ class Session:
             if recovered is not None:
                 return recovered
         if result.errors:
-            self._settle([r for r in result.errors if r not in watcher.dead])
+            if not watcher.restarted:  # fresh engines (or a background cell's restarting) have none to settle
+                self._settle([r for r in result.errors if r not in watcher.dead])
             if not watcher.restarted and not watcher.dead:
                 self._repair_group()
             if status == "error" or not all(map(stopped_by_interrupt, result.errors.values())):
@@ -489,6 +502,7 @@ class Session:
 
     def close(self) -> None:
         """End the session's run (completed, failed or interrupted) and close the store."""
+        self.settle_background()
         if self.run_id is not None:
             self.writer.event(self.run_id, "stop", "cluster stopped")
             self.writer.run_status(self.run_id, self.book.final_status(self.run_id))

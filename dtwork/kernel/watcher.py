@@ -163,6 +163,7 @@ class CellWatcher:
         self.dead: dict[int, str] = {}  # rank -> why its engine is gone
         self._t0 = time.monotonic()
         self.restarted = False
+        self.restart_after: str | None = None  # a background cell's engines restart once it ended, why
         # the first health check comes half a second in: a short cell pays none (a rank that died
         # between cells is found then, or at once when the cell fails)
         self._last_health = time.monotonic()
@@ -230,10 +231,14 @@ class CellWatcher:
         if self.ar.ready():
             return True
         if self._failed_at is not None and time.monotonic() - self._failed_at > FAILURE_GRACE:
-            if self.dead and not self.host.in_background(self):
+            if self.dead:
                 # Survivors blocked on a dead peer (NCCL never releases them): the cell fails now,
-                # the session then restarts the engines (replay.Replay.recover).
+                # naming the dead rank; the engines restart after (replay.Replay.recover, or for a
+                # background cell its thread, once the failure is known: not before it)
                 self.result.message = "ranks still running after another rank died"
+                if self.host.in_background(self):
+                    self.restarted = True
+                    self.restart_after = self.result.message
             else:
                 self._abandon("ranks still running after another rank failed")
             return True

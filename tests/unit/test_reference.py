@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dtwork import magics
+from dtwork import cli, magics
 from dtwork.runtime.context import Context
 from dtwork.runtime.loop import data, evaluate, optim, options
 
@@ -35,7 +35,31 @@ def sections() -> dict[str, str]:
 
 
 def options(parser: argparse.ArgumentParser) -> list[str]:
-    return [o for action in parser._actions for o in action.option_strings]
+    """A parser's own options, those it hides (``help=SUPPRESS``) and ``--help`` left out."""
+    return [
+        o
+        for action in parser._actions
+        if action.help != argparse.SUPPRESS and not isinstance(action, argparse._HelpAction)
+        for o in action.option_strings
+    ]
+
+
+def parsers(name: str, parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    """``parser`` as ``name`` and every parser nested under it, by the words that reach it
+    (``dtwork runs export``)."""
+    found = [(name, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for word, sub in action.choices.items():
+                found += parsers(f"{name} {word}", sub)
+    return found
+
+
+# every parser of the %dtrain subcommands and of the shell's `dtwork` command, nested ones included
+EVERY = [
+    *(found for sub, make in magics.PARSERS.items() for found in parsers(f"%dtrain {sub}", make())),
+    *parsers("dtwork", cli.cli_parser())[1:],  # its subcommands (the command itself has none of its own)
+]
 
 
 def arguments(name: str) -> list[str]:
@@ -57,11 +81,23 @@ def public_ctx() -> list[str]:
 
 
 @pytest.mark.parametrize("sub", magics.SUBCOMMANDS)
-def test_every_subcommand_and_its_options_are_documented(sub: str) -> None:
-    text = sections().get(f"%dtrain {sub}")
-    assert text is not None, f"docs/reference.md has no '### `%dtrain {sub}`' section"
-    for option in options(magics.PARSERS[sub]()) if sub in magics.PARSERS else []:
-        assert re.search(rf"`{re.escape(option)}\b", text), f"%dtrain {sub} {option} is not documented"
+def test_every_subcommand_is_documented(sub: str) -> None:
+    assert f"%dtrain {sub}" in sections(), f"docs/reference.md has no '### `%dtrain {sub}`' section"
+
+
+@pytest.mark.parametrize(("name", "parser"), EVERY, ids=[name for name, _ in EVERY])
+def test_every_parsers_options_are_documented(name: str, parser: argparse.ArgumentParser) -> None:
+    text = sections().get(name)
+    assert text is not None, f"docs/reference.md has no '### `{name}`' section"
+    for option in options(parser):
+        assert re.search(rf"`{re.escape(option)}(?![\w-])", text), f"{name} {option} is not documented"
+
+
+def test_nested_parsers_are_read() -> None:
+    names = [name for name, _ in EVERY]
+    assert "dtwork runs export" in names and "%dtrain start" in names
+    export = dict(EVERY)["dtwork runs export"]
+    assert {"--report", "--tensorboard", "--mlflow"} <= set(options(export))
 
 
 def test_every_subcommand_has_a_parser_but_run() -> None:

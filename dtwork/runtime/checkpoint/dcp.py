@@ -61,15 +61,20 @@ def save(state: RankState, folder: Path) -> None:
     dcp.save(_states(state), checkpoint_id=folder)
 
 
-def load(state: RankState, folder: Path) -> None:
-    """Read ``folder``'s shards resharded onto this world and set them on the models and optimizers."""
-    target = _states(state)
+def _read(target: dict[str, dict[str, StateDict]], folder: Path) -> None:
+    """Fill ``target`` (this rank's shards, as DCP keys them) from ``folder``, resharded."""
     try:
         dcp.load(target, checkpoint_id=folder)
     except (Exception, CheckpointException) as exc:  # a missing or torn shard: every rank raises
         raise ShardsUnreadable(
             f"checkpoint {folder} cannot be read ({_first_line(exc)}): it is damaged"
         ) from None
+
+
+def load(state: RankState, folder: Path) -> None:
+    """Read ``folder``'s shards resharded onto this world and set them on the models and optimizers."""
+    target = _states(state)
+    _read(target, folder)
     for key, sd in target["models"].items():
         model = state.run_modules()[int(key)]
         strategy_of(model).set_shard_state(model, sd)
@@ -78,6 +83,37 @@ def load(state: RankState, folder: Path) -> None:
         owner = sharded_owner(state, o)
         assert owner is not None  # _states keys only optimizers that have one
         strategy_of(owner).set_optimizer_shard_state(owner, o, sd)
+
+
+def model_of(state: RankState, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
+    """The run's model whose parameters ``optimizer`` steps: the FSDP one if any, else any."""
+    mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    found = [m for m in state.run_modules() if any(id(p) in mine for p in m.parameters())]
+    return sharded_owner(state, optimizer) or next(iter(found), None)
+
+
+def load_optimizer(
+    folder: Path, index: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Read the shards of the optimizer saved at ``index`` from ``folder`` into ``optimizer`` over
+    ``model``, an optimizer made after the load, at its first step; a collective (every rank).
+
+    DCP reads into a state of the right shapes: torch makes an empty optimizer's state with a step
+    of zero gradients at lr 0, but only while no parameter has a gradient, so the gradients of the
+    step under way are set aside meanwhile and put back after."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        strategy = strategy_of(model)
+        key = str(index)
+        target = {"optimizers": {key: strategy.optimizer_shard_state(model, optimizer)}}
+        _read(target, folder)
+        strategy.set_optimizer_shard_state(model, optimizer, target["optimizers"][key])
+    finally:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
 
 
 def _first_line(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,8 @@ __all__ = [
     "resume_from",
     "save",
     "take_pending",
+    "untaken",
+    "Waiting",
 ]
 
 PENDING = "pending_optimizers"  # the loop state's key: optimizer states no known optimizer took
@@ -225,22 +228,58 @@ def load(state: RankState, path: Path) -> dict[str, Any]:
     if state.gns_state is not None and gns:
         state.gns_state.load_state_dict(gns)
     # a plain torch.optim optimizer made in the resuming cell is known from its first ctx.step:
-    # the loop hands it the state then (``pending_optimizers``), before its first update
-    pending = [sd for sd in payload["optimizers"][len(known) :] if sd is not None]
+    # the loop hands it the state then (``PENDING``), before its first update
+    pending = [
+        Waiting(path, i, sd)
+        for i, sd in enumerate(payload["optimizers"])
+        if i >= len(known) and (sd is not None or sharded)
+    ]
     return {**payload["loop"], "rng": payload["rng"][state.rank % written], PENDING: pending}
 
 
-def take_pending(state: RankState, optimizer: torch.optim.Optimizer, pending: list[StateDict]) -> bool:
+@dataclass(frozen=True)
+class Waiting:
+    """A checkpoint's optimizer state that no optimizer known at the load took: the next optimizer
+    of the run that a ``ctx.step`` meets with no state of its own takes it, before its update."""
+
+    path: Path  # the checkpoint
+    index: int  # the optimizer's place among the run's when saved (its key in a DCP folder)
+    whole: StateDict | None  # the whole state, from the file; None: its shards, in the DCP folder
+
+
+def take_pending(state: RankState, optimizer: torch.optim.Optimizer, pending: list[Waiting]) -> bool:
     """Load the next optimizer state a resume could not place into ``optimizer`` at its first
-    ``ctx.step``, when it is one of the run's and has taken no step yet; return whether it did."""
+    ``ctx.step``, when it is one of the run's and has taken no step yet; return whether it did.
+    The same rule for a ``.pt`` file and a ``.dcp`` folder (read then, by every rank at once)."""
     if not pending or optimizer.state or not any(o is optimizer for o in state.run_optimizers()):
         return False
-    optimizer.load_state_dict(pending.pop(0))  # moves the state to each parameter's device
+    waiting = pending.pop(0)
+    if waiting.whole is not None:
+        owner = _optimizer_model(state, optimizer)
+        (DDP if owner is None else strategy_of(owner)).set_whole_optimizer_state(
+            owner, optimizer, waiting.whole
+        )
+    else:
+        model = dcp.model_of(state, optimizer)
+        assert model is not None  # a run's optimizer steps a run's model
+        dcp.load_optimizer(waiting.path, waiting.index, model, optimizer)
     if state.rank == 0:
         print(
-            f"dtwork: restored the checkpoint's optimizer state into {type(optimizer).__name__} at its first ctx.step"
+            f"dtwork: restored the checkpoint's optimizer state into {type(optimizer).__name__} "
+            f"at its first ctx.step (from {waiting.path.name})"
         )
     return True
+
+
+def untaken(pending: list[Waiting]) -> str:
+    """The line naming the optimizer states a resume left untaken when the loop ends."""
+    where = pending[0].path
+    which = ", ".join(f"#{w.index}" for w in pending)
+    return (
+        f"dtwork: the resumed checkpoint {where} held {len(pending)} optimizer state(s) ({which}) that "
+        "no optimizer of this run took, so those optimizers started fresh: step each optimizer with "
+        "ctx.step(opt) (or make it with ctx.optimizer) so its state is restored"
+    )
 
 
 def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:

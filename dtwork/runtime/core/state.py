@@ -41,7 +41,8 @@ class RunningLoop(Protocol):
     step: int  # optimizer steps taken
     epoch: int  # the current pass over the data
     memory_noted: bool  # whether this loop recorded what the rank holds
-    pending_optimizers: list[dict[str, Any]]  # a resume's optimizer states no known optimizer took
+    # a resume's optimizer states no known optimizer took (checkpoint.trial.Waiting, a floor above)
+    pending_optimizers: list[Any]
 
     def add_log(self, scalars: dict[str, object]) -> None: ...
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from dtwork.runtime.checkpoint.files import RngState
+    from dtwork.runtime.checkpoint.trial import Waiting
     from dtwork.runtime.core.state import RankState
     from dtwork.runtime.loop.adaptive import AdaptiveState
 
@@ -31,7 +32,7 @@ class LoopPosition(TypedDict, total=False):
     first: int  # the step the loop began at
     adaptive: AdaptiveState
     rng: RngState
-    pending_optimizers: list[dict[str, object]]
+    pending_optimizers: list[Waiting]
 
 
 class Cadence:
@@ -93,7 +94,7 @@ class Cadence:
         if path is not None:
             self.state.publisher.record("event", step, {}, event="checkpoint", message=f"checkpoint {path}")
 
-    def load_resume(self) -> tuple[LoopPosition | None, list[dict[str, object]]]:
+    def load_resume(self) -> tuple[LoopPosition | None, list[Waiting]]:
         """The position to resume from, when ``resume`` asks for one (None: start afresh), and the
         checkpoint's optimizer states that no known optimizer took (for those made in this cell)."""
         if not self.resume:
@@ -109,5 +110,10 @@ class Cadence:
         pending = position.pop(checkpoint.PENDING, [])  # type: ignore[misc]
         self.saved_step = position["step"]
         if self.state.rank == 0:
-            print(f"dtwork: resumed from {path} (step {position['step']})")
+            waits = (
+                f"; {len(pending)} optimizer state(s) wait for their optimizer's first ctx.step"
+                if pending
+                else ""
+            )
+            print(f"dtwork: resumed from {path} (step {position['step']}){waits}")
         return position, pending

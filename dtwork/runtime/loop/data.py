@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -10,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from dtwork.errors import DtworkError
 from dtwork.runtime.core import effective_args
+from dtwork.runtime.loop.adaptive import AdaptiveLoader, make_adaptive_loader
 
 if TYPE_CHECKING:
     from dtwork.runtime.core.state import RankState
@@ -89,8 +92,50 @@ def make_loader(
         seed=seed,
         **kwargs,
     )
+    made = _Made(dataset, bs, shuffle, seed, dict(kwargs))
     kwargs.setdefault("pin_memory", state.device.type == "cuda")
-    return DataLoader(dataset, batch_size=bs, sampler=sampler, **kwargs)
+    loader = DataLoader(dataset, batch_size=bs, sampler=sampler, **kwargs)
+    _made[loader] = made
+    return loader
+
+
+@dataclass
+class _Made:
+    """What ``ctx.loader`` made a plain loader from, and the adaptive twin made from it."""
+
+    dataset: Dataset[object]
+    batch_size: int
+    shuffle: bool
+    seed: int | None
+    kwargs: dict[str, Any]  # the DataLoader's other arguments, as the user gave them
+    twin: AdaptiveLoader | None = field(default=None, repr=False)
+
+
+_made: weakref.WeakKeyDictionary[DataLoader[object], _Made] = weakref.WeakKeyDictionary()
+
+
+def adaptive_twin(state: RankState, loader: Iterable[object]) -> Iterable[object]:
+    """What ``ctx.steps(loader, adaptive=True)`` iterates: for a plain ``ctx.loader(...)``, an
+    adaptive loader over the same dataset with the same arguments, made at its first such loop and
+    the same one in every later loop (its place and batch go on); any other loader as it is.
+
+    Hand loops keep ``ctx.loader(dataset, adaptive=True)``: the twin is not the rank's adaptive
+    batch that a hand loop's ``ctx.step`` decides."""
+    made = _made.get(loader) if isinstance(loader, DataLoader) else None
+    if made is None:
+        return loader
+    if made.twin is None:
+        kept = state.adaptive
+        made.twin = make_adaptive_loader(
+            state,
+            made.dataset,
+            batch_size=made.batch_size,
+            shuffle=made.shuffle,
+            seed=made.seed,
+            **made.kwargs,
+        )
+        state.adaptive = kept
+    return made.twin
 
 
 def first_layer(model: torch.nn.Module) -> torch.nn.Module | None:

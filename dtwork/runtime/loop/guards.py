@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,19 @@ from dtwork.errors import DtworkError
 _exchanging: weakref.WeakSet[torch.optim.Optimizer] = (
     weakref.WeakSet()
 )  # checked: its gradients are exchanged
+_restoring = False  # an optimizer's state being made by torch's zero step: no training step to check
+
+
+@contextmanager
+def restoring_state() -> Iterator[None]:
+    """Let an optimizer step past these guards meanwhile: torch makes an empty optimizer's state
+    with a step of zero gradients at lr 0 before DCP reads a checkpoint's state into it."""
+    global _restoring
+    _restoring = True
+    try:
+        yield
+    finally:
+        _restoring = False
 
 
 def step_only_at_last_micro(micro: Callable[[], tuple[int, int]]) -> RemovableHandle:
@@ -27,6 +41,8 @@ def step_only_at_last_micro(micro: Callable[[], tuple[int, int]]) -> RemovableHa
     """
 
     def hook(optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+        if _restoring:
+            return
         i, k = micro()
         if i != k:
             raise DtworkError(
@@ -94,6 +110,7 @@ def exchanged_before_step(wrapped: Callable[[], list[torch.nn.Module]]) -> Remov
     """Run ``check_exchanged`` before every optimizer step (a plain ``opt.step()`` included)."""
 
     def hook(optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
-        check_exchanged(optimizer, wrapped())
+        if not _restoring:
+            check_exchanged(optimizer, wrapped())
 
     return register_optimizer_step_pre_hook(hook)

@@ -47,7 +47,8 @@ def optimizer_step(state: RankState, optimizer: torch.optim.Optimizer) -> bool:
     if loop is not None and loop.pending_optimizers:
         from dtwork.runtime.checkpoint.trial import take_pending
 
-        take_pending(state, optimizer, loop.pending_optimizers)
+        with guards.restoring_state():
+            take_pending(state, optimizer, loop.pending_optimizers)
     if loop is not None and not loop.is_last_micro:
         return False
     if len(state.cell_ranks) == state.world_size:  # its all-reduce would wait for ranks not running the cell

@@ -20,7 +20,7 @@ from dtwork.runtime.core import control, effective_args, run_axis
 from dtwork.runtime.loop import guards
 from dtwork.runtime.loop.adaptive import adaptive_for
 from dtwork.runtime.loop.cadence import Cadence, LoopPosition
-from dtwork.runtime.loop.data import batch_len, to_device
+from dtwork.runtime.loop.data import adaptive_twin, batch_len, to_device
 from dtwork.runtime.loop.options import AdaptiveOptions, LoopOptions
 from dtwork.runtime.loop.precision import Autocast, setup_scaler
 from dtwork.runtime.loop.span import Span
@@ -57,6 +57,8 @@ class StepLoop:
         self.state = state
         self.k = cfg.optimizations.aggregation_frequency
         cfg_steps, cfg_epochs = cfg.stop(state.global_batch_size)  # max_steps, else searcher.max_length
+        if ada.adaptive:  # one switch: a plain ctx.loader(...) runs as its adaptive twin
+            loader = adaptive_twin(state, loader)
         self.span = Span(
             loader,
             opts.max_steps if opts.max_steps is not None else cfg_steps,
@@ -85,7 +87,7 @@ class StepLoop:
         self.is_last_micro = True
         self.stepped = False
         self.memory_noted = False  # what a rank holds, recorded at the first optimizer step
-        self.pending_optimizers: list[dict[str, object]] = []  # a resume's, for optimizers made in this cell
+        self.pending_optimizers: list[checkpoint.Waiting] = []  # a resume's, for optimizers made in this cell
         self.sync = StepSync(state.device, state.world_size, cfg.optimizations.average_training_metrics)
         self.add_log = self.sync.add_log  # ctx.log's short way, every step
         self.gns = GNSMeter(state, self)
@@ -153,11 +155,7 @@ class StepLoop:
             self.cadence.at_end(self.step)
             pending = self.pending_optimizers
             if pending and state.rank == 0 and self.step > self.span.first:
-                print(
-                    f"dtwork: the resumed checkpoint held {len(pending)} optimizer state(s) "
-                    "that no optimizer of this run took: step each optimizer with ctx.step(opt) (or make it "
-                    "with ctx.optimizer) so its state is restored"
-                )
+                print(checkpoint.untaken(pending))
             clean = True
         finally:
             exchanged.remove()
