@@ -409,6 +409,24 @@ class EngineGroup:
         client = self._require_running()
         return self.procs.view(client, tuple(self.engine_ids(ranks)))
 
+    def settle(self, ranks: list[int], tries: int = 40) -> None:
+        """Wait until ranks that raised stop aborting requests (ipykernel aborts what arrives
+        right after an error), so the next cell is not refused with TaskAborted."""
+        if not ranks or self.state != "running":
+            return
+        for _ in range(tries):
+            try:
+                self.view(ranks).execute("", silent=True, block=False).get(timeout=5)
+                return
+            except ipp.error.TaskAborted:
+                time.sleep(0.05)
+            except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
+                if "TaskAborted" not in str(exc):
+                    return
+                time.sleep(0.05)
+            except Exception:
+                return
+
     def call(
         self,
         fn: Callable[..., T],

@@ -19,8 +19,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import ipyparallel as ipp
-
 from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
@@ -409,7 +407,7 @@ class Session:
                 return recovered
         if result.errors:
             if not watcher.restarted:  # fresh engines (or a background cell's restarting) have none to settle
-                self._settle([r for r in result.errors if r not in watcher.dead])
+                self.engines.settle([r for r in result.errors if r not in watcher.dead])
             if not watcher.restarted and not watcher.dead:
                 self._repair_group()
             if status == "error" or not all(map(stopped_by_interrupt, result.errors.values())):
@@ -441,24 +439,6 @@ class Session:
                 file=sys.stderr,
             )
             self.restart_after_failure("process group not rebuilt after a failed cell")
-
-    def _settle(self, ranks: list[int], tries: int = 40) -> None:
-        """Wait until ranks that raised stop aborting requests (ipykernel aborts what arrives
-        right after an error), so the next cell is not refused with TaskAborted."""
-        if not ranks or self.engines.state != "running":
-            return
-        for _ in range(tries):
-            try:
-                self.engines.view(ranks).execute("", silent=True, block=False).get(timeout=5)
-                return
-            except ipp.error.TaskAborted:
-                time.sleep(0.05)
-            except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
-                if "TaskAborted" not in str(exc):
-                    return
-                time.sleep(0.05)
-            except Exception:
-                return
 
     def _live_efficiency(self, run_id: int, n: int) -> LiveEfficiency | None:
         """The cell's efficiency estimate, measured against a sweep's 1-rank throughput where known."""
