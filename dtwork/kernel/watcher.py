@@ -9,6 +9,7 @@ and notices dead or stalled ranks. It talks to the host only through ``CellHost`
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import sys
 import threading
@@ -167,8 +168,8 @@ class CellWatcher:
         # the first health check comes half a second in: a short cell pays none (a rank that died
         # between cells is found then, or at once when the cell fails)
         self._last_health = time.monotonic()
-        self._stacks_looked = self._t0  # when the stacks were last read for a hang without progress
-        self._stacks_shown = False
+        # when the stacks were last read for a hang without progress (infinity once shown: never again)
+        self._stacks_looked = self._t0
         self.done = threading.Event()
 
     @property
@@ -358,7 +359,7 @@ class CellWatcher:
         """A cell that reports no progress (no loop) is hung when, after the stall time, some of
         its ranks wait in a collective: say so with the stacks, once."""
         limit = self.host.stall_seconds
-        if not limit or self._stacks_shown or now - self._stacks_looked < limit:
+        if not limit or now - self._stacks_looked < limit:
             return
         self._stacks_looked = now
         stacks = self._read_stacks()
@@ -384,7 +385,7 @@ class CellWatcher:
     def _show_stacks(self, stacks: RankStacks | None) -> None:
         if stacks is None:
             return
-        self._stacks_shown = True
+        self._stacks_looked = math.inf
         self._print(stacks.text(), err=True)
         self.host.event("stacks", stacks.summary(), {"text": stacks.text()})
 
