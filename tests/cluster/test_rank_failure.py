@@ -61,7 +61,8 @@ def test_a_failing_rank_fails_the_cell_at_once_and_keeps_the_engines(fresh_run, 
     assert c.cluster_id == cluster_id and c.state == "running"
     assert c.pull("kept") == [41, 42]
     store = c.session.store
-    assert store.get_run(c.session.run_id)["status"] == "failed"
+    # a run's status is set by the cells that trained in it: the loop's, not the collectives' alone
+    assert store.get_run(c.session.run_id)["status"] == ("failed" if cell is STEPS else "running")
     c.run(TRAIN, quiet=True)  # the rebuilt group trains, the model kept its DDP wrapper
     a, b = c.pull("same")
     assert all((x == y).all() for x, y in zip(a, b, strict=True))
