@@ -20,7 +20,8 @@ ip.run_line_magic("dtrain", "start -n 2 --backend gloo")
 ip.run_cell_magic("dtrain", "--quiet", "for step, _ in ctx.steps(range(5), max_steps=5):\\n    ctx.log(loss=1.0)")
 if FAIL:
     try:
-        ip.run_cell_magic("dtrain", "--quiet", "raise ValueError('the last cell fails')")
+        # a training cell that fails: a run's status is set by the cells that trained in it
+        ip.run_cell_magic("dtrain", "--quiet", "for step, _ in ctx.steps(range(5), max_steps=5):\\n    raise ValueError('the last cell fails')")
     except Exception as exc:
         print(type(exc).__name__)
 print("=== STOP", flush=True)
