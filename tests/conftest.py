@@ -16,7 +16,7 @@ os.environ.setdefault("DTWORK_HOME", str(_STATE / "home"))
 os.environ.setdefault("DTWORK_STORE", str(_STATE / "runs.sqlite"))
 os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
 
-# torchrun_ref, slurm_fixtures, jupyter_server_fixtures and gpu_prepare live here, beside the two folders.
+# torchrun_ref, slurm_fixtures, jupyter_server_fixtures and background live here, beside the two folders.
 TESTS = Path(__file__).resolve().parent
 UNIT = TESTS / "unit"
 if str(TESTS) not in sys.path:
@@ -34,11 +34,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The GPU preparation step waits on the network: begun now, it overlaps the unit tests."""
-    import gpu_prepare
+    """Slow checks of their own processes (tests/background.py): begun now, they overlap the unit tests."""
+    import background
 
-    if any(item.name == gpu_prepare.TEST for item in session.items) and not session.config.option.collectonly:
-        gpu_prepare.start()
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        if item.name in background.JOBS:
+            background.start(item.name)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-import gpu_prepare
+import background
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +88,9 @@ def _index_unreachable() -> str | None:
 
 @pytest.mark.skipif(bool(_index_unreachable()), reason=_index_unreachable() or "")
 def test_prepare_fetches_a_complete_set_of_what_the_gpu_machine_lacks() -> None:
-    code, out, folder = gpu_prepare.result(timeout=400)  # begun at collection (tests/conftest.py)
+    code, out, folder = background.result(
+        "test_prepare_fetches_a_complete_set_of_what_the_gpu_machine_lacks", timeout=400
+    )  # begun at collection (tests/conftest.py)
     assert code == 0, out[-4000:]
     assert "complete.py: " in out and ": complete" in out, out[-2000:]
     names = {p.name.split("-")[0].lower() for p in folder.glob("*.whl")}
