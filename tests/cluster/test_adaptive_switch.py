@@ -9,6 +9,7 @@ CELL = """
 import torch, torch.nn as nn, torch.nn.functional as F
 g = torch.Generator().manual_seed(3)
 X = torch.randn(256, 4, generator=g); Y = X.sum(1, keepdim=True)
+before = ctx.state.adaptive  # an earlier cell's hand-loop adaptive batch, if any (a shared cluster)
 model = ctx.wrap(nn.Linear(4, 1), gns=True)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = ctx.loader(torch.utils.data.TensorDataset(X, Y))
@@ -16,7 +17,7 @@ sizes = []
 for step, (x, y) in ctx.steps(loader, adaptive=True, max_global_batch=64, decide_every=2, max_steps=6):
     sizes.append(len(x))
     ctx.backward(F.mse_loss(model(x), y)); ctx.step(opt)
-decided = ctx.loop is None and ctx.state.adaptive is None  # a later hand loop is not adaptive
+decided = ctx.loop is None and ctx.state.adaptive is before  # the twin is not a hand loop's batch
 """
 
 
