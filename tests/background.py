@@ -54,10 +54,17 @@ def result(test: str, timeout: float) -> tuple[int, str, Path]:
     """The command's exit code, output and folder, started now if nothing started it earlier."""
     start(test)
     proc, folder = _started[test]
+    out = wait(proc, timeout)
+    return proc.returncode, out, folder
+
+
+def wait(proc: subprocess.Popen[str], timeout: float) -> str:
+    """``proc``'s output once it ends; past ``timeout`` its whole process group is ended (it runs
+    in a session of its own) and the test fails with the output's tail."""
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
-        raise AssertionError(f"{JOBS[test][:2]} did not finish in {timeout:.0f} s:\n{out[-3000:]}") from None
-    return proc.returncode, out, folder
+        raise AssertionError(f"{proc.args!r:.80} did not finish in {timeout:.0f} s:\n{out[-3000:]}") from None
+    return out

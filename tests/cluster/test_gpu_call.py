@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -50,12 +49,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Comp
         text=True,
         start_new_session=True,
     )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-        raise AssertionError(f"{cmd[:3]} did not finish in {timeout:.0f} s:\n{out[-3000:]}") from None
+    out = background.wait(proc, timeout)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
