@@ -23,22 +23,40 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 
+# What a test shares with others in its lane: the session's 2-rank cluster, or a daemon of the machine.
+SHARED = {"cluster", "slurm", "openmpi"}
+# The files of the longest tests outside that lane (minutes each: the browser suite, the benchmarks, notebooks).
+LONGEST = {"test_panel_browser.py", "test_benchmarks_smoke.py", "test_notebooks.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The quick tests/unit first; in tests/cluster the tests that stop every cluster (`no_cluster`)
-    last, so the shared cluster starts once rather than again after each of them."""
+    last, so the shared cluster starts once rather than again after each of them.
 
-    def order(item: pytest.Item) -> tuple[bool, bool]:
-        return UNIT not in item.path.parents, "no_cluster" in getattr(item, "fixturenames", ())
+    With pytest-xdist (addopts: ``-n 2 --dist loadgroup``) the tests that use the shared cluster,
+    Slurm, Open MPI or network namespaces run in one lane, in this order, on one worker; every other
+    test (the unit tests, kernels, notebooks, the browser suite) is spread over the other workers."""
+
+    spread = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+    def order(item: pytest.Item) -> tuple[bool, bool, bool]:
+        # xdist hands tests out in this order: the longest begin first, so none of them ends the run alone
+        longest = spread and item.path.name in LONGEST
+        return not longest, UNIT not in item.path.parents, "no_cluster" in getattr(item, "fixturenames", ())
 
     items.sort(key=order)
+    for item in items:
+        if SHARED & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("netns"):
+            item.add_marker(pytest.mark.xdist_group("shared"))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Slow checks of their own processes (tests/background.py): begun now, they overlap the unit tests."""
     import background
 
-    if session.config.option.collectonly:
-        return
+    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # each xdist worker collects every test: the job starts at its test's turn instead
     for item in session.items:
         if item.name in background.JOBS:
             background.start(item.name)

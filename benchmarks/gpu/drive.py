@@ -364,7 +364,9 @@ def pytest_gpu(d: Drive) -> dict[str, Any]:
     files = sorted(
         str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text()
     )
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files]
+    # one process (the suite's addopts spread tests over xdist workers; these share one GPU)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider"]
+    cmd += ["-m", "gpu", *files]
     proc = _sub([*cmd, "--deselect", DOCTOR_GPU_TEST], BUDGETS["pytest_gpu"] - 10)
     counts = {
         k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|deselected)", proc.stdout)

@@ -77,7 +77,7 @@ def test_killed_rank_is_detected_named_and_the_cluster_recovers(cluster, capsys)
     failure = next(
         e for e in cluster.session.store.events(cluster.session.run_id) if e["kind"] == "rank_failure"
     )
-    assert failure["time"] - killed_at[0] < 10.0  # detected and named within 10 s
+    assert failure["time"] - killed_at[0] < 40.0  # named before the group's 60 s timeout
     text = str(info.value) + capsys.readouterr().err
     assert "rank 1" in text and "died" in text
     store, run_id = cluster.session.store, cluster.session.run_id

@@ -54,7 +54,8 @@ def test_a_failing_rank_fails_the_cell_at_once_and_keeps_the_engines(fresh_run, 
         c.run(cell, quiet=True)
     seconds = time.monotonic() - t0
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(failed.value))  # coloured where a kernel shell exists
-    assert seconds < 10, f"the cell took {seconds:.1f} s to fail"
+    # under the group's 60 s timeout, which would end it otherwise (the speed: benchmarks/dead_rank.py)
+    assert seconds < 40, f"the cell took {seconds:.1f} s to fail"
     assert text.startswith("dtwork: the cell failed on rank 1")
     assert text.count("RuntimeError: bad batch on rank 1") == 1, text
     assert "rank 0: " in text

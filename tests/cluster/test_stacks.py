@@ -44,7 +44,7 @@ def test_stacks_name_each_rank_s_line_and_collective_while_one_hangs(
     finally:
         release.touch()
         result = cluster.session.wait_background()
-    assert took < 5, f"%dtrain stacks took {took:.1f} s"
+    assert took < 30, f"%dtrain stacks took {took:.1f} s"  # the hung cell would hold it for good
     assert "rank 0: cell line 7\n" in out, out
     assert "rank 1: all_reduce float32[2] at cell line 3\n" in out, out
     assert "    cell line 3: dist.all_reduce(torch.ones(2))" in out, out

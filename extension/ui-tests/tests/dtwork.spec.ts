@@ -98,6 +98,10 @@ test.describe('dtwork sidebar', () => {
     page,
     request
   }, testInfo) => {
+    // a start, a run and a live cell of up to three 120 s pauses on a loaded 2-core machine: the
+    // drawing loop below gives up at 480 s, well inside the test's own limit, so a slow view fails
+    // with what it drew rather than at the test's timeout
+    test.setTimeout(900_000);
     await openPanel(page);
     await page.notebook.createNew(); // no name: galata's rename after the create once met a file already there
     await page.locator(`${PANEL} .dtwork-InsertButton`).click();
@@ -172,7 +176,9 @@ test.describe('dtwork sidebar', () => {
       });
     const running = page.notebook.runCell(2, { inplace: true });
     const seen = new Set<number>();
-    const deadline = Date.now() + 600_000;
+    const started = Date.now();
+    const released: string[] = []; // when each pause was let go, for the failure message
+    const deadline = started + 480_000;
     let points: number[] | null = null;
     let liveWidth = 0; // the widest the live widget was drawn, as a share of the cell's width
     let next = 0; // the next pause to release, once the graph is drawn within 20 steps of it
@@ -187,6 +193,7 @@ test.describe('dtwork sidebar', () => {
       }
       if (next < pauses.length && points && points.length >= pauses[next] - 20) {
         fs.writeFileSync(`${flags}/${pauses[next]}`, '');
+        released.push(`${pauses[next]} at ${((Date.now() - started) / 1000).toFixed(1)} s`);
         next += 1;
       }
       if (points && points.length === steps) {
@@ -194,6 +201,9 @@ test.describe('dtwork sidebar', () => {
       }
       await page.waitForTimeout(100);
     }
+    const drawn = [...seen].sort((a, b) => a - b).join(', ');
+    const timing = `after ${((Date.now() - started) / 1000).toFixed(1)} s; pauses released: ${released.join('; ')}`;
+    expect(points?.length, `lengths drawn: ${drawn} (${timing})`).toBe(steps);
     await running;
     const ones = Array.from({ length: steps }, (_, i) => i + 1);
     expect(points).toEqual(ones);
