@@ -25,8 +25,8 @@ if str(TESTS) not in sys.path:
 
 # What a test shares with others in its lane: the session's 2-rank cluster, or a daemon of the machine.
 SHARED = {"cluster", "slurm", "openmpi"}
-# The files of the longest tests outside that lane (minutes each: the browser suite, the benchmarks, notebooks).
-LONGEST = {"test_panel_browser.py", "test_benchmarks_smoke.py", "test_notebooks.py"}
+# The files of the longest tests outside that lane, longest first (minutes each).
+LONGEST = ["test_panel_browser.py", "test_benchmarks_smoke.py", "test_notebooks.py"]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
@@ -40,10 +40,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     spread = bool(os.environ.get("PYTEST_XDIST_WORKER"))
 
-    def order(item: pytest.Item) -> tuple[bool, bool, bool]:
+    def order(item: pytest.Item) -> tuple[int, bool, bool]:
         # xdist hands tests out in this order: the longest begin first, so none of them ends the run alone
-        longest = spread and item.path.name in LONGEST
-        return not longest, UNIT not in item.path.parents, "no_cluster" in getattr(item, "fixturenames", ())
+        rank = LONGEST.index(item.path.name) if spread and item.path.name in LONGEST else len(LONGEST)
+        return rank, UNIT not in item.path.parents, "no_cluster" in getattr(item, "fixturenames", ())
 
     items.sort(key=order)
     for item in items:
