@@ -96,9 +96,13 @@ class EngineProcesses:
                 self.client.close()
         if self.cluster is not None:
             jobs = launcher.jobs(self.cluster)
+            # one at a time: stop_cluster gathers both, and an engine set that never started (a
+            # scheduler that refused the job) raises there and leaves the controller running
             with contextlib.suppress(Exception):
-                self.cluster.stop_cluster_sync()
-            launchers.cancel(jobs)  # stop_cluster's own scancel may have failed silently
+                self.cluster.stop_engines_sync()
+            with contextlib.suppress(Exception):
+                self.cluster.stop_controller_sync()
+            launchers.cancel(jobs)  # stop_engines' own scancel may have failed silently
         self.client = None
         self._views.clear()
         self.cluster = None

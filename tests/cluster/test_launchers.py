@@ -56,6 +56,19 @@ def _cluster_processes(cluster_id: str) -> list[int]:
     return out
 
 
+def _started_here() -> set[int]:
+    """Processes of the clusters this test process started (their id names its PID)."""
+    mine = f"dtwork-{os.getpid()}-"
+    out = set()
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("IPP_CLUSTER_ID", "").startswith(mine):
+                out.add(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
 ENV_CELL = """import os
 _env = {k: os.environ.get(k) for k in
         ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")}
@@ -177,11 +190,14 @@ def test_slurm_queue_wait_is_shown_with_the_job_id_and_bounded(shell: object, ca
 def test_slurm_request_the_queue_cannot_satisfy_fails_at_once_with_its_reason(
     options: dict, reason: str
 ) -> None:
+    before = _started_here()
     t0 = time.monotonic()
     with pytest.raises(DtworkError, match=f"(?i){reason}"):
         dtwork.start(launcher="slurm", backend="gloo", **options)
     assert time.monotonic() - t0 < 30  # the scheduler's answer, not a timeout
     assert not squeue_jobs()
+    left = lambda: _alive(sorted(_started_here() - before))  # noqa: E731
+    wait_for(lambda: not left(), 30, "the refused start's processes (its controller, once) to end")
 
 
 ALLOCATION_KERNEL = """
