@@ -3,10 +3,12 @@ notebook reads back from the store (:mod:`.cell_view`) draw the same ones."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from dtwork.plots.rank_series import GpuSeries, StepTimeSeries, ThroughputSeries
 from dtwork.plots.series import AdaptiveSeries, GnsSeries, MetricsSeries, Series
 
-__all__ = ["BASE_FIGURES", "KIND_FIGURES", "cell_series"]
+__all__ = ["BASE_FIGURES", "KIND_FIGURES", "cell_series", "drawn_series"]
 
 BASE_FIGURES = ("metrics", "throughput", "step_time")  # a training cell's rows, always shown
 KIND_FIGURES = ("gpu", "gns", "adaptive")  # shown once they have data, in this order
@@ -23,3 +25,13 @@ def cell_series(global_batch: int | None = None) -> dict[str, Series]:
         "gns": GnsSeries(global_batch),
         "adaptive": AdaptiveSeries(),
     }
+
+
+def drawn_series(rows: Iterable[Mapping[str, object]], global_batch: int | None = None) -> dict[str, Series]:
+    """A training cell's series with ``rows`` (a store's figure rows) in each: what a reopened
+    notebook's view and the live view of a long cell draw."""
+    rows = list(rows)
+    series = cell_series(global_batch)
+    for s in series.values():
+        s.add(rows)
+    return series
