@@ -27,7 +27,9 @@ class LongCell:
     """A cell's rows as rollups, its latest rates and recent step times: what the live view keeps
     of a cell too long to keep every row (:attr:`long`)."""
 
-    def __init__(self, global_batch: int | None = None, recent: int = 20, cell_seq: int | None = None) -> None:
+    def __init__(
+        self, global_batch: int | None = None, recent: int = 20, cell_seq: int | None = None
+    ) -> None:
         """``recent``: the step times kept per rank (the header's ETA averages them)."""
         self.global_batch = global_batch
         self.recent = recent

@@ -329,8 +329,23 @@ class MemoryRollups:
         """The buckets of ``level`` (one kept), by bucket, name and rank."""
         cell = self.cell_seq
         out = [
-            Bucket(name, a.kind, None if rank == AGGREGATED_RANK else rank, cell, bucket, a.n, a.total,
-                   a.lo, a.hi, a.lo_step, a.hi_step, a.t0, a.t1, a.last_step, a.last)
+            Bucket(
+                name,
+                a.kind,
+                None if rank == AGGREGATED_RANK else rank,
+                cell,
+                bucket,
+                a.n,
+                a.total,
+                a.lo,
+                a.hi,
+                a.lo_step,
+                a.hi_step,
+                a.t0,
+                a.t1,
+                a.last_step,
+                a.last,
+            )
             for (name, rank, bucket), a in self._kept[level].items()
         ]
         out.sort(key=lambda b: (b.bucket, b.name, -1 if b.rank is None else b.rank))

@@ -54,7 +54,9 @@ class Intake:
 
     def __init__(self, ranks: int, global_batch: int | None, max_points: int) -> None:
         self.series = plots.cell_series(global_batch)
-        self.long = LongCell(global_batch, ETA_WINDOW)  # every row as rollups; the series drawn from it once long
+        self.long = LongCell(
+            global_batch, ETA_WINDOW
+        )  # every row as rollups; the series drawn from it once long
         self._built = 0  # the long cell's version its series were last drawn from
         self.max_points = max_points  # per trace drawn: a redraw costs what is on screen
         self.rows_fed = 0
