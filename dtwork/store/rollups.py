@@ -326,9 +326,9 @@ class MemoryRollups:
                 del self._kept[lv]
 
     def buckets(self, level: int) -> list[Bucket]:
-        """The buckets of ``level`` (one kept), by bucket, name and rank."""
+        """The buckets of ``level`` (one kept), in no set order (as the store's, merged alike)."""
         cell = self.cell_seq
-        out = [
+        return [
             Bucket(
                 name,
                 a.kind,
@@ -348,8 +348,6 @@ class MemoryRollups:
             )
             for (name, rank, bucket), a in self._kept[level].items()
         ]
-        out.sort(key=lambda b: (b.bucket, b.name, -1 if b.rank is None else b.rank))
-        return out
 
     def size(self) -> int:
         """The buckets held, at every level."""

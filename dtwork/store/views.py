@@ -92,31 +92,40 @@ def _level(span: int, run_span: int, most: int) -> int:
 def _merged(buckets: list[Bucket], k: int = 1) -> list[Bucket]:
     """One bucket per (name, rank, bucket // k): the cells' buckets of the same steps joined, and
     ``k`` neighbours into one (numbered ``bucket // k``)."""
-    out: dict[tuple[str, int | None, int], Bucket] = {}
+    groups: dict[tuple[str, int | None, int], list[Bucket]] = {}
     for b in buckets:
         key = (b.name, b.rank, b.bucket // k)
-        a = out.get(key)
-        if a is None:
-            out[key] = b._replace(bucket=b.bucket // k)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [b]
+        else:
+            group.append(b)
+    out = []
+    for (_, _, bucket), group in groups.items():
+        a = group[0]
+        if len(group) == 1:
+            out.append(a if a.bucket == bucket else a._replace(bucket=bucket))
             continue
         # a tie goes to the earlier step, as in the rollups: the order buckets come in does not matter
-        lo, lo_step = min((a.lo, a.lo_step), (b.lo, b.lo_step))
-        hi, hi_step = max((a.hi, -a.hi_step), (b.hi, -b.hi_step))
-        hi_step = -hi_step
-        last_step, last = (a.last_step, a.last) if a.last_step > b.last_step else (b.last_step, b.last)
-        out[key] = a._replace(
-            n=a.n + b.n,
-            total=a.total + b.total,
-            lo=lo,
-            hi=hi,
-            lo_step=lo_step,
-            hi_step=hi_step,
-            first_time=min(a.first_time, b.first_time),
-            last_time=max(a.last_time, b.last_time),
-            last_step=last_step,
-            last=last,
+        lo, lo_step = min((b.lo, b.lo_step) for b in group)
+        hi, hi_step = max((b.hi, -b.hi_step) for b in group)
+        last_step, last = max(((b.last_step, b.last) for b in group), key=lambda e: e[0])
+        out.append(
+            a._replace(
+                bucket=bucket,
+                n=sum(b.n for b in group),
+                total=sum(b.total for b in group),
+                lo=lo,
+                hi=hi,
+                lo_step=lo_step,
+                hi_step=-hi_step,
+                first_time=min(b.first_time for b in group),
+                last_time=max(b.last_time for b in group),
+                last_step=last_step,
+                last=last,
+            )
         )
-    return list(out.values())
+    return out
 
 
 def points(

@@ -22,13 +22,7 @@ from dtwork.widgets.header import RankProgress
 __all__ = ["ETA_WINDOW", "KIND_SERIES", "Changed", "Intake", "Snapshot"]
 
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
-KIND_SERIES = {
-    "log": ("metrics",),
-    "perf": ("throughput", "step_time"),
-    "gpu": ("gpu",),
-    "gns": ("gns",),
-    "adaptive": ("adaptive",),
-}
+KIND_SERIES = plots.KIND_SERIES  # which series each kind of row goes to
 
 
 class Changed(NamedTuple):
