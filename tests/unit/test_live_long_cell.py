@@ -107,3 +107,37 @@ def test_a_short_cell_keeps_every_step(small: None) -> None:
     assert not intake.long.long
     rank0 = next(t for t in intake.series["throughput"].traces(None) if t.name == "rank 0")
     assert list(rank0.x) == list(range(1, 151))
+
+
+def test_a_cell_reads_its_raw_rows_while_they_are_few_and_all_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule is the cell's own: a short cell after a long one is drawn point for point, as live;
+    a short cell whose perf rows a later cell pushed out of the raw window, from its buckets."""
+    monkeypatch.setattr(rollups, "RAW_ROWS", 40)
+    monkeypatch.setattr(rollups, "PRUNE_EVERY", 10)
+    monkeypatch.setattr(views, "FULL_READ_ROWS", 100)
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        run = store.create_run(world_size=2, backend="gloo")
+        writer = StoreWriter(lambda: store, store.path, say=lambda _: None)
+        for cell, steps in ((1, range(0, 30)), (2, range(30, 90)), (3, range(90, 110))):
+            store.add_cell(run, "train()")
+            recs = [
+                {
+                    "kind": "perf",
+                    "step": s,
+                    "rank": r,
+                    "time": float(s),
+                    "values": {"samples_per_s": s + r + 0.5},
+                }
+                for s in steps
+                for r in range(2)
+            ]
+            for i in range(0, len(recs), 20):
+                writer.records(run, cell, recs[i : i + 20])
+                assert writer.flush()
+        assert store.figure_rows(run, cell=3) == store.metrics(run, rank="all", cell=3)
+        trimmed = store.metrics(run, rank="all", cell=1)
+        assert len(trimmed) < 60  # the raw window let the first cell's rows go
+        first = store.figure_rows(run, cell=1)
+        assert first != trimmed and max(r["value"] for r in first) == 29 + 1 + 0.5
