@@ -69,18 +69,19 @@ def _buckets(
     db: Database, run_id: int, names: Sequence[str], level: int, where: str, params: list[SqlValue]
 ) -> list[Bucket]:
     marks = ", ".join("?" * len(names))
-    rows = db.query(
+    rows = db.tuples(
         "SELECT name, kind, rank, cell_seq, bucket, n, total, lo, hi, lo_step, hi_step, first_time, last_time, "
         f"last_step, last FROM rollups WHERE run_id = ? AND name IN ({marks}) AND level = ?{where} "
         "ORDER BY bucket",
         [run_id, *names, level, *params],
     )
-    out = []
-    for r in rows:
-        r["rank"] = None if r["rank"] == AGGREGATED_RANK else r["rank"]
-        r["cell_seq"] = None if r["cell_seq"] == NO_CELL else r["cell_seq"]
-        out.append(Bucket(**r))  # type: ignore[arg-type]
-    return out
+    # the rollups' columns in Bucket's order, with rank and cell as a figure reads them
+    return [
+        Bucket._make(
+            (r[0], r[1], None if r[2] == AGGREGATED_RANK else r[2], None if r[3] == NO_CELL else r[3], *r[4:])
+        )
+        for r in rows
+    ]
 
 
 def _level(span: int, run_span: int, most: int) -> int:
