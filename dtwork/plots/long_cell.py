@@ -76,7 +76,7 @@ class LongCell:
         coarse = r.buckets(LEVELS[-1])
         if not coarse:
             return drawn_series([], self.global_batch)
-        rows = bucket_rows(0, coarse, r.buckets, len(r.series), r.span)
+        rows = bucket_rows(0, coarse, r.buckets, len(r.counts), r.span)  # series with a finite value
         return drawn_series(rows, self.global_batch)
 
     def size(self) -> int:

@@ -225,7 +225,8 @@ def figure_rows(
     def read(level: int) -> list[Bucket]:
         return _buckets(db, run_id, names, level, where, list(params))
 
-    return bucket_rows(run_id, coarse, read, len(series), _run_span(db, run_id), most, last=cell is None)
+    drawn = len(series) if cell is None else len({(b.name, b.rank) for b in coarse})  # the cell's own
+    return bucket_rows(run_id, coarse, read, drawn, _run_span(db, run_id), most, last=cell is None)
 
 
 def bucket_rows(
