@@ -52,12 +52,14 @@ from dtwork.plots.series import (
     off_scale,
     robust_range,
 )
-from dtwork.plots.training import BASE_FIGURES, KIND_FIGURES, cell_series
+from dtwork.plots.training import BASE_FIGURES, KIND_FIGURES, KIND_SERIES, cell_series, drawn_series
 
 __all__ = [
     "ADAPTIVE_NAMES",
     "BASE_FIGURES",
     "KIND_FIGURES",
+    "KIND_SERIES",
+    "drawn_series",
     "cell_series",
     "AdaptiveSeries",
     "AxisLayout",

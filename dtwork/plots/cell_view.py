@@ -19,6 +19,7 @@ import plotly.io as pio
 
 from dtwork import plots
 from dtwork.errors import DtworkError
+from dtwork.plots.training import drawn_series
 from dtwork.store.runs import RunStore
 
 __all__ = ["CELL_MIME", "MAX_POINTS", "CellView", "cell_bundle", "cell_view"]
@@ -54,9 +55,7 @@ def cell_view(store: RunStore, run_id: int, seq: int) -> CellView:
     if cell is None:
         raise DtworkError(f"run {run_id} has no cell {seq}")
     rows = store.figure_rows(run_id, cell=seq)
-    series = plots.cell_series(run.get("global_batch_size"))
-    for s in series.values():
-        s.add(rows)
+    series = drawn_series(rows, run.get("global_batch_size"))
     parts = []
     for key in (*plots.BASE_FIGURES, *plots.KIND_FIGURES):
         traces = series[key].traces(MAX_POINTS)

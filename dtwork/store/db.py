@@ -207,6 +207,12 @@ class Database:
             rows = self.connection().execute(sql, tuple(params)).fetchall()
         return [dict(row) for row in rows]
 
+    def tuples(self, sql: str, params: Iterable[SqlValue] = ()) -> list[tuple[SqlValue, ...]]:
+        """The rows of one read as tuples, in the columns' order (a long read without a dict a row)."""
+        with self._lock:
+            rows = self.connection().execute(sql, tuple(params)).fetchall()
+        return [tuple(row) for row in rows]
+
     def unknown_run(self, run_id: int) -> DtworkError:
         """The error for a run id the store does not hold, naming the ones it does."""
         ids = [cast(int, row["id"]) for row in self.query("SELECT id FROM runs ORDER BY id")]

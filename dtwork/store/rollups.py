@@ -32,6 +32,7 @@ __all__ = [
     "PRUNED_KINDS",
     "RAW_ROWS",
     "Bucket",
+    "MemoryRollups",
     "fold",
     "width",
 ]
@@ -95,9 +96,10 @@ class _Agg:
     def add(self, step: int, value: float, stamp: float) -> None:
         self.n += 1
         self.total += value
-        if value < self.lo:
+        # a tie goes to the earlier step, so that the order rows arrive in does not matter
+        if value < self.lo or (value == self.lo and step < self.lo_step):
             self.lo, self.lo_step = value, step
-        if value > self.hi:
+        if value > self.hi or (value == self.hi and step < self.hi_step):
             self.hi, self.hi_step = value, step
         if stamp < self.t0:
             self.t0 = stamp
@@ -110,9 +112,9 @@ class _Agg:
         """Take in another bucket's aggregate, of later rows (a tie of steps goes to ``o``)."""
         self.n += o.n
         self.total += o.total
-        if o.lo < self.lo:
+        if o.lo < self.lo or (o.lo == self.lo and o.lo_step < self.lo_step):
             self.lo, self.lo_step = o.lo, o.lo_step
-        if o.hi > self.hi:
+        if o.hi > self.hi or (o.hi == self.hi and o.hi_step < self.hi_step):
             self.hi, self.hi_step = o.hi, o.hi_step
         self.t0, self.t1 = min(self.t0, o.t0), max(self.t1, o.t1)
         if o.last_step >= self.last_step:
@@ -180,15 +182,18 @@ ON CONFLICT (run_id, name, rank) DO UPDATE SET n = excluded.n, first_step = excl
     lo = excluded.lo, hi = excluded.hi, raw_from = excluded.raw_from
 """
 
-# Every right-hand side reads the row as it was: min and max steps follow their values.
+# Every right-hand side reads the row as it was: min and max steps follow their values (a tie: the
+# earlier step, as _Agg keeps it).
 _ROLLUP_UPSERT = """
 INSERT INTO rollups (run_id, name, level, cell_seq, rank, bucket, kind, n, total, lo, hi, lo_step,
     hi_step, first_time, last_time, last_step, last) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id, name, level, cell_seq, rank, bucket) DO UPDATE SET
     n = n + excluded.n, total = total + excluded.total,
-    lo_step = CASE WHEN excluded.lo < lo THEN excluded.lo_step ELSE lo_step END,
+    lo_step = CASE WHEN excluded.lo < lo OR (excluded.lo = lo AND excluded.lo_step < lo_step)
+        THEN excluded.lo_step ELSE lo_step END,
     lo = MIN(lo, excluded.lo),
-    hi_step = CASE WHEN excluded.hi > hi THEN excluded.hi_step ELSE hi_step END,
+    hi_step = CASE WHEN excluded.hi > hi OR (excluded.hi = hi AND excluded.hi_step < hi_step)
+        THEN excluded.hi_step ELSE hi_step END,
     hi = MAX(hi, excluded.hi),
     first_time = MIN(first_time, excluded.first_time), last_time = MAX(last_time, excluded.last_time),
     last = CASE WHEN excluded.last_step >= last_step THEN excluded.last ELSE last END,
@@ -267,6 +272,86 @@ def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow]) -> None:
     )
     for lv in set(levels) - set(active_levels(_span(known.values()))):
         cur.execute("DELETE FROM rollups WHERE run_id = ? AND level = ?", (run_id, lv))
+
+
+class MemoryRollups:
+    """One cell's rollups kept in memory as its rows arrive, by the rule :func:`fold` keeps a run's in
+    the store: the same buckets at the same levels (a level dropped once the cell spans more than
+    ``KEEP_BUCKETS`` of its buckets), so that a figure drawn from either is the same. Its size grows
+    with the levels kept, not with the rows taken (the kernel's live view of a long cell)."""
+
+    def __init__(self, cell_seq: int | None = None) -> None:
+        self.cell_seq = cell_seq
+        self.first: int | None = None  # the lowest and highest step taken
+        self.last: int | None = None
+        self.series: dict[tuple[str, int], str] = {}  # every (name, rank) taken, with its kind
+        self.counts: dict[tuple[str, int], int] = {}  # finite values of each series
+        self.rows = 0  # finite values in all
+        self._kept: dict[int, dict[tuple[str, int, int], _Agg]] = {lv: {} for lv in LEVELS}
+
+    @property
+    def span(self) -> int:
+        return 0 if self.first is None or self.last is None else self.last - self.first
+
+    @property
+    def levels(self) -> list[int]:
+        return list(self._kept)
+
+    def add(self, kind: str, step: int, rank: int | None, name: str, value: object, stamp: float) -> None:
+        """Take one row (a non-finite value counts as a step of its series, as in the store)."""
+        key = (name, AGGREGATED_RANK if rank is None else rank)
+        if key not in self.series:
+            self.series[key] = kind
+        if self.first is None or step < self.first:
+            self.first = step
+            self._drop()
+        if self.last is None or step > self.last:
+            self.last = step
+            self._drop()
+        if not isinstance(value, float) or not math.isfinite(value):
+            return
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.rows += 1
+        for lv, kept in self._kept.items():
+            at = (name, key[1], step // width(lv))
+            b = kept.get(at)
+            if b is None:
+                kept[at] = _Agg(kind, step, value, stamp)
+            else:
+                b.add(step, value, stamp)
+
+    def _drop(self) -> None:
+        if len(self._kept) > 1:
+            for lv in set(self._kept) - set(active_levels(self.span)):
+                del self._kept[lv]
+
+    def buckets(self, level: int) -> list[Bucket]:
+        """The buckets of ``level`` (one kept), in no set order (as the store's, merged alike)."""
+        cell = self.cell_seq
+        return [
+            Bucket(
+                name,
+                a.kind,
+                None if rank == AGGREGATED_RANK else rank,
+                cell,
+                bucket,
+                a.n,
+                a.total,
+                a.lo,
+                a.hi,
+                a.lo_step,
+                a.hi_step,
+                a.t0,
+                a.t1,
+                a.last_step,
+                a.last,
+            )
+            for (name, rank, bucket), a in self._kept[level].items()
+        ]
+
+    def size(self) -> int:
+        """The buckets held, at every level."""
+        return sum(len(kept) for kept in self._kept.values())
 
 
 def _trim(cur: sqlite3.Cursor, run_id: int, name: str, rank: int, raw_from: int) -> int:

@@ -7,16 +7,27 @@ for: a bucket gives its mean as a point, and to a figure its min and max, so spi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, TypedDict, cast
 
+from dtwork.shared.records import finite
 from dtwork.store import metrics as metric_rows
+from dtwork.store import rollups
 from dtwork.store.db import Database, SqlValue
 from dtwork.store.rollups import AGGREGATED_RANK, LEVELS, NO_CELL, Bucket, active_levels, width
 from dtwork.store.rows import MetricRow
 from dtwork.store.schema import stored_float
 
-__all__ = ["FULL_READ_ROWS", "SeriesSummary", "figure_rows", "last_step", "points", "summaries"]
+__all__ = [
+    "FULL_READ_ROWS",
+    "SeriesSummary",
+    "bucket_rows",
+    "figure_rows",
+    "last_step",
+    "points",
+    "reads_raw",
+    "summaries",
+]
 
 FULL_READ_ROWS = 20_000  # up to this many rows a reader takes the raw rows
 FIGURE_BUCKETS = 500  # buckets per series in a figure: each gives two points, its min and its max
@@ -58,18 +69,19 @@ def _buckets(
     db: Database, run_id: int, names: Sequence[str], level: int, where: str, params: list[SqlValue]
 ) -> list[Bucket]:
     marks = ", ".join("?" * len(names))
-    rows = db.query(
+    rows = db.tuples(
         "SELECT name, kind, rank, cell_seq, bucket, n, total, lo, hi, lo_step, hi_step, first_time, last_time, "
         f"last_step, last FROM rollups WHERE run_id = ? AND name IN ({marks}) AND level = ?{where} "
         "ORDER BY bucket",
         [run_id, *names, level, *params],
     )
-    out = []
-    for r in rows:
-        r["rank"] = None if r["rank"] == AGGREGATED_RANK else r["rank"]
-        r["cell_seq"] = None if r["cell_seq"] == NO_CELL else r["cell_seq"]
-        out.append(Bucket(**r))  # type: ignore[arg-type]
-    return out
+    # the rollups' columns in Bucket's order, with rank and cell as a figure reads them
+    return [
+        Bucket._make(
+            (r[0], r[1], None if r[2] == AGGREGATED_RANK else r[2], None if r[3] == NO_CELL else r[3], *r[4:])
+        )
+        for r in rows
+    ]
 
 
 def _level(span: int, run_span: int, most: int) -> int:
@@ -81,29 +93,40 @@ def _level(span: int, run_span: int, most: int) -> int:
 def _merged(buckets: list[Bucket], k: int = 1) -> list[Bucket]:
     """One bucket per (name, rank, bucket // k): the cells' buckets of the same steps joined, and
     ``k`` neighbours into one (numbered ``bucket // k``)."""
-    out: dict[tuple[str, int | None, int], Bucket] = {}
+    groups: dict[tuple[str, int | None, int], list[Bucket]] = {}
     for b in buckets:
         key = (b.name, b.rank, b.bucket // k)
-        a = out.get(key)
-        if a is None:
-            out[key] = b._replace(bucket=b.bucket // k)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [b]
+        else:
+            group.append(b)
+    out = []
+    for (_, _, bucket), group in groups.items():
+        a = group[0]
+        if len(group) == 1:
+            out.append(a if a.bucket == bucket else a._replace(bucket=bucket))
             continue
-        lo, lo_step = (a.lo, a.lo_step) if a.lo <= b.lo else (b.lo, b.lo_step)
-        hi, hi_step = (a.hi, a.hi_step) if a.hi >= b.hi else (b.hi, b.hi_step)
-        last_step, last = (a.last_step, a.last) if a.last_step > b.last_step else (b.last_step, b.last)
-        out[key] = a._replace(
-            n=a.n + b.n,
-            total=a.total + b.total,
-            lo=lo,
-            hi=hi,
-            lo_step=lo_step,
-            hi_step=hi_step,
-            first_time=min(a.first_time, b.first_time),
-            last_time=max(a.last_time, b.last_time),
-            last_step=last_step,
-            last=last,
+        # a tie goes to the earlier step, as in the rollups: the order buckets come in does not matter
+        lo, lo_step = min((b.lo, b.lo_step) for b in group)
+        hi, hi_step = max((b.hi, -b.hi_step) for b in group)
+        last_step, last = max(((b.last_step, b.last) for b in group), key=lambda e: e[0])
+        out.append(
+            a._replace(
+                bucket=bucket,
+                n=sum(b.n for b in group),
+                total=sum(b.total for b in group),
+                lo=lo,
+                hi=hi,
+                lo_step=lo_step,
+                hi_step=-hi_step,
+                first_time=min(b.first_time for b in group),
+                last_time=max(b.last_time for b in group),
+                last_step=last_step,
+                last=last,
+            )
         )
-    return list(out.values())
+    return out
 
 
 def points(
@@ -157,6 +180,13 @@ def _run_span(db: Database, run_id: int) -> int:
     return 0 if row["a"] is None else int(cast(int, row["b"])) - int(cast(int, row["a"]))
 
 
+def reads_raw(rows: int, longest: int) -> bool:
+    """Whether a figure draws the raw rows (the one rule, for the store's readers and the kernel's
+    live view): ``rows`` finite values in all, at most FULL_READ_ROWS, and none of its perf or gpu
+    series longer than the raw window (``longest`` values), whose older rows may be trimmed."""
+    return rows <= FULL_READ_ROWS and longest <= rollups.RAW_ROWS
+
+
 def figure_rows(
     db: Database,
     run_id: int,
@@ -166,8 +196,7 @@ def figure_rows(
     most: int = FIGURE_BUCKETS,
 ) -> list[MetricRow]:
     """The rows a figure of the run (or of one of its cells) draws, ordered as ``metrics.select``:
-    the raw rows while they are few and none was trimmed, else each bucket's min and max at two
-    fixed steps of the bucket (the same for every rank, so means over ranks stay aligned)."""
+    the raw rows while :func:`reads_raw` says so and they are all there, else :func:`bucket_rows`."""
     series = [s for s in summaries(db, run_id) if rank == "all" or s["rank"] is None]
     names = sorted({s["name"] for s in series})
     if not names:
@@ -176,16 +205,53 @@ def figure_rows(
     if cell is not None:
         where, params = where + " AND cell_seq = ?", [*params, int(cell)]
     coarse = _buckets(db, run_id, names, LEVELS[-1], where, list(params))
-    total = sum(b.n for b in coarse) if cell is not None else sum(s["n"] for s in series)
-    if not coarse or (total <= FULL_READ_ROWS and not any(s["raw_from"] for s in series)):
+    if cell is None:
+        total = sum(s["n"] for s in series)
+        longest = max((s["n"] for s in series if s["kind"] in rollups.PRUNED_KINDS), default=0)
+    else:  # the cell's own values, as the live view counts them
+        counts: dict[tuple[str, int | None], int] = {}
+        for b in coarse:
+            if b.kind in rollups.PRUNED_KINDS:
+                counts[(b.name, b.rank)] = counts.get((b.name, b.rank), 0) + b.n
+        total, longest = sum(b.n for b in coarse), max(counts.values(), default=0)
+    if not coarse:
         return metric_rows.select(db, run_id, rank=rank, cell=cell)
+    if reads_raw(total, longest):
+        raw = metric_rows.select(db, run_id, rank=rank, cell=cell)
+        # an older cell's perf and gpu rows may be trimmed by the later cells' (its buckets remain)
+        if cell is None or sum(1 for r in raw if finite(r["value"]) is not None) == total:
+            return raw
+
+    def read(level: int) -> list[Bucket]:
+        return _buckets(db, run_id, names, level, where, list(params))
+
+    drawn = len(series) if cell is None else len({(b.name, b.rank) for b in coarse})  # the cell's own
+    return bucket_rows(run_id, coarse, read, drawn, _run_span(db, run_id), most, last=cell is None)
+
+
+def bucket_rows(
+    run_id: int,
+    coarse: Sequence[Bucket],
+    read: Callable[[int], list[Bucket]],
+    series: int,
+    run_span: int,
+    most: int = FIGURE_BUCKETS,
+    *,
+    last: bool = False,
+) -> list[MetricRow]:
+    """A figure's rows from rollups: each bucket's min and max at two fixed steps of the bucket (the
+    same for every rank, so means over ranks stay aligned), at most about ``most`` buckets per series.
+
+    ``coarse``: the coarsest level's buckets of what is drawn; ``read(level)``: that level's;
+    ``series``: how many series are drawn; ``run_span``: the run's span of steps (the levels it
+    keeps); ``last``: each series' last value closes it, as the raw rows of a whole run would."""
     # the steps drawn: from the earliest extreme of the first buckets to the last step (near enough)
     span = max(b.last_step for b in coarse) - min(min(b.lo_step, b.hi_step) for b in coarse)
-    most = max(MIN_BUCKETS, min(most, FIGURE_ROWS // (2 * len(series))))  # many ranks: fewer buckets each
-    level = _level(span, _run_span(db, run_id), most * JOIN)
+    most = max(MIN_BUCKETS, min(most, FIGURE_ROWS // (2 * max(1, series))))  # many ranks: fewer each
+    level = _level(span, run_span, most * JOIN)
     k = -(-(span // width(level) + 1) // most)  # neighbours joined: the levels are 10x apart
     w = width(level) * k
-    buckets = _merged(_buckets(db, run_id, names, level, where, list(params)), k)
+    buckets = _merged(read(level), k)
     out: list[MetricRow] = []
     for b in buckets:
         ends = [(b.lo_step, b.lo), (b.hi_step, b.hi)]
@@ -205,11 +271,12 @@ def figure_rows(
                     "time": stamp,
                 }
             )
-    if cell is None:  # the run's last values close its figure, as its raw rows would
+    if last:
         for b in _last_buckets(buckets):
             row = {**out[0], "cell_seq": b.cell_seq, "kind": b.kind, "rank": b.rank, "name": b.name}
             out.append({**row, "step": b.last_step, "value": b.last, "time": b.last_time})  # type: ignore[typeddict-item]
-    out.sort(key=lambda r: (r["step"], r["rank"] is not None, r["rank"] or 0))
+    # names ordered too: which name a figure meets first must not hang on the order buckets are read in
+    out.sort(key=lambda r: (r["step"], r["rank"] is not None, r["rank"] or 0, r["name"]))
     return out
 
 

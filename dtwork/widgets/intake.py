@@ -3,6 +3,8 @@
 ``feed`` and ``progress`` come from whatever thread polls the ranks and only hand the data over;
 the dashboard's drawer reads what was fed (:meth:`Intake.read_queued`), thinning the perf records to
 the rate the store keeps them, and takes a :class:`Snapshot` of what a redraw needs under the lock.
+A cell too long for its series to keep every row (:attr:`dtwork.plots.long_cell.LongCell.long`) is
+drawn from the rollups kept beside them, as a fresh reader of the store draws it: memory stays bounded.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, cast
 
 from dtwork import plots
+from dtwork.plots.long_cell import LongCell, bump
 from dtwork.shared.records import Row, to_rows
 from dtwork.store.perf_thinner import PerfThinner
 from dtwork.widgets.header import RankProgress
@@ -19,13 +22,7 @@ from dtwork.widgets.header import RankProgress
 __all__ = ["ETA_WINDOW", "KIND_SERIES", "Changed", "Intake", "Snapshot"]
 
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
-KIND_SERIES = {
-    "log": ("metrics",),
-    "perf": ("throughput", "step_time"),
-    "gpu": ("gpu",),
-    "gns": ("gns",),
-    "adaptive": ("adaptive",),
-}
+KIND_SERIES = plots.KIND_SERIES  # which series each kind of row goes to
 
 
 class Changed(NamedTuple):
@@ -51,6 +48,10 @@ class Intake:
 
     def __init__(self, ranks: int, global_batch: int | None, max_points: int) -> None:
         self.series = plots.cell_series(global_batch)
+        self.long = LongCell(
+            global_batch, ETA_WINDOW
+        )  # every row as rollups; the series drawn from it once long
+        self._built = 0  # the long cell's version its series were last drawn from
         self.max_points = max_points  # per trace drawn: a redraw costs what is on screen
         self.rows_fed = 0
         self.efficiency: float | None = None  # the session's live scaling-efficiency estimate
@@ -99,15 +100,27 @@ class Intake:
         for row in rows:
             by_kind.setdefault(row["kind"], []).append(row)
         with self._lock:
-            for kind, kind_rows in by_kind.items():
-                for key in KIND_SERIES.get(kind, ()):
-                    self.series[key].add(kind_rows)
+            was_long = self.long.long
+            self.long.add(rows)
+            if not was_long:  # the long cell's series are drawn again from its rollups (_build)
+                for kind, kind_rows in by_kind.items():
+                    for key in KIND_SERIES.get(kind, ()):
+                        self.series[key].add(kind_rows)
+                if self.long.long:  # too long to keep every row: let go of them
+                    self._build()
             self.rows_fed += len(rows)
             for row in rows:
                 if row["kind"] == "scaling" and row["name"] == plots.EFFICIENCY_NAME:
                     self.efficiency = row["value"]
             self.last_step = rows[-1]["step"]
             self.dirty = True
+
+    def _build(self) -> None:
+        """Draw the long cell's series again from its rollups, if rows came since (caller holds the lock);
+        in place, so that whoever holds ``series`` reads the new ones."""
+        if self.long.long and self._built != self.long.version:
+            self.series.update(bump(self.series, self.long.series()))
+            self._built = self.long.version
 
     def drawn(self, key: str, version: int) -> None:
         """Note that the figure ``key`` was drawn at its series' ``version``."""
@@ -118,6 +131,7 @@ class Intake:
         by ``max_points``), the progress, the rates and the ETAs."""
         with self._lock:
             self.dirty = False
+            self._build()
             figures = {}
             for key, series in self.series.items():
                 if series.version != self._drawn.get(key, 0):
@@ -126,11 +140,12 @@ class Intake:
             progress = self._progress_copy()
             throughput = self.series["throughput"]
             assert isinstance(throughput, plots.ThroughputSeries)
+            rates = self.long.latest() if self.long.long else throughput.latest()  # buckets: no latest value
             return Snapshot(
                 figures,
                 progress,
-                throughput.latest(),
-                throughput.total(),
+                rates,
+                sum(rates.values()) if self.long.long and rates else throughput.total(),
                 {r: self._eta(r, p) for r, p in progress.items()},
             )
 
@@ -140,6 +155,7 @@ class Intake:
         """The series of ``keys`` with their traces (as plain lists), and the progress: what a
         finished cell's static figure is drawn from."""
         with self._lock:
+            self._build()
             parts = [
                 (self.series[key], [_as_lists(t) for t in self.series[key].traces(self.max_points)])
                 for key in keys
@@ -157,7 +173,8 @@ class Intake:
             return (float(t) - first[0]) / (int(step) - first[1])
         step_time = self.series["step_time"]
         assert isinstance(step_time, plots.StepTimeSeries)
-        times = step_time.recent_step_times(rank, ETA_WINDOW)
+        source = self.long if self.long.long else step_time
+        times = source.recent_step_times(rank, ETA_WINDOW)
         return sum(times) / len(times) if times else None
 
     def _eta(self, rank: int, info: RankProgress) -> float | None:
