@@ -25,8 +25,14 @@ if str(TESTS) not in sys.path:
 
 # What a test shares with others in its lane: the session's 2-rank cluster, or a daemon of the machine.
 SHARED = {"cluster", "slurm", "openmpi"}
-# The files of the longest tests outside that lane, longest first (minutes each).
-LONGEST = ["test_panel_browser.py", "test_benchmarks_smoke.py", "test_notebooks.py"]
+# The files of the longest tests outside that lane, longest first (minutes, then mypy's and the linters' ~1).
+LONGEST = [
+    "test_panel_browser.py",
+    "test_benchmarks_smoke.py",
+    "test_notebooks.py",
+    "test_static.py",
+    "test_panel_lint.py",
+]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
