@@ -278,14 +278,16 @@ def marked(cluster_id: str) -> list[dict[str, float]]:
     return out
 
 
-def end_marked(cluster_id: str, grace: float = 3.0, rounds: int = 5) -> None:
+def end_marked(cluster_id: str, grace: float = 3.0, rounds: int = 5) -> list[int]:
     """Kill the processes that carry the cluster's mark, again until none is left: a process started
-    by one being killed (an engine's nanny) is caught by the next round."""
+    by one being killed (an engine's nanny) is caught by the next round. Return the PIDs signalled."""
+    killed: list[int] = []
     for _ in range(rounds):
         left = marked(cluster_id)
         if not left:
-            return
-        kill_processes(left, grace=grace)
+            break
+        killed += kill_processes(left, grace=grace)
+    return killed
 
 
 def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
