@@ -242,6 +242,7 @@ class EngineGroup:
                 "n": self.n,
                 "backend": self.backend,
                 "profile": self.profile,
+                "launcher": None if self.profile else self.launcher.name,  # a profile's may be any
                 "master": f"{joined.master_addr}:{joined.master_port}" if joined.master_port else None,
                 "ranks": joined.rank_info or [p.to_dict() for p in joined.ranks],
                 "processes": procs,
@@ -283,6 +284,8 @@ class EngineGroup:
             registry.kill_processes(procs, grace=2.0)
         self.procs.stop(self.launcher)
         registry.kill_processes(procs, grace=2.0)  # whatever is left
+        if force:  # a start stopped midway: what it launched may be listed nowhere yet
+            registry.end_marked(self.cluster_id, grace=2.0)
         registry.remove(self.cluster_id)
         if self._reaper is not None:
             try:

@@ -38,10 +38,16 @@ class EngineProcesses:
         on_progress: Callable[[], None],
         profile: str | None,
     ) -> ipp.Client:
-        """Start the controller and ``n`` engines; return a client once they registered."""
+        """Start the controller and ``n`` engines; return a client once they registered.
+
+        ``on_progress`` runs once before anything is launched, then as the launcher reports.
+        """
         cluster_id = str(cluster_kwargs["cluster_id"])
         self._log, self.log_file = calls.engine_log(cluster_id)
         self.cluster = ipp.Cluster(**cluster_kwargs, log=self._log)
+        # The registry entry and its reaper exist before the first process: a kernel killed midway
+        # through the start leaves nothing that no one ends (the reaper finds them by their mark).
+        on_progress()
         try:
             self.client = launcher.connect(self.cluster, n, engine_timeout, on_progress)
         except TimeoutError as exc:

@@ -46,7 +46,11 @@ _OPTIONAL: dict[str, tuple[type, ...]] = {
     "started_at": (int, float),
     "updated_at": (int, float),
     "ranks": (list,),
+    "launcher": (str,),
 }
+# ipyparallel puts the cluster's id in the environment of every process it launches (controller,
+# engines, mpiexec or srun); their children (an engine's nanny) inherit it.
+MARK = "IPP_CLUSTER_ID"
 
 
 def home() -> Path:
@@ -258,15 +262,46 @@ def kill_processes(records: Iterable[Mapping[str, object]], grace: float = 3.0) 
     return [p.pid for p in procs]
 
 
+def marked(cluster_id: str) -> list[dict[str, float]]:
+    """Records of this user's processes on this host that carry ``cluster_id``'s mark: every process
+    its start launched, whether the entry lists it yet or not."""
+    me, here, out = os.getuid(), os.getpid(), []
+    for proc in psutil.process_iter(["uids"]):
+        try:
+            uids = proc.info["uids"]
+            if proc.pid == here or uids is None or uids.real != me:
+                continue
+            if proc.environ().get(MARK) == cluster_id:
+                out.append({"pid": proc.pid, "create_time": proc.create_time()})
+        except psutil.Error:
+            continue
+    return out
+
+
+def end_marked(cluster_id: str, grace: float = 3.0, rounds: int = 5) -> list[int]:
+    """Kill the processes that carry the cluster's mark, again until none is left: a process started
+    by one being killed (an engine's nanny) is caught by the next round. Return the PIDs signalled."""
+    killed: list[int] = []
+    for _ in range(rounds):
+        left = marked(cluster_id)
+        if not left:
+            break
+        killed += kill_processes(left, grace=grace)
+    return killed
+
+
 def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
-    """Clean up after a dead kernel: kill a validated entry's processes, mark its runs interrupted,
-    cancel its scheduler jobs, delete its ipyparallel file and the entry itself."""
+    """Clean up after a dead kernel: kill a validated entry's processes (those it lists and those
+    that carry its mark: a start killed midway lists none yet), mark its runs interrupted, cancel
+    its scheduler jobs, delete its ipyparallel file and the entry itself."""
     kill_processes(entry.get("processes", []), grace=grace)
+    end_marked(entry["cluster_id"], grace=grace)
     _interrupt_runs(entry)
-    if entry.get("jobs"):  # a dead kernel's Slurm allocation would otherwise run to its time limit
+    if entry.get("jobs") or entry.get("launcher") == "slurm":  # else it runs to its time limit
         from dtwork.launch.slurm import cancel  # imports ipyparallel: only for scheduler jobs
 
-        cancel([str(j) for j in entry["jobs"]])
+        # by name too: a kernel killed while sbatch ran never learnt the job's id
+        cancel([str(j) for j in entry.get("jobs", [])], name=entry["cluster_id"])
     cid = entry["cluster_id"]
     for name in entry.get("files", []):
         if _own_file(cid, name):  # validated already; checked again where it deletes

@@ -7,6 +7,7 @@ launcher's wait and for the reaper.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -211,11 +212,19 @@ def job_state(job: str) -> tuple[str | None, str]:
     return state, reason
 
 
-def cancel(jobs: list[str]) -> None:
-    """``scancel`` these Slurm jobs (ids checked to be numbers first); silent when Slurm is gone."""
+def cancel(jobs: list[str], name: str | None = None) -> None:
+    """``scancel`` these Slurm jobs (ids checked to be numbers first), and this user's jobs called
+    ``name`` (a cluster's id: its sbatch job is named so); silent when Slurm is gone."""
     ids = [j for j in jobs if re.fullmatch(r"\d+(_\d+)?", str(j))]
-    if ids and shutil.which("scancel"):
+    if not shutil.which("scancel"):
+        return
+    if ids:
         subprocess.run(["scancel", *ids], capture_output=True, timeout=60, check=False)
+    if name and _SAFE.fullmatch(name):
+        user = pwd.getpwuid(os.getuid()).pw_name
+        subprocess.run(
+            ["scancel", "--name", name, "--user", user], capture_output=True, timeout=60, check=False
+        )
 
 
 def _slurm_nodes(partition: str | None) -> list[str]:

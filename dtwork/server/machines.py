@@ -70,6 +70,7 @@ def stop_cluster(cluster_id: str) -> StopReply:
     """POST /dtwork/clusters/<id>/stop: kill its processes, drop its registry entry."""
     entry = find_cluster(cluster_id)
     killed = registry.kill_processes(entry.get("processes") or [], grace=3.0)
+    killed += registry.end_marked(cluster_id)  # a cluster still starting lists few of them yet
     registry.remove(cluster_id)
     return {"stopped": cluster_id, "killed": sorted(set(killed))}
 

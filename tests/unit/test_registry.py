@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -101,6 +102,46 @@ def test_a_stale_entry_of_this_host_is_cleaned_with_its_processes_and_file(
     assert registry.clean_stale() == [cid]
     assert sleeper.wait(timeout=30) is not None
     assert not ipp_file.exists() and not registry.entry_path(cid).exists()
+
+
+def test_a_stale_entry_listing_no_process_yet_ends_those_that_carry_its_mark(
+    home: Path, dead_kernel: dict[str, Any]
+) -> None:
+    """A kernel killed midway through a start registered the cluster before launching anything, so
+    its entry lists no process yet: the processes are found by the mark ipyparallel gave them (in
+    sessions of their own, as ipyparallel starts them)."""
+    cid, other = "dtwork-7-marked", "dtwork-7-other1"
+    procs = [
+        subprocess.Popen(["sleep", "120"], env={**os.environ, registry.MARK: c}, start_new_session=True)
+        for c in (cid, cid, other)
+    ]
+    try:
+        assert sorted(p["pid"] for p in registry.marked(cid)) == sorted(p.pid for p in procs[:2])
+        registry.write(cid, {"kernel": dead_kernel, "processes": []})
+        assert registry.clean_stale() == [cid]
+        assert all(p.wait(timeout=10) is not None for p in procs[:2])
+        assert procs[2].poll() is None  # another cluster's are left alone
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_stale_slurm_entry_cancels_its_job_by_name_too(
+    home: Path, tmp_path: Path, dead_kernel: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel killed while sbatch ran never learnt the job's id: the job is named after the cluster."""
+    calls = tmp_path / "scancel.calls"
+    fake = tmp_path / "bin" / "scancel"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    cid = "dtwork-7-slurm1"
+    registry.write(cid, {"kernel": dead_kernel, "launcher": "slurm", "jobs": ["42"]})
+    assert registry.clean_stale() == [cid]
+    user = pwd.getpwuid(os.getuid()).pw_name
+    assert calls.read_text().splitlines() == ["42", f"--name {cid} --user {user}"]
 
 
 def test_another_hosts_live_cluster_is_never_cleaned(
