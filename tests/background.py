@@ -1,8 +1,9 @@
 """Slow checks that need no engines, begun as soon as their tests are collected.
 
-pytest runs the unit tests first, on one core; a check that waits on the network (the GPU
-preparation step: ~57 MiB of wheels) or runs in a process of its own (mypy over the package)
-runs beside them on the other core, and its test only waits for the end and reads the result.
+In one process (``pytest -n 0``) pytest runs the unit tests first, on one core; a check that waits
+on the network (the GPU preparation step: ~57 MiB of wheels) or runs in a process of its own (mypy
+over the package) runs beside them on the other core, and its test only waits for the end and
+reads the result. On xdist's workers (the default) each job starts at its test's turn instead.
 """
 
 from __future__ import annotations
