@@ -19,10 +19,9 @@ from dtwork.shared.records import Row, to_rows
 from dtwork.store.perf_thinner import PerfThinner
 from dtwork.widgets.header import RankProgress
 
-__all__ = ["ETA_WINDOW", "KIND_SERIES", "Changed", "Intake", "Snapshot"]
+__all__ = ["ETA_WINDOW", "Changed", "Intake", "Snapshot"]
 
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
-KIND_SERIES = plots.KIND_SERIES  # which series each kind of row goes to
 
 
 class Changed(NamedTuple):
@@ -48,9 +47,8 @@ class Intake:
 
     def __init__(self, ranks: int, global_batch: int | None, max_points: int) -> None:
         self.series = plots.cell_series(global_batch)
-        self.long = LongCell(
-            global_batch, ETA_WINDOW
-        )  # every row as rollups; the series drawn from it once long
+        # every row as rollups too: the series are drawn from them once the cell is long
+        self.long = LongCell(global_batch, ETA_WINDOW)
         self._built = 0  # the long cell's version its series were last drawn from
         self.max_points = max_points  # per trace drawn: a redraw costs what is on screen
         self.rows_fed = 0
@@ -104,7 +102,7 @@ class Intake:
             self.long.add(rows)
             if not was_long:  # the long cell's series are drawn again from its rollups (_build)
                 for kind, kind_rows in by_kind.items():
-                    for key in KIND_SERIES.get(kind, ()):
+                    for key in plots.KIND_SERIES.get(kind, ()):
                         self.series[key].add(kind_rows)
                 if self.long.long:  # too long to keep every row: let go of them
                     self._build()
