@@ -38,7 +38,8 @@ TARGET_RATIO = 0.99  # dtwork's steps/s over the plain loop's
 # kind -> (steps per window, measured cycles); two more cycles warm up
 PLAN = {"gpu": {"mlp": (200, 10), "gpt": (10, 8)}, "dry": {"mlp": (5, 2), "gpt": (2, 2)}}
 WARMUP_CYCLES = 2
-BUDGETS = {"start": 120, "turns": 150, "gpu_rows": 20, "kernel_no_cuda_context": 20, "fsdp_amp": 90}
+BUDGETS = {"start": 120, "turns": 150, "gpu_rows": 20, "kernel_no_cuda_context": 20, "mlp_profile": 60}
+BUDGETS |= {"fsdp_amp": 90, "hooks": 60}
 BUDGETS |= {"stop": 30, "doctor": 170, "pytest_gpu": 90}
 DOCTOR_GPU_TEST = "tests/cluster/test_doctor.py::test_doctor_gpu_checks_pass_on_a_cuda_machine"
 
@@ -57,6 +58,57 @@ for step, (x, y) in ctx.steps(ctx.loader(torch.utils.data.TensorDataset(X, Y)), 
         t0 = time.perf_counter()
     loss = F.mse_loss(model(x).float(), y); ctx.backward(loss); ctx.step(opt); losses.append(loss.item())
 _doc = (all(map(math.isfinite, losses)), sum(losses[-5:]) / sum(losses[:5]), (STEPS - 5) / (time.perf_counter() - t0), type(model).__name__)
+"""
+
+PROFILE_CELL = """
+import cProfile, io, pstats, time, torch, torch.nn as nn, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as _DDP
+_dev, _N, _B, _REPS = ctx.device, NSTEPS, BATCH, REPS
+_g = torch.Generator().manual_seed(1)
+_batches = [(torch.randn(_B, 1, 28, 28, generator=_g).to(_dev), torch.randint(0, 10, (_B,), generator=_g).to(_dev)) for _ in range(8)]
+def _sync():
+    if _dev.type == "cuda":
+        torch.cuda.synchronize(_dev)
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)).to(_dev)
+def _opt(m):
+    return torch.optim.AdamW(m.parameters(), lr=1e-4, fused=_dev.type == "cuda")
+def _plain(wrap):
+    m = _mlp()
+    if wrap:
+        m = _DDP(m, device_ids=[_dev.index] if _dev.type == "cuda" else None)
+    o = _opt(m)
+    def go(n):
+        for i in range(n):
+            x, y = _batches[i % 8]
+            loss = F.cross_entropy(m(x), y); o.zero_grad(set_to_none=True); loss.backward(); o.step()
+    return go
+def _dtwork(log):
+    m = ctx.wrap(_mlp()); o = _opt(m)
+    def go(n):
+        for _, (x, y) in ctx.steps(_batches * (n // 8 + 1), max_steps=n):
+            loss = F.cross_entropy(m(x), y); ctx.backward(loss); ctx.step(o)
+            if log:
+                ctx.log(loss=loss)
+    return go
+_jobs = {"bare": _plain(False), "ddp": _plain(True), "dtwork_nolog": _dtwork(False), "dtwork": _dtwork(True)}
+_secs = {k: [] for k in _jobs}
+for _r in range(_REPS + 1):  # the first round warms up
+    for _k, _go in _jobs.items():
+        _sync(); _t = time.perf_counter(); _go(_N); _sync()
+        if _r:
+            _secs[_k].append(time.perf_counter() - _t)
+_prof = cProfile.Profile()
+_prof.enable(); _jobs["dtwork"](_N); _sync(); _prof.disable()
+_txt = io.StringIO(); pstats.Stats(_prof, stream=_txt).sort_stats("tottime").print_stats(30)
+_calls = {}
+from torch.profiler import profile, ProfilerActivity
+for _k in ("bare", "ddp", "dtwork"):
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _dev.type == "cuda" else [])) as _p:
+        _jobs[_k](min(_N, 200)); _sync()
+    _calls[_k] = {e.key: e.count for e in _p.key_averages() if any(w in e.key for w in ("Synchronize", "Memcpy", "item", "_local_scalar", "copy_", "nccl"))}
+_prof_doc = {"steps": _N, "seconds": _secs, "cprofile": _txt.getvalue()[-12000:], "calls_200_steps": _calls}
 """
 
 
@@ -275,7 +327,7 @@ def gpu_rows(d: Drive) -> dict[str, Any]:
     dash = c.session.dashboard
     fig = dash.figures.get("gpu") if dash is not None else None
     if fig is not None:
-        live = {"shown": True, "points": sum(len(t.y or ()) for t in fig.data)}
+        live = {"shown": True, "points": sum(0 if t.y is None else len(t.y) for t in fig.data)}
     good = all(
         store[n]["rows"] and (store[n]["max"] or 0) > 0 for n in ("utilization", "memory_used_mb", "power_w")
     )
@@ -311,6 +363,24 @@ def kernel_no_cuda_context(d: Drive) -> dict[str, Any]:
         "nvidia_smi": smi,
         "note": note,
     }
+
+
+def mlp_profile(d: Drive) -> dict[str, Any]:
+    """Where an MLP step's time goes on the rank: the bare loop, torch's DDP, ctx.steps without and with
+    ctx.log, in turns in one process; a cProfile of ctx.steps; the CUDA syncs and copies per variant."""
+    c = d.need_cluster()
+    c.session.live = False
+    n, reps = (600, 3) if d.mode == "gpu" else (10, 1)
+    batch = SIZES[d.mode]["mlp"]["batch"]
+    cell = PROFILE_CELL.replace("NSTEPS", str(n)).replace("BATCH", str(batch)).replace("REPS", str(reps))
+    with silenced():
+        c.run(cell, quiet=True)
+    doc = c.pull("_prof_doc")[0]
+    best = {k: min(v) for k, v in doc["seconds"].items()}
+    doc["steps_per_s"] = {k: n / v for k, v in best.items()}
+    doc["us_per_step_over_bare"] = {k: 1e6 * (v - best["bare"]) / n for k, v in best.items()}
+    print(doc["cprofile"], file=sys.__stdout__, flush=True)
+    return doc
 
 
 def fsdp_amp(d: Drive) -> dict[str, Any]:
@@ -357,6 +427,20 @@ def doctor(d: Drive) -> dict[str, Any]:
     }
 
 
+def hooks(d: Drive) -> dict[str, Any]:
+    """``python -m benchmarks.gpu.hooks``: what each DDP communication hook costs the MLP's step (torch alone)."""
+    if d.dry:
+        raise Skip("dry run: its variants are timed on the GPU only")
+    proc = _sub(
+        [sys.executable, "-m", "benchmarks.gpu.hooks", "--steps", "400", "--reps", "3"], BUDGETS["hooks"] - 5
+    )
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("HOOKS ")), None)
+    if line is None:
+        raise RuntimeError(f"benchmarks.gpu.hooks exited {proc.returncode} without its numbers")
+    doc: dict[str, Any] = json.loads(line[len("HOOKS ") :])
+    return doc
+
+
 def pytest_gpu(d: Drive) -> dict[str, Any]:
     """The tests marked ``gpu`` (the doctor's GPU test left out: the doctor check just ran the same)."""
     if d.dry:
@@ -390,7 +474,19 @@ def _sub(cmd: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.Complet
     return proc
 
 
-CHECKS = [environment, start, turns, gpu_rows, kernel_no_cuda_context, fsdp_amp, stop, doctor, pytest_gpu]
+CHECKS = [
+    environment,
+    start,
+    turns,
+    gpu_rows,
+    kernel_no_cuda_context,
+    mlp_profile,
+    fsdp_amp,
+    stop,
+    hooks,
+    doctor,
+]
+CHECKS += [pytest_gpu]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,7 +501,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--ranks", type=int, default=1, help="dtwork's ranks, one a GPU (the plain job keeps one)"
     )
+    ap.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated checks to run, in the order given (a rerun in a short lease; start before the checks on its cluster)",
+    )
     args = ap.parse_args(argv)
+    names = [c.__name__ for c in CHECKS]
+    only = names if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
+    if set(only) - set(names):
+        ap.error(
+            f"--only takes checks among {', '.join(names)}; got {', '.join(sorted(set(only) - set(names)))}"
+        )
     exit_on_sigterm()  # a killed run still stops the engines it started
     os.environ.setdefault(
         "DTWORK_STORE", str(Path(tempfile.mkdtemp(prefix="dtwork-gpu-store-")) / "runs.sqlite")
@@ -414,8 +521,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--ranks takes the number of GPUs to use, at least 1")
     d = Drive(args.out, args.dry_run, args.budget, args.ranks)
     try:
-        for check in CHECKS:
-            d.run(check.__name__, check)
+        by_name = {c.__name__: c for c in CHECKS}
+        for name in only:
+            d.run(name, by_name[name])
     finally:
         if d.cluster is not None:
             d.cluster.stop()
