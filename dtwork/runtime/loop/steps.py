@@ -245,8 +245,9 @@ class StepLoop:
                 self.add_log(values)  # logged at this step, like ctx.log
         norms = self.gns.step_norms(self.stepped)
         self.step += 1
-        comm = self.perf.exchange()
-        self.perf.tick(self.step, span.done(self.step))
+        done = span.done(self.step)
+        comm = self.perf.exchange(final=done)
+        self.perf.tick(self.step, done)
         if adaptive is not None:
             adaptive.measure(comm)  # the progress that span.done() reads
         self._drain()  # launched a step ago or more; may stop the loop at this step

@@ -10,6 +10,11 @@ comes from the reduced vector): every step when steps are slower than ``timing.S
 all-reduces for fast steps, whose latency would otherwise cost a large share of each step.
 Steps slower than ``timing.WAIT_SYNC_SECONDS`` read it at once instead (``waits_now``), so that a
 stop asked during a slow step is honoured at that step's end rather than a whole step later.
+
+On a GPU nothing here waits for the device: the vector goes up from pinned memory and comes back
+into pinned memory behind an event, and it is always read a step later (a slow step's stop is then
+honoured one step late). A plain copy between host and device synchronises the stream, and the GPU
+would sit idle at every sync while the CPU queued the next step.
 """
 
 from __future__ import annotations
@@ -83,6 +88,8 @@ class StepSync:
         self._logs: dict[str, list[torch.Tensor | float]] = {}
         self._unsynced: list[tuple[int, StepHead, Logged]] = []  # steps not yet sent
         self._pending: tuple[Any, torch.Tensor, list[tuple[int, StepHead, Logged]]] | None = None
+        self._arrived: torch.cuda.Event | None = None  # on a GPU: the pending vector is in host memory
+        self.on_gpu = device.type == "cuda"
         self._last_sync = 0.0
 
     def add_log(self, scalars: dict[str, Any]) -> None:
@@ -130,6 +137,8 @@ class StepSync:
         """Whether a launched sync is read at once rather than a step later: for slow steps (and
         before the step time is known) the all-reduce's latency is noise, and a stop asked during
         a step is then honoured at its end on every rank (the decision rests on reduced values)."""
+        if self.on_gpu:  # reading at once would idle the GPU while the CPU queues the next step
+            return False
         return self.step_seconds is None or self.step_seconds >= WAIT_SYNC_SECONDS
 
     @property
@@ -149,7 +158,7 @@ class StepSync:
         logs = [v for _, _, local in entries for v in _padded(local)]  # the same length on every rank
         values = [per_step, *heads, *logs]
         if not any(isinstance(v, torch.Tensor) for v in values):  # one operation in the usual case
-            vec = torch.tensor(values, dtype=torch.float64, device=self.device)
+            vec = self._numbers(values)
         else:  # device tensors (GNS norms, logged values) are read with the all-reduce's result
             vec = self._logs_tensor(values)
         if (
@@ -157,7 +166,23 @@ class StepSync:
         ):  # divided before the sum: a mean of values near the largest float stays finite
             vec[1 + len(heads) :] /= self.world_size
         work = dist.all_reduce(vec, async_op=True) if self.world_size > 1 else None
+        if self.on_gpu:  # back to host memory behind an event: drain waits for this step only
+            if work is not None:
+                work.wait()  # the stream waits for the all-reduce; the CPU goes on
+            host = torch.empty(vec.shape, dtype=vec.dtype, pin_memory=True)
+            host.copy_(vec, non_blocking=True)
+            self._arrived = torch.cuda.Event()
+            self._arrived.record()
+            work, vec = None, host
         self._pending = (work, vec, entries)
+
+    def _numbers(self, values: list[Any], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Numbers as a vector on the device; on a GPU from pinned memory, so that the copy does not
+        wait for the work queued before it."""
+        host = torch.tensor(values, dtype=dtype)
+        if not self.on_gpu:
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def _logs_tensor(self, logs: list[Any]) -> torch.Tensor:
         """The logs in the entries' order whatever their types (the layout is the same on every
@@ -166,10 +191,8 @@ class StepSync:
         stacked = _stack_scalars([logs[i] for i in tensor_at], self.device)
         if len(tensor_at) == len(logs):
             return stacked
-        part = torch.tensor(
-            [0.0 if isinstance(v, torch.Tensor) else v for v in logs], dtype=torch.float64, device=self.device
-        )
-        part[torch.tensor(tensor_at, device=self.device)] = stacked
+        part = self._numbers([0.0 if isinstance(v, torch.Tensor) else v for v in logs])
+        part[self._numbers(tensor_at, torch.long)] = stacked
         return part
 
     def drain(self) -> list[SyncedStep]:
@@ -178,6 +201,9 @@ class StepSync:
             return []
         work, vec, entries = self._pending
         self._pending = None
+        if self._arrived is not None:
+            self._arrived.synchronize()  # the step that launched it, not the ones queued since
+            self._arrived = None
         if work is not None:
             try:
                 work.wait()

@@ -8,6 +8,13 @@ gradient is the same on every rank, so the steps loop sums the shares in the all
 runs anyway instead of every rank reading the whole of it), and when the exchange finished.
 It changes no gradient, so training with it is identical to training without it
 (McCandlish et al. 2018 only need the two norms; no extra backward pass).
+
+On a GPU the exchange's time is the compute stream's, not the CPU's: NCCL's future completes when
+the all-reduce is queued, so a CPU clock around it reads microseconds whatever the network does.
+There the last bucket is framed by two CUDA events (before its exchange; after the compute stream
+waits for it), read once the device has passed them, without a synchronisation; and the hook adds
+no Python callback unless the GNS norms need one (a callback per step cost a short step 0.3 ms on
+an H100: docs/benchmarks.md).
 """
 
 # No ``from __future__ import annotations`` here: DDP checks the hooks' annotations at runtime.
@@ -21,6 +28,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
 Hook = Any
+MAX_EVENTS = 64  # steps whose exchange times a GPU may still owe
 
 
 def allreduce(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -72,6 +80,8 @@ class MeasureState:
     forwards: int = 0  # training forward passes since the last reset
     samples: int = 0  # their examples
     comm_seconds: float = 0.0  # FSDP: the all-gathers' and reduce-scatters' time, which nothing hides
+    # CUDA: (before, after) events framing each step's last exchange, not yet read (survive reset)
+    events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
 
     def reset(self) -> None:
         self.local_sq.clear()
@@ -86,12 +96,28 @@ class MeasureState:
         self.comm_seconds += end - start
         self.last_launch, self.last_done = start, end
 
-    def exposed_comm(self) -> float:
+    def exposed_comm(self, wait: bool = False) -> float:
         """Seconds between launching the last bucket and its result (communication not hidden);
-        for FSDP, every collective's time since the last reset."""
+        for FSDP, every collective's time since the last reset. On a GPU: the exchanges the device
+        has finished since the last call (a step or two late; ``wait``: all of them, waiting)."""
         if self.comm_seconds:
             return self.comm_seconds
+        if self.events:
+            return self._device_seconds(wait)
         return max(0.0, self.last_done - self.last_launch) if self.buckets else 0.0
+
+    def _device_seconds(self, wait: bool) -> float:
+        total, left = 0.0, []
+        # past MAX_EVENTS the oldest pair is waited for: a CPU far ahead of its GPU holds few events
+        wait_for = len(self.events) - MAX_EVENTS
+        for i, (before, after) in enumerate(self.events):
+            if wait or i < wait_for or after.query():
+                after.synchronize()  # at once when the device has passed it (query() was true)
+                total += before.elapsed_time(after) / 1e3  # milliseconds
+            else:
+                left.append((before, after))
+        self.events = left
+        return total
 
     def norms(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(local |g|^2, this rank's share of the reduced |g|^2) of the last exchange as 0-d
@@ -142,15 +168,50 @@ def measure_hook(state: MeasureState, bucket: dist.GradBucket) -> torch.futures.
     if gns:
         state.local_sq.append(sq_norm(bucket.buffer()))
     state.buckets += 1
-    state.last_launch = time.perf_counter()
+    on_cpu = not bucket.buffer().is_cuda
+    if not on_cpu and bucket.is_last():
+        return _last_on_device(state, bucket, gns)
+    if on_cpu:  # a GPU's earlier buckets go out untimed: the last one's wait is what shows
+        state.last_launch = time.perf_counter()
     fut: torch.futures.Future[torch.Tensor] = state.inner(state.inner_state, bucket)
+    if not (gns or on_cpu):
+        return fut
 
     def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-        out = f.value()
-        out = out[0] if isinstance(out, list) else out
+        out = _tensor(f.value())
         if gns:
             state.reduced_sq.append(sq_norm(out, state.rank, state.world_size))
-        state.last_done = time.perf_counter()
+        if on_cpu:
+            state.last_done = time.perf_counter()
         return out
 
     return fut.then(done)
+
+
+def _last_on_device(
+    state: MeasureState, bucket: dist.GradBucket, gns: bool
+) -> torch.futures.Future[torch.Tensor]:
+    """A GPU's last bucket, waited for on the compute stream between two events: no overlap is lost
+    (every gradient exists by then) and no callback is needed."""
+    before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    before.record()
+    fut: torch.futures.Future[torch.Tensor]
+    if state.inner is allreduce:  # torch's allreduce_hook, without its callback
+        group = state.inner_state if state.inner_state is not None else dist.group.WORLD
+        out = bucket.buffer().div_(dist.get_world_size(group))
+        dist.all_reduce(out, group=group)  # the compute stream waits for it; the CPU does not
+        fut = torch.futures.Future()
+        fut.set_result(out)
+    else:
+        fut = state.inner(state.inner_state, bucket)
+        out = _tensor(fut.wait())  # the compute stream waits for the exchange (and its decompression)
+    after.record()
+    state.events.append((before, after))
+    if gns:
+        state.reduced_sq.append(sq_norm(out, state.rank, state.world_size))
+    return fut
+
+
+def _tensor(value: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """A hook future's value: torch's hooks give a tensor, a process group's work a list of one."""
+    return value[0] if isinstance(value, list) else value

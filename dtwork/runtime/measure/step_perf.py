@@ -54,14 +54,15 @@ class StepPerf:
         self.samples += n
         self.data += data_time
 
-    def exchange(self) -> float:
-        """At a step's end: the models' exposed communication seconds, counted (and their hooks reset)."""
+    def exchange(self, final: bool = False) -> float:
+        """At a step's end: the models' exposed communication seconds, counted (and their hooks reset);
+        ``final``: the loop's last step, so a GPU's exchange times still owed are waited for."""
         comm = 0.0
         exchanged = False
         for m in self.models:
             s = measure_state(m)
             if s is not None:
-                comm += s.exposed_comm()
+                comm += s.exposed_comm(wait=final)
                 if s.buckets:  # exchanged gradients: trained by this loop
                     self.trained[id(m)] = m
                     self.state.touch(m)
