@@ -179,8 +179,25 @@ class Suite:
         t = in_rotation({"dt": self.dt.round_trip, "raw": self.raw.round_trip}, self.plan.round_trips)
         ci = bootstrap_ci(t["dt"], t["raw"])
         ratio_quiet = ratio(median(t["dt"]), median(t["raw"]))
+        # autoreload on and off in turns: each switch sends the ranks one message, before either cell
+        session = self.dt.cluster.session if self.dt.cluster is not None else None
+        switched = {}
+        if session is not None:
+
+            def with_reload(on: bool) -> float:
+                session.autoreload = on
+                return self.dt.round_trip()
+
+            switched = in_rotation({"on": partial(with_reload, True), "off": partial(with_reload, False)},
+                                   self.plan.round_trips)  # fmt: skip
+            session.autoreload = True
+        reload = {k: summarize(v) for k, v in switched.items()}
+        if switched:
+            reload["cost_ms"] = 1e3 * (median(switched["on"]) - median(switched["off"]))
+            reload["ratio"], reload["ci95"] = ratio(median(switched["on"]), median(switched["off"])), bootstrap_ci(
+                switched["on"], switched["off"])  # fmt: skip
         return dict(dtwork_quiet_s=summarize(t["dt"]), raw_px_s=summarize(t["raw"]), ratio_quiet=ratio_quiet,
-                    ratio_quiet_ci95=ci)  # fmt: skip
+                    ratio_quiet_ci95=ci, autoreload=reload)  # fmt: skip
 
     def throughput(self) -> dict[str, Any]:
         """Whole runs of every launcher in turn, each repetition in a rotated order."""

@@ -111,6 +111,9 @@ def core_table(r: dict[str, Any]) -> str:
          med(cold["raw_ipyparallel_ddp_s"]), ""],
         ["round trip of a trivial cell (ms)", med(rt["dtwork_quiet_s"], 1e3, 1), med(rt["raw_px_s"], 1e3, 1),
          "", ""],
+        ["the same, autoreload on / off, in turns (ms)",
+         f"{med(rt.get('autoreload', {}).get('on', {}), 1e3, 1)} / {med(rt.get('autoreload', {}).get('off', {}), 1e3, 1)}",
+         "", "", ""],
         ["changed training cell (s; torchrun: relaunch / launch to first step)",
          med(lat["dtwork"]["wall_s"], nd=3), med(lat["raw_ipyparallel"]["wall_s"], nd=3), "", torchrun],
     ]  # fmt: skip

@@ -31,7 +31,7 @@ from dtwork.kernel.segments import is_segment
 from dtwork.kernel.stacks import RankStacks
 from dtwork.kernel.store_handle import StoreHandle
 from dtwork.kernel.tracebacks import error_line, stopped_by_interrupt
-from dtwork.kernel.watcher import POLL_SECONDS, CellResult, CellWatcher, in_notebook
+from dtwork.kernel.watcher import CellResult, CellWatcher, in_notebook
 from dtwork.runtime import entry
 from dtwork.shared import batch
 from dtwork.shared.records import (
@@ -48,9 +48,12 @@ from dtwork.store.runs import STORE_ERRORS, RunStore, store_problem
 from dtwork.store.writer import StoreWriter
 
 if TYPE_CHECKING:
+    import ipyparallel as ipp
+
     from dtwork.widgets.dashboard import Dashboard
 
 REPAIR_SECONDS = 60.0  # for every rank to join a new process group after a failed cell
+SETTINGS_SECONDS = 10.0  # for rank 0's answer about the settings a cell left, once the cell ended
 STALL_SECONDS = 60.0  # default hang watchdog
 
 
@@ -75,6 +78,8 @@ class Session:
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
         self.perf_rate = PerfThinner(max(1, engines.world_size))  # the current cell's perf records to store
         self.autoreload = True  # reload the notebook folder's edited modules on the ranks before a cell
+        self._autoreload_told: tuple[str | None, str] | None = None  # (folder, engines) the ranks know
+        self._settings: ipp.AsyncResult | None = None  # the running cell's settings, asked with it
         self.book = segments.RunBook()  # one step axis per run (kernel/segments.py)
         self.replay = Replay(self)  # after a rank died: the run again from its last checkpoint
 
@@ -339,20 +344,11 @@ class Session:
             dashboard_ready()
         if len(rank_list) < self.engines.world_size:  # so that ctx refuses collectives at once
             self.engines.view(rank_list).apply_async(entry.set_cell_ranks, rank_list)
-        # The ranks take the reload before the cell (their queue is in order): no round trip waits for it.
-        reload = (
-            self.engines.view(rank_list).apply_async(entry.reload_modules, os.getcwd())
-            if self.autoreload
-            else None
-        )
+        self._tell_autoreload()
+        # Each engine's queue is in order: what was sent above runs before the cell, and the settings
+        # it leaves are read right after it, so no round trip waits before or after the cell.
         ar = self.engines.view(rank_list).execute(source, silent=False, block=False)
-        while reload is not None and not (reload.ready() or ar.ready() or self.dead_ranks(rank_list)):
-            reload.wait(POLL_SECONDS)  # a rank that died is the watcher's to report
-        if reload is not None and reload.ready() and reload.successful():
-            if names := sorted({name for names in reload.get() for name in names}):
-                print(
-                    f"dtwork: reloaded {', '.join(names)} (changed on disk; %dtrain autoreload off to keep them)"
-                )
+        self._settings = self.engines.view([0]).apply_async(entry.cell_settings)
         on_records = self._dashboard_feed(run_id, rank_list, quiet, seq)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))
@@ -414,13 +410,22 @@ class Session:
                 raise watcher.failure()  # a hand loop's stop is stored and shown as interrupted, not raised
         return result
 
+    def _tell_autoreload(self) -> None:
+        """The ranks reload the notebook folder's edited modules before each cell while autoreload
+        is on (``entry.set_autoreload``); told again when the folder, the switch or the engines change."""
+        told = (os.getcwd() if self.autoreload else None, self.engines.cluster_id)
+        if told != self._autoreload_told:
+            self.engines.view().apply_async(entry.set_autoreload, told[0])
+            self._autoreload_told = told
+
     def _record_settings(self, seq: int, rank0: bool, read: bool) -> None:
         """Keep what the cell ran with for the report: its options and, when the ranks can be asked
-        (no error left them busy), the settings it left (``entry.cell_settings``)."""
+        (no error left them busy), the settings it left (``entry.cell_settings``, asked with the cell)."""
         data: dict[str, object] = {"seq": seq, "rank0": rank0}
-        if read and self.engines.state == "running":
+        settings, self._settings = self._settings, None
+        if read and settings is not None and self.engines.state == "running":
             try:
-                data.update(self.engines.call(entry.cell_settings, (), {}, ranks=[0])[0])
+                data.update(settings.get(timeout=SETTINGS_SECONDS)[0])
             except Exception:  # the settings are a courtesy: the cell's own outcome stands
                 pass
         try:

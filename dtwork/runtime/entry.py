@@ -413,11 +413,33 @@ def serve_stacks(token: str, address: str) -> int:
     return stacks.serve(token, address)
 
 
-def reload_modules(folder: str) -> list[str]:
-    """Reload the modules from the notebook's ``folder`` edited since they were loaded (before a cell)."""
+_reload_from: list[str | None] = [None]  # the notebook's folder while cells reload its edited modules
+
+
+def set_autoreload(folder: str | None) -> None:
+    """Before each cell, reload the modules from the notebook's ``folder`` edited since they were
+    loaded (None: reload nothing). Sent once per change, not per cell: the check runs in IPython's
+    ``pre_run_cell`` event, so a cell costs no message of its own for it."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None and not getattr(shell, "_dtwork_autoreload", False):
+        shell.events.register("pre_run_cell", _reload_before_cell)
+        shell._dtwork_autoreload = True
+    _reload_from[0] = folder
+
+
+def _reload_before_cell(info: object = None) -> None:
+    folder = _reload_from[0]
+    if folder is None:
+        return
+    from dtwork.runtime.core import control
     from dtwork.runtime.scripts import autoreload
 
-    return autoreload.reload_changed(folder)
+    names = autoreload.reload_changed(folder)
+    ranks = control.cell_ranks()
+    if names and runtime.current().rank == (min(ranks) if ranks else 0):  # one line for the cell
+        print(f"dtwork: reloaded {', '.join(names)} (changed on disk; %dtrain autoreload off to keep them)")
 
 
 def _user_namespace() -> dict[str, object]:
