@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
@@ -53,15 +53,17 @@ class StepHead:
 
     SIZE: ClassVar[int]
 
-    def pack(self) -> tuple[float, ...]:
-        return astuple(self)
+    def pack(self) -> tuple[float | torch.Tensor, ...]:
+        # not dataclasses.astuple: it deep-copies every field, a tensor on the device included
+        return tuple(getattr(self, name) for name in _HEAD_FIELDS)
 
     @classmethod
     def unpack(cls, values: list[float]) -> StepHead:
         return cls(*values)
 
 
-StepHead.SIZE = len(fields(StepHead))
+_HEAD_FIELDS = tuple(f.name for f in fields(StepHead))
+StepHead.SIZE = len(_HEAD_FIELDS)
 
 
 @dataclass
