@@ -97,6 +97,7 @@ class EngineGroup:
         self._listeners: list[Callable[[str], None]] = []
         self.health = RankHealth(self)  # which ranks' engines are gone, and why
         self.checks_collectives = False  # kept across restarts: fresh engines check again
+        self._reload_told: tuple[str | None, str] | None = None  # (folder, cluster_id) the ranks know
 
     @property
     def profile(self) -> str | None:
@@ -449,6 +450,14 @@ class EngineGroup:
     def pull(self, name: str, ranks: list[int] | None = None) -> list[object]:
         """Fetch a variable from every rank: a list by rank."""
         return calls.pull_by_rank(self.view(ranks), name)
+
+    def tell_reload(self, folder: str | None) -> None:
+        """Have every rank reload ``folder``'s edited modules as each cell starts (None: not), sent
+        only when it changed or the engines are new (``entry.set_autoreload``), queued, not waited for."""
+        told = (folder, self.cluster_id)
+        if told != self._reload_told:
+            self.view().apply_async(entry.set_autoreload, folder)
+            self._reload_told = told
 
     def check_collectives(self, on: bool) -> None:
         """Have every rank compare each collective's op and shapes with the others' before it runs."""

@@ -48,8 +48,6 @@ from dtwork.store.runs import STORE_ERRORS, RunStore, store_problem
 from dtwork.store.writer import StoreWriter
 
 if TYPE_CHECKING:
-    import ipyparallel as ipp
-
     from dtwork.widgets.dashboard import Dashboard
 
 REPAIR_SECONDS = 60.0  # for every rank to join a new process group after a failed cell
@@ -78,8 +76,6 @@ class Session:
         self.efficiency: LiveEfficiency | None = None  # the current cell's, on more than one rank
         self.perf_rate = PerfThinner(max(1, engines.world_size))  # the current cell's perf records to store
         self.autoreload = True  # reload the notebook folder's edited modules on the ranks before a cell
-        self._autoreload_told: tuple[str | None, str] | None = None  # (folder, engines) the ranks know
-        self._settings: ipp.AsyncResult | None = None  # the running cell's settings, asked with it
         self.book = segments.RunBook()  # one step axis per run (kernel/segments.py)
         self.replay = Replay(self)  # after a rank died: the run again from its last checkpoint
 
@@ -344,15 +340,18 @@ class Session:
             dashboard_ready()
         if len(rank_list) < self.engines.world_size:  # so that ctx refuses collectives at once
             self.engines.view(rank_list).apply_async(entry.set_cell_ranks, rank_list)
-        self._tell_autoreload()
+        # the notebook folder's edited modules, reloaded by the ranks as the cell starts (told on a change)
+        self.engines.tell_reload(os.getcwd() if self.autoreload else None)
         # Each engine's queue is in order: what was sent above runs before the cell, and the settings
         # it leaves are read right after it, so no round trip waits before or after the cell.
         ar = self.engines.view(rank_list).execute(source, silent=False, block=False)
-        self._settings = self.engines.view([0]).apply_async(entry.cell_settings)
+        settings = self.engines.view([0]).apply_async(entry.cell_settings)
         on_records = self._dashboard_feed(run_id, rank_list, quiet, seq)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))
-        watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
+        watcher = CellWatcher(
+            self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records, settings=settings
+        )
         if bg:
             self.bg = BackgroundCell(watcher, self.replay.replays)
             self.bg.start()
@@ -386,7 +385,7 @@ class Session:
             self.writer.records(self.run_id, seq, self.perf_rate.flush())
             self._estimate([], seq, math.inf)  # the cell's last estimate, however short it was
             self.writer.finish_cell(self.run_id, seq, status, err)
-            self._record_settings(seq, watcher.rank0, read=not result.errors)
+            self._record_settings(seq, watcher.rank0, result)
             for run in self.book.trained:
                 self.book.outcome[run] = status
             if status == "error" and self.run_id in self.book.trained:  # not a run this cell did not train in
@@ -410,22 +409,14 @@ class Session:
                 raise watcher.failure()  # a hand loop's stop is stored and shown as interrupted, not raised
         return result
 
-    def _tell_autoreload(self) -> None:
-        """The ranks reload the notebook folder's edited modules before each cell while autoreload
-        is on (``entry.set_autoreload``); told again when the folder, the switch or the engines change."""
-        told = (os.getcwd() if self.autoreload else None, self.engines.cluster_id)
-        if told != self._autoreload_told:
-            self.engines.view().apply_async(entry.set_autoreload, told[0])
-            self._autoreload_told = told
-
-    def _record_settings(self, seq: int, rank0: bool, read: bool) -> None:
+    def _record_settings(self, seq: int, rank0: bool, result: CellResult) -> None:
         """Keep what the cell ran with for the report: its options and, when the ranks can be asked
         (no error left them busy), the settings it left (``entry.cell_settings``, asked with the cell)."""
         data: dict[str, object] = {"seq": seq, "rank0": rank0}
-        settings, self._settings = self._settings, None
-        if read and settings is not None and self.engines.state == "running":
+        asked = result.settings
+        if not result.errors and asked is not None and self.engines.state == "running":
             try:
-                data.update(settings.get(timeout=SETTINGS_SECONDS)[0])
+                data.update(asked.get(timeout=SETTINGS_SECONDS)[0])
             except Exception:  # the settings are a courtesy: the cell's own outcome stands
                 pass
         try:

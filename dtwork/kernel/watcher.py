@@ -54,6 +54,9 @@ class CellResult:
     seconds: float = 0.0
     message: str = ""
     records: int = 0
+    settings: ipp.AsyncResult | None = (
+        None  # rank 0's answer about the settings the cell left, asked behind it
+    )
 
     @property
     def ok(self) -> bool:
@@ -151,11 +154,12 @@ class CellWatcher:
         rank0: bool,
         quiet: bool,
         on_records: Callable[[list[Record]], None] | None = None,
+        settings: ipp.AsyncResult | None = None,
     ) -> None:
         self.host = host
         self.ar = ar
         self.on_records = on_records
-        self.result = CellResult(seq, ranks)
+        self.result = CellResult(seq, ranks, settings=settings)
         self.output = RankOutput(ranks, rank0=rank0, quiet=quiet)
         # Outside a notebook (a script, a terminal) progress is a plain line now and then.
         self.watch = ProgressWatch(text=not quiet and not host.live and not in_notebook())

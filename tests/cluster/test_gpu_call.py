@@ -19,12 +19,14 @@ CHECKS = [
     "turns",
     "gpu_rows",
     "kernel_no_cuda_context",
+    "mlp_profile",
     "fsdp_amp",
     "stop",
+    "hooks",
     "doctor",
     "pytest_gpu",
 ]
-GPU_ONLY = ["gpu_rows", "kernel_no_cuda_context", "doctor", "pytest_gpu"]
+GPU_ONLY = ["gpu_rows", "kernel_no_cuda_context", "hooks", "doctor", "pytest_gpu"]
 LACKING = [
     "ipyparallel",
     "pyzmq",
