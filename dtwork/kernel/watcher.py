@@ -54,9 +54,8 @@ class CellResult:
     seconds: float = 0.0
     message: str = ""
     records: int = 0
-    settings: ipp.AsyncResult | None = (
-        None  # rank 0's answer about the settings the cell left, asked behind it
-    )
+    # rank 0's answer about the settings the cell left, asked behind the cell
+    settings: ipp.AsyncResult | None = None
 
     @property
     def ok(self) -> bool:
