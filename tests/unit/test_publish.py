@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any
 
@@ -100,3 +101,22 @@ def test_a_new_cell_does_not_send_the_last_cells_progress_again(transport: Trans
     pub.new_cell()  # idle time, then a cell that logs: its age would read as a stall
     pub.record("log", 0, {"x": 1.0})
     assert [d.get("progress", {}).get("step") for d in transport.sent] == [600, None]
+
+
+def test_a_blocked_ranks_newest_progress_reaches_the_kernel_without_its_records(transport: Transport) -> None:
+    """A rank that recorded its step and then blocked (in a collective, waiting for a stalled rank)
+    makes no more calls: the keeper thread sends that progress, so the watchdog compares the steps
+    the ranks reached; the records stay for the rank's own next flush."""
+    pub = Publisher(0, interval=0.5, keeper=True)
+    pub.flush()
+    pub.record("log", 7, {"loss": 1.0})
+    pub.progress(step=7, phase="train")  # then the rank blocks: no call of its own for a long time
+    deadline = time.monotonic() + 60
+    while not any(d.get("progress", {}).get("step") == 7 for d in transport.sent):
+        assert time.monotonic() < deadline, "the newest progress never left the blocked rank"
+        time.sleep(0.02)
+    assert pub.send_progress_if_stuck() is False  # sent once, not at every interval
+    keeper_sent = [d for d in transport.sent if "r00000000" not in d]
+    assert all(set(d) == {"progress"} for d in keeper_sent)
+    pub.flush()
+    assert transport.steps() == [7] and pub.unsent == 0

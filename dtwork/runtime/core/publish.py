@@ -9,13 +9,20 @@ A publish that fails (a record the transport cannot serialise, a closed socket) 
 at once: the batches are kept under their keys and sent again with the next flush, up to
 ``MAX_KEPT`` records (past it the oldest batches are dropped, and counted). The rank says so
 once, as a ``DtworkWarning`` in the cell's output, and once more when its records go through again.
+
+Progress that a rank recorded just before it blocked (a collective waiting for a stalled rank, a
+long evaluation) would never leave it, since flushes ride on the rank's own calls: a keeper thread
+sends the newest progress when the rank itself has not flushed for an interval, so the kernel's
+watchdog compares the steps the ranks really reached, not the ones each happened to send last.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import warnings
+import weakref
 
 from dtwork.errors import DtworkWarning
 from dtwork.shared.records import Kind, Record, make_record
@@ -24,17 +31,22 @@ from dtwork.shared.timing import FLUSH_SECONDS
 MAX_KEPT = 10_000  # records a rank keeps while its publishes fail (a few minutes of a busy loop)
 
 
-def _publish(data: dict[str, object]) -> None:
-    """Send ``data`` to the kernel; raise what the transport raises."""
+def _in_engine() -> bool:
+    """Whether this process runs in a kernel shell whose data messages reach a kernel."""
     try:
         from ipykernel.zmqshell import ZMQInteractiveShell
         from IPython import get_ipython
     except ImportError:  # no kernel machinery at all: nobody to send to
-        return
+        return False
     # Outside an engine (a plain script, a benchmark, a unit test, a terminal shell) records stay
     # local: there ``publish_data`` would make a kernel shell of its own, or fail. The shell's own
     # class is asked, since a plain InteractiveShell makes ``ZMQInteractiveShell.initialized()`` true.
-    if not isinstance(get_ipython(), ZMQInteractiveShell):
+    return isinstance(get_ipython(), ZMQInteractiveShell)
+
+
+def _publish(data: dict[str, object]) -> None:
+    """Send ``data`` to the kernel; raise what the transport raises."""
+    if not _in_engine():
         return
     from ipyparallel.datapub import publish_data
 
@@ -44,7 +56,9 @@ def _publish(data: dict[str, object]) -> None:
 class Publisher:
     """Batch records and publish them at most every ``FLUSH_SECONDS``; keep them while that fails."""
 
-    def __init__(self, rank: int, interval: float = FLUSH_SECONDS, max_kept: int = MAX_KEPT) -> None:
+    def __init__(
+        self, rank: int, interval: float = FLUSH_SECONDS, max_kept: int = MAX_KEPT, keeper: bool | None = None
+    ) -> None:
         self.rank = rank
         self.interval = interval
         self.max_kept = max_kept
@@ -53,6 +67,9 @@ class Publisher:
         self._seq = 0
         self._last = time.monotonic()  # the first batch goes out an interval after the rank starts
         self._progress: dict[str, object] | None = None
+        self._progress_sent: dict[str, object] | None = None  # the progress the kernel has
+        self._sending = threading.Lock()  # the rank's flushes and the keeper's publishes, one at a time
+        self._keeper = _in_engine() if keeper is None else keeper  # started with the first progress
         self.failing: str | None = None  # why the last publish failed, until one succeeds
         self.dropped = 0  # records dropped past ``max_kept`` while publishing failed
 
@@ -75,21 +92,51 @@ class Publisher:
 
     def progress(self, **fields: object) -> None:
         self._progress = {"rank": self.rank, "time": time.time(), **fields}
+        if self._keeper is True:
+            self._keeper = False
+            threading.Thread(
+                target=_keep_up, args=(weakref.ref(self),), name="dtwork-progress", daemon=True
+            ).start()
         self.maybe_flush()
+
+    def send_progress_if_stuck(self) -> bool:
+        """Send the newest progress if the rank has not flushed for an interval (the rank is blocked
+        or busy outside its loop's calls); whether it was sent. Records stay for the rank's own flush."""
+        progress = self._progress
+        if (
+            progress is None
+            or progress is self._progress_sent
+            or time.monotonic() - self._last < self.interval
+        ):
+            return False
+        with self._sending:
+            if progress is not self._progress or time.monotonic() - self._last < self.interval:
+                return False  # the rank moved on or flushed meanwhile
+            try:
+                _publish({"progress": progress})
+            except Exception:  # the rank's own next flush says what fails
+                return False
+            self._progress_sent = progress
+        return True
 
     def maybe_flush(self) -> None:
         if time.monotonic() - self._last >= self.interval:
             self.flush()
 
     def flush(self) -> None:
+        with self._sending:
+            self._flush()
+
+    def _flush(self) -> None:
         self._last = time.monotonic()
         if self._buf:
             self._unsent[f"r{self._seq:08d}"] = self._buf
             self._seq += 1
             self._buf = []
         data: dict[str, object] = dict(self._unsent)
-        if self._progress is not None:
-            data["progress"] = self._progress
+        progress = self._progress
+        if progress is not None:
+            data["progress"] = progress
         if not data:
             return
         try:
@@ -98,6 +145,7 @@ class Publisher:
             self._keep(exc)
             return
         self._unsent = {}
+        self._progress_sent = progress
         if self.failing is not None:
             self.failing = None
             lost = f" ({self.dropped} older ones were dropped)" if self.dropped else ""
@@ -116,3 +164,12 @@ class Publisher:
                 DtworkWarning,
                 stacklevel=2,
             )
+
+
+def _keep_up(publisher: weakref.ref[Publisher]) -> None:
+    """The keeper thread: every interval, the newest progress of a rank that stopped flushing."""
+    while (pub := publisher()) is not None:
+        interval = pub.interval
+        pub.send_progress_if_stuck()
+        del pub  # a publisher the rank dropped (a new group) ends its keeper
+        time.sleep(max(interval, 0.05))
