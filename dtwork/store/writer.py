@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 __all__ = ["StoreWriter"]
 
 RETRY_SECONDS = 1.0  # a refusing store is tried again at most this often (each try may wait 5 s)
+# Metric rows alone are written at most this often: a write's cost is mostly per series it touches
+# (its summary and rollups), not per row, so at many ranks one write a second costs a tenth of one
+# a poll. Anything else queued (an event, a cell's end, a status) writes everything at once.
+ROWS_SECONDS = 1.0
 
 
 @dataclass
@@ -47,14 +51,22 @@ def _say(line: str) -> None:
 class StoreWriter:
     """The session's writes to its store, in order; what the store refuses waits for the next try."""
 
-    def __init__(self, store: Callable[[], RunStore], path: Path, say: Callable[[str], None] = _say) -> None:
+    def __init__(
+        self,
+        store: Callable[[], RunStore],
+        path: Path,
+        say: Callable[[str], None] = _say,
+        rows_every: float = ROWS_SECONDS,
+    ) -> None:
         self._store = store
+        self.rows_every = rows_every
         self.path = path
         self._say = say
         self._queue: list[_Write] = []
         self._lock = threading.Lock()
         self.problem: str | None = None  # the line the user was told, while the store refuses writes
         self._failed_at = 0.0
+        self._wrote_at = 0.0  # when the queue was last written out (monotonic)
         self._warned: set[str] = set()
 
     # -- queueing ------------------------------------------------------------------------------
@@ -123,13 +135,22 @@ class StoreWriter:
     def flush(self, *, force: bool = False) -> bool:
         """Write what waits, in order; return True when nothing is left.
 
-        After a refusal the store is tried again only after ``RETRY_SECONDS`` unless ``force``.
+        Unless ``force``: metric rows alone wait until ``rows_every`` seconds after the last write, and
+        after a refusal the store is tried again only after ``RETRY_SECONDS``.
         """
         with self._lock:
             if not self._queue:
                 return True
-            if not force and self.problem is not None and time.monotonic() - self._failed_at < RETRY_SECONDS:
+            now = time.monotonic()
+            if not force and self.problem is not None and now - self._failed_at < RETRY_SECONDS:
                 return False
+            if (
+                not force
+                and now - self._wrote_at < ROWS_SECONDS
+                and all(w.what == "rows" for w in self._queue)
+            ):
+                return False
+            self._wrote_at = now
             try:
                 while self._queue:
                     self._write(self._merged())

@@ -73,7 +73,7 @@ def test_a_long_cells_live_view_is_bounded_and_draws_the_stores_figure(tmp_path:
             loss += [r["values"]["loss"] for r in recs if r["kind"] == "log"]
             intake.add(recs, thin=False)
             writer.records(run, 1, recs)
-            assert writer.flush()
+            assert writer.flush(force=True)
             intake.snapshot()  # a redraw
             sizes.append((intake.long.size(), _points(intake)))
             fed.append(intake.rows_fed)
@@ -135,7 +135,7 @@ def test_a_cell_reads_its_raw_rows_while_they_are_few_and_all_there(
             ]
             for i in range(0, len(recs), 20):
                 writer.records(run, cell, recs[i : i + 20])
-                assert writer.flush()
+                assert writer.flush(force=True)
         assert store.figure_rows(run, cell=3) == store.metrics(run, rank="all", cell=3)
         trimmed = store.metrics(run, rank="all", cell=1)
         assert len(trimmed) < 60  # the raw window let the first cell's rows go

@@ -122,7 +122,7 @@ def test_each_rollup_equals_the_aggregate_of_its_raw_rows(tmp_path: Path, small:
             recs = _records(steps, ranks=2, seed=cell)
             for i in range(0, len(recs), 37):  # batches as the collector hands them over
                 writer.records(run, cell, recs[i : i + 37])
-                assert writer.flush()
+                assert writer.flush(force=True)
             for rec in recs:
                 rank = None if rec["kind"] == "log" else rec["rank"]
                 written += [(n, rank, cell, rec["step"], v, rec["time"]) for n, v in rec["values"].items()]
@@ -150,7 +150,7 @@ def test_figures_from_rollups_keep_every_buckets_min_and_max(tmp_path: Path, sma
         store.add_cell(run, "train()")
         writer = StoreWriter(lambda: store, store.path, say=lambda _: None)
         writer.records(run, 1, _records(range(0, 600), ranks=2))
-        assert writer.flush()
+        assert writer.flush(force=True)
         rows = store.figure_rows(run, cell=1)
         level = 2  # 600 steps over 100-step buckets: 6 of them fit the screen
         buckets = store.db.query(
@@ -190,7 +190,7 @@ def test_a_short_run_reads_its_raw_rows(tmp_path: Path) -> None:
         store.add_cell(run, "train()")
         writer = StoreWriter(lambda: store, store.path)
         writer.records(run, 1, _records(range(0, 60), ranks=2))
-        assert writer.flush()
+        assert writer.flush(force=True)
         assert store.figure_rows(run, cell=1) == store.metrics(run, rank="all", cell=1)
         assert store.figure_rows(run, rank="aggregated") == store.metrics(run)
         total, pts = store.metric_points(run, "loss")

@@ -25,7 +25,7 @@ def test_malformed_records_and_writes_are_dropped_with_one_warning_each(tmp_path
         writer.finish_cell(run, 99, "ok")  # no such cell: the store refuses it
         writer.event(run, "odd", "a lone surrogate \ud800 SQLite cannot encode")
         writer.event(run, "after", "still written")
-        assert writer.flush()
+        assert writer.flush(force=True)
         assert [r["step"] for r in store.metrics(run, "loss")] == [0, 1]
         assert [e["kind"] for e in store.events(run)] == ["after"]
     assert len(said) == 4, said
@@ -128,3 +128,24 @@ def test_a_moved_store_folder_is_noticed_and_the_run_copied(tmp_path) -> None:
         with pytest.raises(DtworkError, match="already holds a run"):
             old.copy_run(rid, new)
     old.close()
+
+
+def test_metric_rows_alone_wait_for_the_next_write_and_anything_else_writes_them(tmp_path) -> None:
+    """At many ranks a write costs per series it touches: rows alone are written at most every
+    ``rows_every`` seconds; an event, a cell's end or ``force`` writes everything queued, in order."""
+    with RunStore(tmp_path / "s.sqlite") as store:
+        run = store.create_run(name="x", world_size=2, backend="gloo")
+        writer = StoreWriter(lambda: store, store.path, rows_every=3600.0)
+        rec = {"kind": "log", "step": 0, "rank": 0, "time": 1.0, "values": {"loss": 2.0}}
+        writer.records(run, None, [rec])
+        assert writer.flush()  # the first write is due at once
+        writer.records(run, None, [rec | {"step": 1}, rec | {"step": 2}])
+        assert not writer.flush() and writer.unsaved == 2
+        assert [r["step"] for r in store.metrics(run, "loss")] == [0]
+        writer.event(run, "note", "an event writes the rows before it")
+        assert writer.flush() and writer.unsaved == 0
+        assert [r["step"] for r in store.metrics(run, "loss")] == [0, 1, 2]
+        assert [e["kind"] for e in store.events(run)][-1] == "note"
+        writer.records(run, None, [rec | {"step": 3}])
+        assert not writer.flush() and writer.flush(force=True)
+        assert [r["step"] for r in store.metrics(run, "loss")] == [0, 1, 2, 3]
