@@ -80,8 +80,8 @@ class _ReplayedCell:
     def persist(self, records: list[Record], seq: int | None) -> None:
         self.session.persist(records, seq, stored=self.stored, segments=False)
 
-    def flush(self) -> None:
-        self.session.flush()
+    def flush(self, final: bool = False) -> None:
+        self.session.flush(final)
 
     def event(self, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
         self.session.event(kind, message, data)

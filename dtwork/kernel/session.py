@@ -254,9 +254,9 @@ class Session:
             if self.dashboard is not None and self.live:  # a paused view is fed nothing
                 self.dashboard.feed([eff])
 
-    def flush(self) -> None:
-        """Try again to write what the store refused (at most once a second)."""
-        self.writer.flush()
+    def flush(self, final: bool = False) -> None:
+        """Write what waits for the store when due (see ``CellHost.flush``)."""
+        self.writer.flush(rows_now=final)
 
     def event(self, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
         if self.run_id is not None:

@@ -84,7 +84,9 @@ class CellHost(Protocol):
 
     def persist(self, records: list[Record], seq: int | None) -> None: ...
 
-    def flush(self) -> None: ...
+    def flush(self, final: bool = False) -> None:
+        """Write what waits for the store when due (rows alone wait up to a second; ``final``: the cell
+        ended, its rows go now); a refusing store is tried again at most once a second."""
 
     def event(self, kind: str, message: str, data: Mapping[str, object] | None = None) -> None: ...
 
@@ -402,6 +404,7 @@ class CellWatcher:
             # The reply can arrive before the last output and records: wait for them (bounded).
             self.ar.wait_for_output(5)
         self._drain_records()
+        self.host.flush(final=True)  # a cell's last rows now, not a second later (or at %dtrain wait)
         self.output.drain(self._metadata(), final=True)
         if not self.ar.ready() or self._metadata_errors():
             # Survivors often fail at once when a peer dies: name the dead before concluding.

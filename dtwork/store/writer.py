@@ -132,11 +132,12 @@ class StoreWriter:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def flush(self, *, force: bool = False) -> bool:
+    def flush(self, *, force: bool = False, rows_now: bool = False) -> bool:
         """Write what waits, in order; return True when nothing is left.
 
-        Unless ``force``: metric rows alone wait until ``rows_every`` seconds after the last write, and
-        after a refusal the store is tried again only after ``RETRY_SECONDS``.
+        Unless ``force``: metric rows alone wait until ``rows_every`` seconds after the last write
+        (unless ``rows_now``: a cell ended), and after a refusal the store is tried again only after
+        ``RETRY_SECONDS``.
         """
         with self._lock:
             if not self._queue:
@@ -144,11 +145,8 @@ class StoreWriter:
             now = time.monotonic()
             if not force and self.problem is not None and now - self._failed_at < RETRY_SECONDS:
                 return False
-            if (
-                not force
-                and now - self._wrote_at < ROWS_SECONDS
-                and all(w.what == "rows" for w in self._queue)
-            ):
+            rows_wait = not (force or rows_now) and now - self._wrote_at < self.rows_every
+            if rows_wait and all(w.what == "rows" for w in self._queue):
                 return False
             self._wrote_at = now
             try:

@@ -132,7 +132,8 @@ def test_a_moved_store_folder_is_noticed_and_the_run_copied(tmp_path) -> None:
 
 def test_metric_rows_alone_wait_for_the_next_write_and_anything_else_writes_them(tmp_path) -> None:
     """At many ranks a write costs per series it touches: rows alone are written at most every
-    ``rows_every`` seconds; an event, a cell's end or ``force`` writes everything queued, in order."""
+    ``rows_every`` seconds; an event, a cell's end (``rows_now``) or ``force`` writes everything queued,
+    in order."""
     with RunStore(tmp_path / "s.sqlite") as store:
         run = store.create_run(name="x", world_size=2, backend="gloo")
         writer = StoreWriter(lambda: store, store.path, rows_every=3600.0)
@@ -148,4 +149,6 @@ def test_metric_rows_alone_wait_for_the_next_write_and_anything_else_writes_them
         assert [e["kind"] for e in store.events(run)][-1] == "note"
         writer.records(run, None, [rec | {"step": 3}])
         assert not writer.flush() and writer.flush(force=True)
-        assert [r["step"] for r in store.metrics(run, "loss")] == [0, 1, 2, 3]
+        writer.records(run, None, [rec | {"step": 4}])
+        assert not writer.flush() and writer.flush(rows_now=True)  # a cell ended: its rows go now
+        assert [r["step"] for r in store.metrics(run, "loss")] == [0, 1, 2, 3, 4]
