@@ -87,8 +87,10 @@ class Publisher:
         self.maybe_flush()
 
     def new_cell(self) -> None:
-        """A cell begins: the last one's progress is not sent again (its age would read as a stall)."""
-        self._progress = None
+        """A cell begins: the last one's progress is not sent again (its age would read as a stall);
+        under the lock, so that the keeper cannot send it with the new cell's messages."""
+        with self._sending:
+            self._progress = None
 
     def progress(self, **fields: object) -> None:
         self._progress = {"rank": self.rank, "time": time.time(), **fields}
