@@ -41,7 +41,8 @@ class BackgroundCell:
         ranks and goes on waiting."""
         try:
             while not self.watcher.done.wait(0.1):
-                pass
+                if self.watcher.watch.stops:  # ranks at breakpoint(): their prompts, here
+                    self.watcher.drive_stops()
         except KeyboardInterrupt:
             self.watcher.interrupt()
             while not self.watcher.done.wait(0.1):

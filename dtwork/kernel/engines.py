@@ -469,6 +469,10 @@ class EngineGroup:
         self._require_running()
         return rank_stacks.ask(self.joined.stacks, list(range(self.world_size)) if ranks is None else ranks)
 
+    def pdb_command(self, rank: int, line: str) -> tuple[str, bool]:
+        """One command for the pdb ``rank`` is stopped in at ``breakpoint()`` (see ``stacks.pdb_command``)."""
+        return rank_stacks.pdb_command(self.joined.stacks, rank, line)
+
     def signal(self, signum: int, ranks: list[int] | None = None) -> None:
         """Send a signal to the ranks' engine processes (through ipyparallel)."""
         self._require_running().send_signal(signum, targets=self.engine_ids(ranks), block=True)

@@ -1,4 +1,5 @@
-"""The ranks' progress as a cell's watcher sees it: steps, step times, stalls, plain lines of text.
+"""The ranks' progress as a cell's watcher sees it: steps, step times, stalls, stops at
+``breakpoint()``, plain lines of text.
 
 Each rank publishes its latest progress (``runtime/core/publish.py``); this keeps the latest by
 rank, the slowest rank's step time (an interrupt's grace follows it), names a stall once, and,
@@ -48,12 +49,27 @@ class ProgressWatch:
         self._stall_warned: set[tuple[int, object]] = set()  # (rank, step) already named
         self._said_at = time.monotonic()
         self._last_values: dict[str, object] = {}
+        self.stops: list[tuple[int, dict[str, object]]] = []  # ranks at breakpoint(), not yet prompted
+        self._stops_seen: dict[int, object] = {}  # each rank's latest stop number
 
     def take(self, rank: int, progress: Progress) -> None:
         """A rank's latest progress, as found in its metadata."""
         if progress != self.progress.get(rank):
             self.progress[rank] = progress
             self.changed = True
+
+    def stopped(self, rank: int, stop: Mapping[str, object]) -> bool:
+        """A rank says it stopped at ``breakpoint()`` (its metadata keeps saying so): whether this
+        stop is new, queued once for its prompt."""
+        if self._stops_seen.get(rank) == stop.get("stop"):
+            return False
+        self._stops_seen[rank] = stop.get("stop")
+        self.stops.append((rank, dict(stop)))
+        return True
+
+    def excuse(self) -> None:
+        """The ranks waited while one was at a pdb prompt: the progress they show now is no stall."""
+        self._stall_warned.update((r, p.get("step")) for r, p in self.progress.items())
 
     def keep(self, batch: Sequence[Mapping[str, object]]) -> None:
         """The slowest rank's latest step time, and (for plain lines) the last logged values."""

@@ -101,6 +101,9 @@ class _ReplayedCell:
     def stacks(self, ranks: list[int]) -> RankStacks:
         return self.session.stacks(ranks)
 
+    def debug_stop(self, rank: int, stop: Mapping[str, object]) -> None:
+        self.session.debug_stop(rank, stop)
+
 
 class Replay:
     """A session's recovery from dead ranks, and how many restarts its run has used."""

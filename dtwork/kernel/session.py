@@ -265,6 +265,11 @@ class Session:
 
     # -- what the cell watcher asks of its host (watcher.CellHost) --------------------------
 
+    def debug_stop(self, rank: int, stop: Mapping[str, object]) -> None:
+        from dtwork.kernel import postmortem
+
+        postmortem.drive_stop(self.engines, rank, stop)
+
     @property
     def engine_log(self) -> Path | None:
         return self.engines.log_file

@@ -83,10 +83,17 @@ def ask(channels: StackChannels, ranks: list[int], timeout: float = ASK_SECONDS)
     return RankStacks({r: got.get(r, "no answer") for r in ranks})
 
 
-def _request(where: tuple[str, int], token: str, timeout: float) -> Snapshot:
-    with socket.create_connection(where, timeout=timeout) as conn:
-        conn.settimeout(timeout)
-        conn.sendall(token.encode() + b"\n")
+def pdb_command(channels: StackChannels, rank: int, line: str) -> tuple[str, bool]:
+    """Send one command to the pdb ``rank`` is stopped in (``breakpoint()``), on its side channel;
+    what pdb wrote until its next prompt, and whether the stop ended (c, q, or the cell ended)."""
+    reply = _request(channels.where[rank], channels.token, None, f" pdb\n{line}")
+    return str(reply.get("out", "")), bool(reply.get("ended", True))
+
+
+def _request(where: tuple[str, int], token: str, timeout: float | None, then: str = "") -> Snapshot:
+    with socket.create_connection(where, timeout=timeout or ASK_SECONDS) as conn:
+        conn.settimeout(timeout)  # None: a pdb command (``n`` over a long step) takes what it takes
+        conn.sendall(f"{token}{then}\n".encode())
         chunks = []
         while chunk := conn.recv(1 << 16):
             chunks.append(chunk)

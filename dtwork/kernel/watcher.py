@@ -102,6 +102,10 @@ class CellHost(Protocol):
         """The ranks' Python stacks now (asked on a side channel that answers while they are blocked)."""
         ...
 
+    def debug_stop(self, rank: int, stop: Mapping[str, object]) -> None:
+        """Run the pdb prompt of ``rank``, stopped at ``breakpoint()``, until it continues or quits."""
+        ...
+
     def show_progress(self, progress: dict[int, Progress]) -> None:
         """Hand the ranks' progress to the live view, if one is showing."""
         ...
@@ -233,6 +237,8 @@ class CellWatcher:
         """One polling round; return True when the cell has ended on every rank (or was given up)."""
         self.output.drain(self._metadata())
         self._drain_records()
+        if self.watch.stops and not self.host.in_background(self):
+            self.drive_stops()
         self._check_ranks()
         if self.ar.ready():
             return True
@@ -257,6 +263,14 @@ class CellWatcher:
                 err=True,
             )
         return False
+
+    def drive_stops(self) -> None:
+        """Each rank stopped at ``breakpoint()`` gets its pdb prompt in turn (from the main thread:
+        the notebook's input box needs it); the others' wait meanwhile is no stall."""
+        while self.watch.stops:
+            self.host.debug_stop(*self.watch.stops.pop(0))
+        self.watch.excuse()
+        self._stacks_looked = max(self._stacks_looked, time.monotonic())
 
     def interrupt(self) -> None:
         """Relay a kernel interrupt: first a consistent stop, then an abort with restart."""
@@ -315,6 +329,10 @@ class CellWatcher:
                 batch.extend(d.pop(key, ()))
             if "progress" in d:
                 watch.take(self.ranks[i], d["progress"])
+            if "pdb" in d and watch.stopped(self.ranks[i], d["pdb"]) and self.host.in_background(self):
+                self._print(
+                    f"dtwork: rank {self.ranks[i]} stopped at breakpoint(): %dtrain wait gives its prompt"
+                )
         if batch:
             self.result.records += len(batch)
             self.host.persist(batch, self.seq)
@@ -352,6 +370,8 @@ class CellWatcher:
                     self._failed_at = now
         if self._failed_at is None and self._metadata_errors():
             self._failed_at = now
+        if self.watch.stops:
+            return  # a rank waits at breakpoint() for %dtrain wait: the others' wait is no hang
         stall = self.watch.stall(self.host.stall_seconds)
         if stall is not None:
             self._print(stall[0], err=True)

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 STOP_SIGNAL = signal.SIGUSR1
 _flag = threading.Event()
@@ -30,18 +31,22 @@ def install() -> None:
     """Install the SIGUSR1 handler (main thread only) and track when a cell runs."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(STOP_SIGNAL, _handler)
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    except ImportError:
-        shell = None
+    shell = get_shell()
     if shell is not None and not getattr(shell, "_dtwork_cell_hooks", False):
         shell.events.register("pre_execute", _cell_starts)
         shell.events.register("post_execute", _cell_ends)
         shell.events.register("pre_run_cell", _shown_cell_starts)
         shell.events.register("post_run_cell", _cell_ran)
         shell._dtwork_cell_hooks = True
+
+
+def get_shell() -> Any:  # IPython's InteractiveShell, untyped there
+    """The IPython shell running this rank's cells, or None outside one."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
 
 
 _left_step: list[int] = []  # the step at which ctx.steps was left by an error, in this cell

@@ -121,6 +121,12 @@ class Publisher:
             self._progress_sent = progress
         return True
 
+    def send(self, data: dict[str, object]) -> None:
+        """Publish ``data`` now, beside the records (a rank stopped at ``breakpoint()``); raise what
+        the transport raises."""
+        with self._sending:
+            _publish(data)
+
     def maybe_flush(self) -> None:
         if time.monotonic() - self._last >= self.interval:
             self.flush()

@@ -1,4 +1,5 @@
-"""Every thread's Python stack of this rank, served on a side channel of its own.
+"""Every thread's Python stack of this rank, served on a side channel of its own (which also
+carries the commands of a pdb stopped at ``breakpoint()``, ``breakpoints.py``).
 
 A thread started when the rank joins listens on a TCP port; the kernel connects, sends the
 token it was given, and reads the stacks back as JSON. It answers while the main thread waits
@@ -15,6 +16,7 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from types import FrameType
 from typing import TypedDict
 
@@ -58,9 +60,15 @@ class _Server:
     def __init__(self) -> None:
         self.sock: socket.socket | None = None
         self.token = b""
+        self.pdb: Callable[[str], tuple[str, bool]] | None = None  # a stopped pdb's command (breakpoints.py)
 
 
 _server = _Server()
+
+
+def answer_pdb(ask: Callable[[str], tuple[str, bool]]) -> None:
+    """Hand ``TOKEN pdb`` requests' command lines to ``ask``: (what pdb wrote, whether it let go)."""
+    _server.pdb = ask
 
 
 def serve(token: str, address: str) -> int:
@@ -81,24 +89,34 @@ def _loop(sock: socket.socket) -> None:
             conn, _ = sock.accept()
         except OSError:
             return
-        with conn:
-            try:
-                _answer(conn)
-            except OSError:
-                pass
+        # A pdb command can run for long (``n`` over a training step): on a thread of its own, so
+        # that stacks are still answered meanwhile.
+        threading.Thread(target=_answer, args=(conn,), name="dtwork-stacks-request", daemon=True).start()
 
 
 def _answer(conn: socket.socket) -> None:
-    conn.settimeout(READ_SECONDS)
-    got = b""
-    while not got.endswith(b"\n") and len(got) < 256:
-        chunk = conn.recv(256)
-        if not chunk:
-            return
-        got += chunk
-    if not hmac.compare_digest(got.strip(), _server.token):
-        return
-    conn.sendall(json.dumps(snapshot()).encode())
+    """Read the token line, ``TOKEN`` (the stacks) or ``TOKEN pdb`` then a pdb command line."""
+    with conn:
+        try:
+            conn.settimeout(READ_SECONDS)
+            got = b""
+            while got.count(b"\n") < (2 if b" pdb\n" in got else 1) and len(got) < 4096:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                got += chunk
+            first, _, rest = got.partition(b"\n")
+            token, _, verb = first.strip().partition(b" ")
+            if not hmac.compare_digest(token, _server.token):
+                return
+            if verb == b"pdb" and _server.pdb is not None:
+                conn.settimeout(None)  # the command takes what it takes; the kernel can interrupt it
+                out, ended = _server.pdb(rest.decode(errors="replace").rstrip("\n"))
+                conn.sendall(json.dumps({"out": out, "ended": ended}).encode())
+            else:
+                conn.sendall(json.dumps(snapshot()).encode())
+        except OSError:
+            pass
 
 
 def snapshot() -> Snapshot:
