@@ -183,6 +183,8 @@ def _doing(snap: Snapshot | str) -> tuple[str, tuple[str, ...]]:
     if isinstance(what, dict):
         tensor = f" {what['tensor']}" if what.get("tensor") else ""
         at = f"{what['op']}{tensor} at {at}"
+        if what.get("seq") is not None:  # ranks at different numbers are in different collectives
+            at += f", collective #{what['seq']}" + (f" of group {what['group']}" if what.get("group") else "")
     return at, tuple(_lines(mine))
 
 

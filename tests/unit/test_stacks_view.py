@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dtwork.kernel.stacks import RankStacks
 from dtwork.kernel.tracebacks import collective_mismatch
 
@@ -79,3 +81,27 @@ def test_mismatched_collectives_are_named_with_each_rank_s_op_shape_and_line() -
         [0, 1],
     )
     assert collective_mismatch({0: RuntimeError("other")}) is None
+
+
+def test_a_collective_is_numbered_in_its_group_and_a_sub_group_is_named(tmp_path: Path) -> None:
+    """Ranks at different numbers of one group wait in different collectives: the number comes
+    from torch's count for the group the call names (one real gloo process here)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, torch, torch.distributed as dist
+from dtwork.runtime.debug.stacks import collective
+dist.init_process_group("gloo", init_method="file://{tmp_path / "rdv"}", rank=0, world_size=1)
+sub = dist.new_group([0])
+dist.all_reduce(torch.ones(1)); dist.all_reduce(torch.ones(1))
+def all_reduce(tensor, group=None):  # where distributed_c10d's frame would be
+    return sys._getframe()
+all_reduce.__code__ = all_reduce.__code__.replace(co_filename=dist.distributed_c10d.__file__)
+print(collective(all_reduce(torch.ones(2))))
+print(collective(all_reduce(torch.ones(2), group=sub)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    default, in_sub = out.stdout.splitlines()[-2:] if out.returncode == 0 else (out.stderr, "")
+    assert default == "{'op': 'all_reduce', 'tensor': 'float32[2]', 'group': None, 'seq': 2}", default
+    assert in_sub.startswith("{'op': 'all_reduce', 'tensor': 'float32[2]', 'group': '1', 'seq': "), in_sub

@@ -38,6 +38,8 @@ class Frame(TypedDict):
 class Collective(TypedDict):
     op: str  # torch.distributed's function: all_reduce, barrier, ...
     tensor: str | None  # dtype and shape of its tensor argument, "float32[4]"
+    group: str | None  # the process group's name, None for the default group
+    seq: int | None  # the group's count of collectives so far, this one included (where torch says)
 
 
 class Thread(TypedDict):
@@ -170,11 +172,16 @@ def collective(frame: FrameType | None) -> Collective | None:
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.endswith(_C10D) and not frame.f_code.co_name.startswith("_"):
-            found = {"op": frame.f_code.co_name, "tensor": _tensor(frame)}
+            found = {"op": frame.f_code.co_name, "tensor": _tensor(frame), **_group(frame)}
         elif (
             found is None and filename.endswith(_BACKWARD) and frame.f_code.co_name == "_engine_run_backward"
         ):
-            found = {"op": "backward (DDP's gradient all-reduce, in C++)", "tensor": None}
+            found = {
+                "op": "backward (DDP's gradient all-reduce, in C++)",
+                "tensor": None,
+                "group": None,
+                "seq": None,
+            }
         frame = frame.f_back
     return found
 
@@ -185,3 +192,24 @@ def _tensor(frame: FrameType) -> str | None:
     if shape is None or dtype is None:
         return None
     return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
+
+
+class _Group(TypedDict):
+    group: str | None
+    seq: int | None
+
+
+def _group(frame: FrameType) -> _Group:
+    """The collective's process group (None: the default one) and its sequence number: ranks at
+    different numbers of one group are not in the same collective."""
+    import torch.distributed as dist
+
+    pg = frame.f_locals.get("group")
+    try:
+        c10d = dist.distributed_c10d
+        default = c10d._get_default_group()
+        name = None if pg is None or pg is default else c10d._get_process_group_name(pg)
+        seq = int((pg or default)._get_sequence_number_for_group())  # type: ignore[union-attr]
+    except Exception:  # torch's private names move between versions: the op and tensor still tell
+        return {"group": None, "seq": None}
+    return {"group": name, "seq": seq}
