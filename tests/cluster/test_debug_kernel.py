@@ -8,6 +8,7 @@ hang, each driven the way JupyterLab drives a kernel: execute requests with ``al
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -200,3 +201,29 @@ def test_stacks_name_the_hung_ranks_lines_and_a_hung_cell_shows_them_by_itself(
         "rank 1 waits in a collective that rank 0 did not reach" in out
         and "rank 1: all_reduce float32[2] at cell line 3" in out
     ), out
+
+
+MISMATCH = """%%dtrain
+import torch, torch.distributed as dist
+if ctx.rank == 0:
+    dist.all_reduce(torch.ones(4))
+else:
+    x = 1
+    dist.all_reduce(torch.ones(3))
+"""
+
+
+def test_mismatched_collectives_fail_in_one_error_naming_both_shapes_and_lines(notebook: Notebook) -> None:
+    notebook.run("%dtrain collectives on")
+    try:
+        with pytest.raises(AssertionError) as failed:
+            notebook.run(MISMATCH)
+    finally:
+        notebook.run("%dtrain collectives off")
+    assert re.search(
+        r"mismatched collectives \(the group's collective #\d+\): "
+        r"rank 0 all_reduce float\[4\] at cell line 3; rank 1 all_reduce float\[3\] at cell line 6",
+        str(failed.value),
+    ), failed.value
+    notebook.run("%%dtrain\nafter = ctx.rank")
+    assert "[0, 1]" in notebook.run("print(current().pull('after'))")
