@@ -7,6 +7,7 @@ comparison reads what the re-run really logged, step by step.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from dtwork.report.build import RERUN_STORE, code_span, escape, now, table
 from dtwork.shared.records import TRAINING_KINDS, Row
 from dtwork.store.runs import RunStore
 
-__all__ = ["VERIFY_TAG", "Verdict", "compare", "verify"]
+__all__ = ["VERIFY_TAG", "Verdict", "compare", "failure", "verify"]
 
 VERIFY_TAG = "dtwork-verification"
 
@@ -76,18 +77,43 @@ def rerun(path: Path, timeout: float) -> tuple[Sequence[Row] | None, str]:
         with RunStore(store, readonly=True) as s:
             before = s.latest_run_id()
     meta = {"metadata": {"path": str(path.parent)}}
+    nb = nbformat.read(path, as_version=4)
     try:
-        NotebookClient(
-            nbformat.read(path, as_version=4), timeout=timeout, kernel_name="python3", resources=meta
-        ).execute()
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources=meta).execute()
     except Exception as exc:
-        return (
-            None,
-            f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}".splitlines()[0],
-        )
+        return None, failure(nb, exc)
     with RunStore(store, readonly=True) as s:
         rid = s.latest_run_id()
         return (None, "it recorded no run") if rid in (None, before) else (s.metrics(rid), "")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
+
+
+def failure(nb: NotebookNode, exc: BaseException) -> str:
+    """Which cell of the re-run failed (its number and first line) and with what: the error, and
+    for a rank's failure the error under it ("NameError: name 'make_model' is not defined")."""
+    value = _ANSI.sub("", str(getattr(exc, "evalue", exc)))
+    lines = [line.strip() for line in value.splitlines() if line.strip()]
+    said = f"{getattr(exc, 'ename', type(exc).__name__)}: {lines[0] if lines else ''}"
+    cause = next((line for line in reversed(lines[1:]) if _ERROR_LINE.match(line)), None)
+    if cause is not None and cause not in said:
+        said += f" ({cause})"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    failed = next(
+        (
+            i
+            for i, c in enumerate(code, 1)
+            if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+        ),
+        None,
+    )
+    if failed is None:
+        return said
+    body = [line.strip() for line in code[failed - 1].source.splitlines() if line.strip()]
+    first = next((line for line in body if not line.startswith("%%")), body[0] if body else "")
+    return f"code cell {failed} ({first[:60]}): {said}"
 
 
 def verify(

@@ -314,18 +314,39 @@ class RunStore:
         return cast("list[CellRow]", rows)
 
     def history(self, run_id: int | str) -> list[CellRow]:
-        """The cells that came before a run that a new model began mid-notebook (its first segment
-        follows on from an earlier run's cell): the earlier runs' cells before it, oldest first;
-        [] for a run that began at a cell of its own. Re-running them rebuilds what the run used."""
-        out: list[CellRow] = []
+        """The cells a re-run of the run needs before its own, in the order they ran: every cell of
+        the runs it follows from (its model came from them) up to the cell its first loop began
+        in, and every cell of its cluster's earlier runs that ended well and trained in none
+        (imports, data, helpers: a cell with no loop's segment and no script). Re-running them,
+        then the run's own cells, rebuilds what the run used; the other runs' training is left out."""
         rid = parse_run_id(run_id)
+        upto: dict[int, int] = {}  # a run the model came from -> the cell its successor began in
+        at = rid
         while True:
-            first = self.segments(rid)[:1]
+            first = self.segments(at)[:1]
             link = first[0]["data"].get(FOLLOWS) if first else None
-            if not isinstance(link, dict) or not isinstance(link.get("run"), int) or link["run"] >= rid:
-                return out  # earlier runs only: a damaged link cannot loop
-            rid = link["run"]
-            out[:0] = [c for c in self.cells(rid) if c["seq"] < int(link.get("cell", 0))]
+            if not isinstance(link, dict) or not isinstance(link.get("run"), int) or link["run"] >= at:
+                break  # earlier runs only: a damaged link cannot loop
+            at = link["run"]
+            upto[at] = int(link.get("cell", 0))
+        cluster = self.get_run(rid)["cluster_id"]
+        earlier = [
+            int(cast(int, r["id"]))
+            for r in self._db.query("SELECT id FROM runs WHERE cluster_id = ? AND id < ?", (cluster, rid))
+        ]
+        out: list[CellRow] = []
+        for run in sorted(set(earlier) | set(upto)):
+            trained = {int(s["cell_seq"]) for s in self.segments(run) if s["cell_seq"] is not None}
+            for cell in self.cells(run):
+                followed = cell["seq"] < upto.get(run, 0)
+                setup = (
+                    cell["seq"] not in trained
+                    and cell["status"] in ("ok", None)  # a failed cell set nothing up (and would fail again)
+                    and not (cell["source"] or "").lstrip().startswith("%run ")
+                )
+                if followed or setup:
+                    out.append(cell)
+        return sorted(out, key=lambda c: (c["started_at"] or 0.0, c["run_id"], c["seq"]))
 
     # -- metrics (dtwork.store.metrics) ------------------------------------------------------
 

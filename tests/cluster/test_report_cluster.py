@@ -13,6 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from dtwork.errors import RankFailure
 from dtwork.report import export
 from dtwork.store.runs import RunStore
 
@@ -115,3 +116,49 @@ def test_secrets_are_scrubbed_from_notebook_and_html(
     assert "final &lt;img src=x onerror=alert(1)&gt; | 1 |" in header  # logged by the ranks, escaped
     live = [(t, a) for t, a in Tags(html).tags if "onerror" in a or a.get("src") == "x"]
     assert not live, live
+
+
+SETUP = """
+import torch, torch.nn as nn, torch.nn.functional as F
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+train_ds = ctx.synthetic((4,), (1,), size=128)
+"""
+
+TRAIN = """
+model = ctx.wrap(make_model()); opt = torch.optim.SGD(model.parameters(), lr=LR)
+for step, (x, y) in ctx.steps(ctx.loader(train_ds), max_steps=6):
+    loss = F.mse_loss(model(x), y); ctx.backward(loss); ctx.step(opt); ctx.log(loss=loss)
+"""
+
+
+def test_a_notebook_of_many_runs_and_setup_cells_exports_a_report_per_run_that_re_runs(
+    tmp_path: Path,
+) -> None:
+    """Runs begun by a config change, by a new model mid-cell, after setup cells of their own and
+    of runs before them: each run's report carries the setup it used and re-runs to its numbers."""
+    import dtwork
+
+    c = dtwork.start(n=2, backend="gloo", timeout=60, store=tmp_path / "runs.sqlite")
+    try:
+        c.session.live = False
+        c.configure({"seed": 1, "global_batch_size": 16})
+        c.run(SETUP, quiet=True)
+        with pytest.raises(RankFailure):  # a failed cell is no setup: the re-run leaves it out
+            c.run("def broken(): raise ValueError('not set up')\nbroken()", quiet=True)
+        c.run(TRAIN.replace("LR", "0.1"), quiet=True)
+        first = c.session.run_id
+        c.configure({"seed": 2, "global_batch_size": 16, "name": "second"})  # a run the kernel begins
+        c.run("scale = 2.0", quiet=True)
+        c.run(TRAIN.replace("LR", "0.02 * scale"), quiet=True)
+        second = c.session.run_id
+        c.run(TRAIN.replace("LR", "0.05"), quiet=True)  # a new model: a run begun mid-cell
+        third = c.session.run_id
+        store = c.session.store.path
+    finally:
+        c.stop()
+    assert len({first, second, third}) == 3
+    for run in (first, second, third):
+        rep = export(run, tmp_path / f"run{run}.ipynb", store=store, verify=True)
+        assert rep.verified is True, (run, rep.verification)

@@ -131,3 +131,23 @@ def test_the_report_opens_with_summary_and_figures_and_folds_the_config(
     details = html.index("<details>")
     assert details < html.index("global_batch_size:") < html.index("</details>", details)
     assert html.index("Plotly.newPlot") < details  # the figures come before the config
+
+
+def test_a_failed_re_run_names_the_cell_and_the_ranks_error_under_it() -> None:
+    from nbclient.exceptions import CellExecutionError
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    from dtwork.report.verify import failure
+
+    evalue = (
+        "dtwork: the cell failed on rank 0\n\x1b[0;31mTraceback\x1b[0m\n  cell line 2\n"
+        "NameError: name 'make_model' is not defined"
+    )
+    failing = new_code_cell("%%dtrain\nmodel = make_model()")
+    failing.outputs = [new_output("error", ename="RankFailure", evalue=evalue, traceback=[])]
+    nb = new_notebook(cells=[new_markdown_cell("# run 3"), new_code_cell("%load_ext dtwork"), failing])
+    said = failure(nb, CellExecutionError("...", "RankFailure", evalue))
+    assert said == (
+        "code cell 2 (model = make_model()): RankFailure: dtwork: the cell failed on rank 0 "
+        "(NameError: name 'make_model' is not defined)"
+    )

@@ -570,3 +570,38 @@ def test_runs_table(store: RunStore) -> None:
     col = lines[1].index("status")
     assert lines[2][col:].startswith("running") and lines[3][col:].startswith("completed")
     assert all(line == line.rstrip() for line in lines)
+
+
+def test_a_runs_history_is_its_clusters_setup_cells_and_the_runs_it_follows_not_other_training(
+    store: RunStore,
+) -> None:
+    """The cells a report or a replay re-runs before a run's own: every cell of the cluster's earlier
+    runs that trained in none, and the cells of the runs its model follows from; never another
+    cluster's cells, nor another run's training."""
+
+    def cell(run: int, source: str, trains: bool = False, follows: dict[str, int] | None = None) -> None:
+        seq = store.add_cell(run, source)
+        store.finish_cell(run, seq, "ok", None)
+        if trains:
+            data = {"follows": follows} if follows else {}
+            store.add_segment(run, cell_seq=seq, first_step=0, changed=[], data=data)
+
+    other = _run(store, cluster_id="b")
+    cell(other, "elsewhere = 1")
+    one = _run(store, cluster_id="a")
+    cell(one, "import torch; def make_model(): ...")
+    store.finish_cell(one, store.add_cell(one, "raise ValueError"), "error", "ValueError")
+    cell(one, "train run 1", trains=True)
+    two = _run(store, cluster_id="a")  # begun by the kernel (a new config): it follows nothing
+    cell(two, "scale = 2.0")
+    cell(two, "train run 2", trains=True)
+    cell(two, "%run train.py")
+    three = _run(store, cluster_id="a")
+    cell(three, "train run 3", trains=True, follows={"run": two, "cell": 3})
+    assert [c["source"] for c in store.history(two)] == ["import torch; def make_model(): ..."]
+    assert [c["source"] for c in store.history(three)] == [
+        "import torch; def make_model(): ...",
+        "scale = 2.0",
+        "train run 2",  # run 3's model may come from run 2's: its cells up to where run 3 began
+    ]
+    assert [c["source"] for c in store.history(other)] == []
