@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from dtwork.errors import DtworkError
 from dtwork.shared.records import FOLLOWS
 from dtwork.store import events as event_rows
+from dtwork.store import lineage, views
 from dtwork.store import metrics as metric_rows
-from dtwork.store import views
 from dtwork.store.db import (
     STORE_ERRORS,
     Database,
@@ -314,39 +314,36 @@ class RunStore:
         return cast("list[CellRow]", rows)
 
     def history(self, run_id: int | str) -> list[CellRow]:
-        """The cells a re-run of the run needs before its own, in the order they ran: every cell of
-        the runs it follows from (its model came from them) up to the cell its first loop began
-        in, and every cell of its cluster's earlier runs that ended well and trained in none
-        (imports, data, helpers: a cell with no loop's segment and no script). Re-running them,
-        then the run's own cells, rebuilds what the run used; the other runs' training is left out."""
+        """The earlier cells a re-run of the run needs before its own, in the order they ran: of the
+        cells its cluster ran before the run (those of the runs its model follows from, when the
+        cluster is not recorded), the ones that ended well and bind or set up a name the run's
+        cells read (``lineage.needed``): the cell that defined the model and the data, not
+        another run's training unless the run reads what it bound."""
         rid = parse_run_id(run_id)
-        upto: dict[int, int] = {}  # a run the model came from -> the cell its successor began in
+        runs: set[int] = set()
         at = rid
-        while True:
+        while True:  # the runs its model follows from (a new ctx.wrap mid-notebook)
             first = self.segments(at)[:1]
             link = first[0]["data"].get(FOLLOWS) if first else None
             if not isinstance(link, dict) or not isinstance(link.get("run"), int) or link["run"] >= at:
                 break  # earlier runs only: a damaged link cannot loop
             at = link["run"]
-            upto[at] = int(link.get("cell", 0))
+            runs.add(at)
         cluster = self.get_run(rid)["cluster_id"]
-        earlier = [
-            int(cast(int, r["id"]))
-            for r in self._db.query("SELECT id FROM runs WHERE cluster_id = ? AND id < ?", (cluster, rid))
-        ]
-        out: list[CellRow] = []
-        for run in sorted(set(earlier) | set(upto)):
+        query = "SELECT id FROM runs WHERE cluster_id = ? AND id < ?"
+        runs |= {int(cast(int, r["id"])) for r in self._db.query(query, (cluster, rid))}
+        earlier: list[tuple[CellRow, bool]] = []
+        for run in runs:
             trained = {int(s["cell_seq"]) for s in self.segments(run) if s["cell_seq"] is not None}
-            for cell in self.cells(run):
-                followed = cell["seq"] < upto.get(run, 0)
-                setup = (
-                    cell["seq"] not in trained
-                    and cell["status"] in ("ok", None)  # a failed cell set nothing up (and would fail again)
-                    and not (cell["source"] or "").lstrip().startswith("%run ")
-                )
-                if followed or setup:
-                    out.append(cell)
-        return sorted(out, key=lambda c: (c["started_at"] or 0.0, c["run_id"], c["seq"]))
+            earlier += [
+                (c, c["seq"] in trained or (c["source"] or "").lstrip().startswith("%run "))
+                for c in self.cells(run)
+                if c["status"] in ("ok", None)  # a failed cell set nothing up (and would fail again)
+            ]
+        earlier.sort(key=lambda e: (e[0]["started_at"] or 0.0, e[0]["run_id"], e[0]["seq"]))
+        own = [c["source"] or "" for c in self.cells(rid)]
+        keep = lineage.needed(own, [(c["source"] or "", trained) for c, trained in earlier])
+        return [earlier[i][0] for i in keep]
 
     # -- metrics (dtwork.store.metrics) ------------------------------------------------------
 

@@ -572,12 +572,10 @@ def test_runs_table(store: RunStore) -> None:
     assert all(line == line.rstrip() for line in lines)
 
 
-def test_a_runs_history_is_its_clusters_setup_cells_and_the_runs_it_follows_not_other_training(
-    store: RunStore,
-) -> None:
-    """The cells a report or a replay re-runs before a run's own: every cell of the cluster's earlier
-    runs that trained in none, and the cells of the runs its model follows from; never another
-    cluster's cells, nor another run's training."""
+def test_a_runs_history_is_the_earlier_cells_its_cells_need_not_other_training(store: RunStore) -> None:
+    """The cells a report or a replay re-runs before a run's own: of its cluster's earlier cells,
+    those that bind (or set up without training) a name its cells read; never another cluster's,
+    nor a failed cell, nor another run's training it does not read from."""
 
     def cell(run: int, source: str, trains: bool = False, follows: dict[str, int] | None = None) -> None:
         seq = store.add_cell(run, source)
@@ -587,21 +585,26 @@ def test_a_runs_history_is_its_clusters_setup_cells_and_the_runs_it_follows_not_
             store.add_segment(run, cell_seq=seq, first_step=0, changed=[], data=data)
 
     other = _run(store, cluster_id="b")
-    cell(other, "elsewhere = 1")
+    cell(other, "data = 'elsewhere'")
     one = _run(store, cluster_id="a")
-    cell(one, "import torch; def make_model(): ...")
-    store.finish_cell(one, store.add_cell(one, "raise ValueError"), "error", "ValueError")
-    cell(one, "train run 1", trains=True)
+    cell(
+        one,
+        "import torch\ndef make_model(width):\n    hidden = width * 2\n    return torch.nn.Linear(width, hidden)",
+    )
+    cell(one, "data = list(range(8))")
+    store.finish_cell(one, store.add_cell(one, "make_model = None"), "error", "ValueError")
+    cell(one, "model = make_model(4)\nfor x in data: loss = model(x)", trains=True)
+    cell(one, "assert loss is not None")  # reads what run 1's training bound: not the others' setup
     two = _run(store, cluster_id="a")  # begun by the kernel (a new config): it follows nothing
-    cell(two, "scale = 2.0")
-    cell(two, "train run 2", trains=True)
-    cell(two, "%run train.py")
+    cell(two, "scale = 2.0\ndata.append(9)")
+    cell(two, "model = make_model(4)\nfor x in data: loss = model(x) * scale", trains=True)
     three = _run(store, cluster_id="a")
-    cell(three, "train run 3", trains=True, follows={"run": two, "cell": 3})
-    assert [c["source"] for c in store.history(two)] == ["import torch; def make_model(): ..."]
-    assert [c["source"] for c in store.history(three)] == [
-        "import torch; def make_model(): ...",
-        "scale = 2.0",
-        "train run 2",  # run 3's model may come from run 2's: its cells up to where run 3 began
+    cell(three, "tuned = make_model(4)\ntuned.load_state_dict(model.state_dict())", trains=True)
+    setup = [
+        "import torch\ndef make_model(width):\n    hidden = width * 2\n    return torch.nn.Linear(width, hidden)",
+        "data = list(range(8))",
     ]
+    assert [c["source"] for c in store.history(two)] == setup
+    # run 3 reads run 2's model: run 2's training comes along, with what it read
+    assert [c["source"] for c in store.history(three)] == [*setup, *[c["source"] for c in store.cells(two)]]
     assert [c["source"] for c in store.history(other)] == []
