@@ -146,7 +146,7 @@ def _statement(frame: FrameType) -> bool:
 def _cell_ended() -> None:
     """A stepping pdb that went past the cell's end traces no more: not the engine's own code, and
     no stop at the next cell's first line."""
-    if _channel.stops:
+    if isinstance(getattr(sys.gettrace(), "__self__", None), _RankPdb):  # not another tracer (coverage)
         sys.settrace(None)
         _channel.release()
 
