@@ -7,7 +7,6 @@ hang, each driven the way JupyterLab drives a kernel: execute requests with ``al
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -15,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from real_kernel import start_kernel
 
-ROOT = Path(__file__).resolve().parents[2]
 STALL = 5.0  # the watchdog's limit in this kernel: a prompt held longer must raise no alarm
 
 
@@ -24,18 +23,7 @@ class Notebook:
     """A real IPython kernel with dtwork and a 2-rank cluster, driven through jupyter_client."""
 
     def __init__(self, home: Path) -> None:
-        from jupyter_client.manager import KernelManager
-
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "DTWORK_HOME": str(home),
-            "DTWORK_STORE": str(home / "runs.sqlite"),
-        }
-        self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(env=env, cwd=str(home))
-        self.kc = self.km.client()
-        self.kc.start_channels()
+        self.km, self.kc = start_kernel(home)
         self.kc.wait_for_ready(timeout=120)
 
     def run(

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from real_kernel import start_kernel
 
-import dtwork
 from dtwork.launch import registry
 
-ROOT = Path(dtwork.__file__).resolve().parents[1]  # the dtwork the kernels import: the one tested here
 LEFT_WITHIN = 30.0  # the issue's bound on a killed start's processes
 POINT_WITHIN = 90.0  # how long a start may take to reach a point on a busy 2-core machine
 
@@ -98,20 +97,9 @@ class Kernel:
     (``ready`` waits for it: kernels started together load at once)."""
 
     def __init__(self, home: Path) -> None:
-        from jupyter_client.manager import KernelManager
-
         self.home = home
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "DTWORK_HOME": str(home),
-            "DTWORK_STORE": str(home / "runs.sqlite"),
-        }
-        self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(env=env, cwd=str(home))
-        self.pid = int(self.km.provisioner.pid)  # type: ignore[union-attr]
-        self.kc = self.km.client()
-        self.kc.start_channels()
+        self.km, self.kc = start_kernel(home)
+        self.pid = int(self.km.provisioner.pid)
         self.loading = self.kc.execute("%load_ext dtwork")
 
     def ready(self) -> Kernel:
