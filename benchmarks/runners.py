@@ -261,7 +261,45 @@ class LaunchWorkerRunner(Relauncher):
         self.proc.kill()
 
 
+def keep_one() -> None:
+    """Start a kept cluster (with a run that trained) and end this process as a killed kernel would."""
+    import dtwork
+
+    c = dtwork.start(n=2, backend="gloo", keep="10m")
+    with silenced():
+        c.run("x = ctx.rank")
+    os._exit(0)  # no stop, no atexit: the cluster stays, kept
+
+
+def sample_attach() -> dict[str, Any]:
+    """A kept cluster left by a process that ended, then a fresh one's ``attach``: timed as a cold
+    start is (imports apart), in a dtwork home of its own."""
+    home = Path(tempfile.mkdtemp(prefix="dtwork-bench-attach-"))
+    os.environ["DTWORK_HOME"], os.environ["DTWORK_STORE"] = str(home), str(home / "runs.sqlite")
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "benchmarks.runners", "keep"], cwd=ROOT, check=True, timeout=300
+        )
+        t0 = time.perf_counter()
+        __import__("dtwork.cluster")
+        out: dict[str, Any] = {"import_s": time.perf_counter() - t0}
+        import dtwork
+
+        t1 = time.perf_counter()
+        cluster = dtwork.attach()
+        out["attach_s"] = time.perf_counter() - t1
+        try:
+            assert cluster.pull("x") == [0, 1], "the ranks' names did not survive"
+        finally:
+            cluster.stop()
+        return out
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def sample(which: str) -> dict[str, Any]:
+    if which == "attach":
+        return sample_attach()
     t0 = time.perf_counter()
     __import__("dtwork.cluster" if which == "dtwork" else "ipyparallel")
     out: dict[str, Any] = {"import_s": time.perf_counter() - t0}
@@ -286,12 +324,12 @@ class ColdStarts:
     def __init__(self, reps: int) -> None:
         self.reps, self.tmp = reps, Path(tempfile.mkdtemp(prefix="dtwork-bench-cold-"))
         self.jobs: list[tuple[str, Path, subprocess.Popen[str]]] = []
-        self.samples: dict[str, list[dict[str, Any]]] = {"dtwork": [], "raw": []}
+        self.samples: dict[str, list[dict[str, Any]]] = {"dtwork": [], "raw": [], "attach": []}
         self.errors: list[str] = []
 
     def start(self, sequential: bool) -> None:
         for rep in range(self.reps):
-            for which in ("dtwork", "raw") if rep % 2 == 0 else ("raw", "dtwork"):
+            for which in ("dtwork", "raw", "attach") if rep % 2 == 0 else ("attach", "raw", "dtwork"):
                 log(f"cold start {which} ({rep + 1}/{self.reps})")
                 path = self.tmp / f"{which}-{rep}.json"
                 cmd = [sys.executable, "-m", "benchmarks.runners", "cold", which, str(path)]
@@ -324,6 +362,9 @@ class ColdStarts:
         out |= dict(ratio_vs_raw_ipyparallel=ratio(median(d), median(raw)))
         out["ratio_vs_raw_ipyparallel_ci95"] = bootstrap_ci(d, raw)
         imports = {"dtwork": median(col("dtwork", "import_s")), "ipyparallel": median(col("raw", "import_s"))}
+        att = col("attach", "attach_s")  # a kept cluster taken up by a fresh process, beside the starts
+        out |= dict(attach_s=summarize(att), attach_vs_start=ratio(median(att), median(d)))
+        out["attach_vs_start_ci95"] = bootstrap_ci(att, d)
         return out | {"import_s": imports}
 
     def abort(self) -> None:
@@ -429,6 +470,8 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     exit_on_sigterm()
+    if sys.argv[1] == "keep":
+        keep_one()
     if sys.argv[1] != "cold":
         sys.exit(main(sys.argv[1:]))
     out = sample(sys.argv[2])

@@ -459,6 +459,12 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         what = "cold start to process group ready, N=2: dtwork / raw ipyparallel's own start"
         ci = c["ratio_vs_raw_ipyparallel_ci95"]
         rows.append(("2a", 2, what, c["ratio_vs_raw_ipyparallel"], "< 1.0", ci))
+        if c.get("attach_vs_start") is not None:
+            what = "a kept cluster taken up by a fresh process (attach) / a cold start, N=2"
+            rows.append(("47-ratio", 47, what, c["attach_vs_start"], "<= 0.25", c["attach_vs_start_ci95"]))
+            rows.append(
+                ("47-attach", 47, "attach to a kept cluster, N=2 (s)", c["attach_s"]["median"], "<= 1", None)
+            )
     if rt := r.get("round_trip"):
         what = "round trip of a trivial %%dtrain cell / raw %px"
         rows.append(("2b", 2, what, rt["ratio_quiet"], "<= 1.2", rt["ratio_quiet_ci95"]))

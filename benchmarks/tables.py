@@ -109,6 +109,7 @@ def core_table(r: dict[str, Any]) -> str:
     rows = [
         ["cold start to a ready process group (s)", med(cold["dtwork_s"]), med(cold["raw_ipyparallel_s"]),
          med(cold["raw_ipyparallel_ddp_s"]), ""],
+        ["attach to a kept cluster from a fresh process (s)", med(cold.get("attach_s", {})), "", "", ""],
         ["round trip of a trivial cell (ms)", med(rt["dtwork_quiet_s"], 1e3, 1), med(rt["raw_px_s"], 1e3, 1),
          "", ""],
         ["the same, autoreload on / off, in turns (ms)",

@@ -16,6 +16,7 @@ from dtwork.shared.version import __version__
 __all__ = [
     "Cluster",
     "ConfigError",
+    "attach",
     "DtworkError",
     "DtworkWarning",
     "RankFailure",
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
     from dtwork import report
-    from dtwork.cluster import Cluster, start
+    from dtwork.cluster import Cluster, attach, start
     from dtwork.config import load_config
     from dtwork.runtime.checkpoint.trial import export_checkpoint
     from dtwork.runtime.context import Context
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Cluster": ("dtwork.cluster", "Cluster"),
     "start": ("dtwork.cluster", "start"),
+    "attach": ("dtwork.cluster", "attach"),
     "load_config": ("dtwork.config", "load_config"),
     "export_checkpoint": (
         "dtwork.runtime.checkpoint.trial",

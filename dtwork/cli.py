@@ -422,6 +422,9 @@ def cli_parser(prog: str = "dtwork") -> argparse.ArgumentParser:
     script = top.add_parser("script", help="write a notebook's %%%%dtrain cells as a torchrun script")
     script.add_argument("notebook", type=Path)
     script.add_argument("-o", "--output", type=Path, default=None, help="default: NOTEBOOK.py beside it")
+    clusters = top.add_parser("clusters", help="this user's clusters here: who drives them, kept time left")
+    clusters.add_argument("action", choices=["list", "stop"])
+    clusters.add_argument("cluster_id", nargs="?", default=None, help="the cluster to stop")
     doctor = top.add_parser("doctor", help="check this installation end to end (--gpu: the GPU path too)")
     doctor.add_argument("--gpu", action="store_true", help="also check NCCL, AMP and throughput on the GPUs")
     doctor.add_argument("-n", type=int, default=2, help="CPU ranks for the CPU checks (default 2)")
@@ -463,12 +466,27 @@ def _script(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     return 0
 
 
+def _clusters(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
+    from dtwork.commands.keep import clusters
+
+    if ns.action == "stop" and not ns.cluster_id:
+        parser.error("dtwork clusters stop needs the cluster's id: dtwork clusters list shows them")
+    try:
+        print(printable(clusters(ns.action, ns.cluster_id)))
+    except DtworkError as exc:
+        print(printable(f"dtwork: {exc}"), file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "dtwork") -> int:
     """The ``dtwork`` console script and ``python -m dtwork``; returns the exit status."""
     parser = cli_parser(prog)
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if ns.command == "runs":
         return _runs(ns)
+    if ns.command == "clusters":
+        return _clusters(parser, ns)
     if ns.command == "doctor":
         from dtwork.commands.doctor import main as run_doctor
 

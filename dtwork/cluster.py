@@ -27,7 +27,7 @@ from dtwork.kernel.watcher import CellResult
 from dtwork.launch import rendezvous
 from dtwork.store.runs import store_path
 
-__all__ = ["DEFAULT_TIMEOUT", "Cluster", "ClusterSpec", "clusters", "current", "start", "stop_all"]
+__all__ = ["DEFAULT_TIMEOUT", "Cluster", "ClusterSpec", "attach", "clusters", "current", "start", "stop_all"]
 
 T = TypeVar("T")
 _started: list[Cluster] = []  # every cluster started in this process, oldest first
@@ -361,3 +361,20 @@ def start(n: int | None = None, **options: object) -> Cluster:  # ClusterSpec's 
     ``account``, ``gpus_per_node``, ``nodes``, ``hosts``) are keywords here too.
     """
     return Cluster(spec=ClusterSpec.of(n, **options)).start()
+
+
+def attach(cluster_id: str | None = None) -> Cluster:
+    """Drive a kept cluster (``start(keep=...)``) whose kernel is gone: its ranks' names, process
+    group, ``ctx`` and run go on here. ``cluster_id``: which, when several wait on this host."""
+    from dtwork.kernel import kept
+
+    before, now = kept.claim(cluster_id, notebook_name())  # refused while another kernel drives it
+    try:
+        cluster = Cluster(spec=kept.spec_of(now))
+        held = cluster.engines.attach(now)
+        cluster.session.resume(held.get("run_id"))
+    except BaseException:
+        kept.release(before)  # it stays kept, its time running on
+        raise
+    cluster._track()
+    return cluster

@@ -2,242 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
-import shlex
-from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
+from dtwork.commands.parsers import HELP, PARSERS, _int_list, _split, cell_parser, plan_start
 from dtwork.errors import DtworkError, did_you_mean
 
 if TYPE_CHECKING:
     from dtwork.cluster import Cluster
-
-HELP = """Drive a data-parallel training cluster from the notebook.
-
-Line magic ``%dtrain SUBCOMMAND [options]``:
-
-  start [-n N] [--backend auto|nccl|gloo] [--timeout SECONDS] [--interface IFNAME]
-        [--profile NAME] [--global-batch-size G] [--config EXP.yaml] [--store PATH]
-      Start N engines (one per GPU with NCCL; without GPUs N CPU ranks with gloo, N=2)
-      joined in a torch.distributed process group. The port is a free one per cluster;
-      --timeout bounds every collective (default 300 s). --profile uses an ipyparallel
-      profile whose launcher (SSH, MPI, Slurm) starts engines on other hosts.
-        [--launcher local|slurm|mpi|ssh] [--partition P] [--time T] [--account A]
-        [--gpus-per-node G] [--nodes K] [--hosts h1:4,h2:4] [--engine-timeout SECONDS]
-      --launcher starts the engines as the tasks of one Slurm job (sbatch, or srun inside an
-      allocation), with mpiexec, or over SSH; dtwork writes the launcher configuration.
-      --engine-timeout bounds the wait for the engines, a batch queue included (default 60 s).
-  status          the ranks, hosts, devices, backend and state
-  stop            stop every engine and the controller
-  restart         same ranks and settings, fresh engines and process group
-  config EXP.yaml load an experiment config on every rank as ``ctx.config`` (starts a new run)
-  runs [list|show ID|compare A B [C ...]|export [ID] --tensorboard DIR|--mlflow URI|--report PATH]
-                  the runs in the run store, as ``dtwork runs`` in a shell
-  run SCRIPT.py [ARGS...]
-                  run a torchrun-style script unchanged on every rank (also %run in %%dtrain)
-  autoreload [on|off]
-                  reload the notebook folder's modules edited on disk before each cell (on)
-  wait | attach   bring a background (--bg) cell back: live view, wait for its end
-  scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape C,H,W] [--batch B] MODEL_EXPR
-                  throughput and scaling efficiency on synthetic data, by world size
-  throughput --data LOADER_EXPR [--steps K] [--rounds N] MODEL_EXPR
-                  real batches against synthetic ones: is data loading the bottleneck?
-  tune [--sizes 1,4,16] [--shape ...] MODEL_EXPR
-                  sweep DDP bucket sizes, write the best into the config
-  gns [--dataset-size N]
-                  the gradient noise scale and batch-size advice of the current run
-  stacks [--ranks 0,1] [--all]   every rank's Python stack now (also while a cell hangs)
-  collectives [on|off]   check each collective's op and shapes across the ranks first (off)
-  debug [RANK]    pdb on a rank's last cell error (first failing rank): p, pp, up, down, l, q
-  report [PATH.ipynb] [--run ID] [--html] [--verify]
-                  export a run as a notebook that re-runs to the same numbers
-
-Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
-  Run the cell on every rank (or those named) in a persistent namespace where ``ctx``
-  is defined. Output is grouped by rank (--rank0: rank 0's only). --bg returns at once
-  and trains in the background. When some ranks raise, the first failing rank's
-  traceback is shown once, with one status line per other rank. --quiet shows no live view
-  and discards the cell's print output and results on every rank (records are still stored).
-
-The full reference (every option, every ctx helper): docs/reference.md.
-"""
-
-
-def _one_line(text: str) -> str:
-    """Escape line breaks and other control characters (argparse echoes stray tokens verbatim)."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises a one-line DtworkError instead of exiting; prog is the magic as typed."""
-
-    def error(self, message: str) -> NoReturn:
-        raise DtworkError(f"{self.prog}: {_one_line(message)}{self._suggest(message)} (see %dtrain?)")
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        raise DtworkError(_one_line(message or "") or f"{self.prog}: see %dtrain?")
-
-    def _suggest(self, message: str) -> str:
-        """The closest option to the first unknown one (``--global-batchsize`` -> ``--global-batch-size``)."""
-        if not message.startswith("unrecognized arguments:"):
-            return ""
-        options = [o for o in self._option_string_actions if o.startswith("--")]
-        for token in message.split(":", 1)[1].split():
-            if token.startswith("-"):
-                return did_you_mean(token.split("=", 1)[0], options)
-        return ""
-
-
-def _parser(name: str) -> _Parser:
-    """The parser of ``%dtrain NAME`` (``%%dtrain`` for the cell magic)."""
-    return _Parser(
-        prog=name if name.startswith("%") else f"%dtrain {name}", add_help=False, allow_abbrev=False
-    )
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise DtworkError(f"expected comma-separated whole numbers such as 0,1 — got {text!r}") from None
-    if not values:
-        raise DtworkError("expected at least one number, such as 0,1")
-    return values
-
-
-def _start_parser() -> _Parser:
-    from dtwork.kernel.spec import start_flags
-
-    p = _parser("start")
-    for flag, name, kind in start_flags():  # unset: the spec's default
-        p.add_argument(flag, dest=name, type=kind, default=None)
-    return p
-
-
-def cell_parser() -> _Parser:
-    p = _parser("%%dtrain")
-    p.add_argument("--rank0", action="store_true")
-    p.add_argument("--ranks", type=str, default=None)
-    p.add_argument("--bg", action="store_true")
-    p.add_argument("--quiet", action="store_true")
-    return p
-
-
-def _config_parser() -> _Parser:
-    p = _parser("config")
-    p.add_argument("path")
-    return p
-
-
-def _runs_parser() -> _Parser:
-    p = _parser("runs")  # list, show, compare and export are the CLI's parser (dtwork runs ...)
-    p.add_argument("--store", default=None)
-    return p
-
-
-def _one_arg(name: str, dest: str = "state", **options: object) -> _Parser:
-    """The parser of a subcommand that takes one optional argument (on|off by default)."""
-    p = _parser(name)
-    p.add_argument(dest, nargs="?", **({"choices": ["on", "off"]} | options))  # type: ignore[arg-type]
-    return p
-
-
-def _report_parser() -> _Parser:
-    p = _parser("report")
-    p.add_argument("path", nargs="?", default=None)
-    p.add_argument("--run", default=None)
-    p.add_argument("--html", action="store_true")
-    p.add_argument("--verify", action="store_true")
-    p.add_argument("--store", default=None)
-    return p
-
-
-def _scaling_parser() -> _Parser:
-    p = _parser("scaling")
-    p.add_argument("--slots", default=None)
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--weak", dest="mode", action="store_const", const="weak")
-    mode.add_argument("--strong", dest="mode", action="store_const", const="strong")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--shape", default=None)
-    p.add_argument("--batch", type=int, default=None)
-    p.add_argument("model", nargs="+")
-    return p
-
-
-def _throughput_parser() -> _Parser:
-    p = _parser("throughput")
-    p.add_argument("--data", required=True)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("model", nargs="+")
-    return p
-
-
-def _tune_parser() -> _Parser:
-    p = _parser("tune")
-    p.add_argument("--sizes", default=None)
-    p.add_argument("--shape", default=None)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("model", nargs="+")
-    return p
-
-
-def _gns_parser() -> _Parser:
-    p = _parser("gns")
-    p.add_argument("--dataset-size", type=int, default=None)
-    return p
-
-
-def _stacks_parser() -> _Parser:
-    p = _parser("stacks")
-    p.add_argument("--ranks", default=None)
-    p.add_argument("--all", dest="all_threads", action="store_true")
-    return p
-
-
-def _bare(name: str) -> Callable[[], _Parser]:
-    """The parser of a subcommand that takes no options."""
-    return lambda: _parser(name)
-
-
-# Every subcommand's parser but `run`'s (its arguments are the script's); docs/reference.md is checked against them.
-PARSERS: dict[str, Callable[[], _Parser]] = {
-    "start": _start_parser,
-    "status": _bare("status"),
-    "stop": _bare("stop"),
-    "restart": _bare("restart"),
-    "config": _config_parser,
-    "runs": _runs_parser,
-    "autoreload": lambda: _one_arg("autoreload"),
-    "wait": _bare("wait"),
-    "attach": _bare("attach"),
-    "report": _report_parser,
-    "scaling": _scaling_parser,
-    "throughput": _throughput_parser,
-    "tune": _tune_parser,
-    "gns": _gns_parser,
-    "stacks": _stacks_parser,
-    "collectives": lambda: _one_arg("collectives"),
-    "debug": lambda: _one_arg("debug", "rank", type=int, choices=None),
-}
-
-
-def _split(line: str, magic: str = "%dtrain") -> list[str]:
-    try:
-        return shlex.split(line)
-    except ValueError as exc:
-        raise DtworkError(f"{magic}: cannot parse {line!r}: {exc}") from None
-
-
-def plan_start(argv: list[str]) -> Cluster:
-    """Parse ``%dtrain start`` options into a validated, not yet started, Cluster."""
-    from dtwork.cluster import Cluster, ClusterSpec
-
-    ns = _start_parser().parse_args(argv)
-    return Cluster(spec=ClusterSpec.of(**{k: v for k, v in vars(ns).items() if v is not None}))
 
 
 def current() -> Cluster:
@@ -281,6 +54,7 @@ class DtrainMagics(Magics):
     # -- subcommands -------------------------------------------------------------------------
 
     def _sub_start(self, argv: list[str]) -> None:
+        from dtwork.commands import keep
         from dtwork.widgets.cluster_view import cluster_widget
 
         cluster = plan_start(argv)  # options are checked first, whatever runs
@@ -290,17 +64,31 @@ class DtrainMagics(Magics):
                 f"a cluster is already running in this kernel ({running[-1].cluster_id}, "
                 f"{running[-1].world_size} ranks): %dtrain stop (or restart) first"
             )
+        if "--new" not in argv and keep.offer():  # warm ranks wait in this folder: start nothing
+            return None
         cluster.start()
         self._display(cluster_widget(cluster))
         return None
 
     def _sub_status(self, argv: list[str]) -> None:
         PARSERS["status"]().parse_args(argv)
+        from dtwork.kernel import kept
+        from dtwork.launch import registry
+
         started = _clusters()
-        if not started:
+        waiting = registry.orphans()
+        if not started and not waiting:
             raise DtworkError("no cluster was started in this kernel: %dtrain start")
-        started[-1].refresh()
-        self._display(started[-1])
+        if started:
+            started[-1].refresh()
+            self._display(started[-1])
+            keep = started[-1].engines.spec.keep_seconds
+            if keep and started[-1].state == "running":
+                print(
+                    f"dtwork: kept {registry.duration(keep)} after this kernel ends (%dtrain attach takes it up)"
+                )
+        for entry in waiting:
+            print(f"dtwork: kept {kept.describe(entry)}: %dtrain attach {entry['cluster_id']}")
         return None
 
     def _sub_stop(self, argv: list[str]) -> None:
@@ -325,7 +113,7 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_config(self, argv: list[str]) -> None:
-        ns = _config_parser().parse_args(argv)
+        ns = PARSERS["config"]().parse_args(argv)
         cluster = current()
         cluster.configure(ns.path)
         batch = (
@@ -356,7 +144,7 @@ class DtrainMagics(Magics):
                 if exc.code:
                     raise DtworkError(f"%dtrain runs {argv[0]}: see the usage above (%dtrain?)") from None
             return None
-        ns = _runs_parser().parse_args(argv)
+        ns = PARSERS["runs"]().parse_args(argv)
         from dtwork.cli import runs_table
         from dtwork.store.runs import store_path
 
@@ -396,10 +184,24 @@ class DtrainMagics(Magics):
         return None
 
     def _sub_attach(self, argv: list[str]) -> None:
-        self._sub_wait(argv, "attach")
+        from dtwork.commands import keep
+        from dtwork.widgets.cluster_view import cluster_widget
+
+        ns = PARSERS["attach"]().parse_args(argv)
+        running = _running()
+        if ns.cluster_id is None and running:  # this kernel's own cluster: its background cell
+            self._sub_wait([], "attach")
+            return None
+        if running:
+            raise DtworkError(
+                f"a cluster is already running in this kernel ({running[-1].cluster_id}): "
+                "%dtrain stop it first, then %dtrain attach"
+            )
+        self._display(cluster_widget(keep.attach(ns.cluster_id)))
+        return None
 
     def _sub_report(self, argv: list[str]) -> None:
-        ns = _report_parser().parse_args(argv)
+        ns = PARSERS["report"]().parse_args(argv)
         if ns.run is not None:
             # ASCII digits only: str.isdigit() also accepts '²' and '١', and 19+ digits overflow SQLite.
             ns.run = ns.run.strip()
@@ -422,7 +224,7 @@ class DtrainMagics(Magics):
     def _sub_scaling(self, argv: list[str]) -> None:
         from dtwork import commands
 
-        ns = _scaling_parser().parse_args(argv)
+        ns = PARSERS["scaling"]().parse_args(argv)
         mode_name = ns.mode or "weak"
         commands.scaling(
             current(),
@@ -439,7 +241,7 @@ class DtrainMagics(Magics):
     def _sub_throughput(self, argv: list[str]) -> None:
         from dtwork import commands
 
-        ns = _throughput_parser().parse_args(argv)
+        ns = PARSERS["throughput"]().parse_args(argv)
         rounds = (min(3, ns.rounds), ns.rounds)
         commands.throughput(current(), " ".join(ns.model), ns.data, steps=ns.steps, rounds=rounds)
         return None
@@ -447,7 +249,7 @@ class DtrainMagics(Magics):
     def _sub_tune(self, argv: list[str]) -> None:
         from dtwork import commands
 
-        ns = _tune_parser().parse_args(argv)
+        ns = PARSERS["tune"]().parse_args(argv)
         sizes = commands.DEFAULT_SIZES
         if ns.sizes:
             try:
@@ -462,7 +264,7 @@ class DtrainMagics(Magics):
     def _sub_gns(self, argv: list[str]) -> None:
         from dtwork import commands
 
-        ns = _gns_parser().parse_args(argv)
+        ns = PARSERS["gns"]().parse_args(argv)
         commands.gns_advice(current(), dataset_size=ns.dataset_size)
         return None
 
@@ -477,7 +279,7 @@ class DtrainMagics(Magics):
     def _sub_stacks(self, argv: list[str]) -> None:
         from dtwork import commands
 
-        ns = _stacks_parser().parse_args(argv)
+        ns = PARSERS["stacks"]().parse_args(argv)
         commands.show_stacks(current(), _int_list(ns.ranks) if ns.ranks else None, all_threads=ns.all_threads)
 
     # -- the cell magic ----------------------------------------------------------------------

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
@@ -43,7 +45,7 @@ def kernel_record() -> dict[str, float]:
 
 
 def probe_engines(
-    client: ipp.Client, ids: list[int], kernel: Mapping[str, float], host: str
+    client: ipp.Client, ids: list[int], kernel: Mapping[str, float], host: str, keep: float | None = None
 ) -> list[EngineReply]:
     """Every engine's ``probe``: the first request to engines that have just registered.
 
@@ -52,7 +54,7 @@ def probe_engines(
     run twice).
     """
     for i, seconds in enumerate(PROBE_TIMEOUTS):
-        ar = client[ids].apply_async(entry.probe, kernel, host)
+        ar = client[ids].apply_async(entry.probe, kernel, host, keep)
         try:
             return list(ar.get(timeout=seconds))
         except ipp.error.TimeoutError:
@@ -237,3 +239,29 @@ def pull_by_rank(view: ipp.DirectView, name: str) -> list[object]:
                 f"no variable {name!r} on every rank: define it in a %%dtrain cell first"
             ) from None
         raise DtworkError(f"could not fetch {name!r} from the ranks: {ename}: {evalue}") from None
+
+
+def environment(backend: str, rank_info: list[EngineReply], seed: int) -> dict[str, object]:
+    """Versions, hosts, devices and seeds of what the ranks run (no secrets)."""
+    from dtwork.shared import telemetry
+
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "dtwork": version("dtwork"),
+        "torch": version("torch"),
+        "ipyparallel": version("ipyparallel"),
+        "numpy": version("numpy"),
+        "backend": backend,
+        "world_size": len(rank_info),
+        "hosts": sorted({str(r["hostname"]) for r in rank_info}),
+        "ranks": rank_info,
+        "gpus": [g.to_dict() for g in telemetry.gpu_inventory()],
+        "seed": seed,
+    }

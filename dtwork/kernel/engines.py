@@ -12,49 +12,33 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import ipyparallel as ipp
 
-from dtwork.config import ExperimentConfig
+from dtwork.config import ExperimentConfig, load_config
 from dtwork.config.determined import check_slots
 from dtwork.errors import DtworkError
 from dtwork.kernel import calls
 from dtwork.kernel import stacks as rank_stacks
 from dtwork.kernel.health import RankHealth
+from dtwork.kernel.joined import Joined
 from dtwork.kernel.processes import EngineProcesses
 from dtwork.kernel.replies import ClusterStatus, EngineReply
 from dtwork.kernel.spec import ClusterSpec
-from dtwork.kernel.stacks import RankStacks, StackChannels
+from dtwork.kernel.stacks import RankStacks
 from dtwork.launch import launchers, registry, rendezvous
 from dtwork.runtime import entry
 from dtwork.shared import devices, telemetry
 
 T = TypeVar("T")
-
-
-@dataclass
-class Joined:
-    """What joining the ranks decided: their plan, what each engine and rank reported, rank 0's address."""
-
-    ranks: list[rendezvous.RankPlan] = field(default_factory=list)
-    rank_info: list[EngineReply] = field(default_factory=list)
-    probes: dict[int, EngineReply] = field(default_factory=dict)  # by engine id
-    master_addr: str | None = None
-    master_port: int | None = None
-    started_at: float | None = None
-    start_seconds: float | None = None
-    stacks: StackChannels = field(default_factory=StackChannels)  # where each rank serves its stacks
 
 
 class EngineGroup:
@@ -93,7 +77,7 @@ class EngineGroup:
         self.cluster_id = _new_id()
         self.joined = Joined()
         self.procs = EngineProcesses()
-        self._reaper: subprocess.Popen[bytes] | None = None
+        self._reaper_rec: Mapping[str, Any] | None = None  # the reaper's process record, in the entry
         self._listeners: list[Callable[[str], None]] = []
         self.health = RankHealth(self)  # which ranks' engines are gone, and why
         self.checks_collectives = False  # kept across restarts: fresh engines check again
@@ -176,6 +160,8 @@ class EngineGroup:
             # Engines finish registering on the controller's next heartbeat: 3 s by default.
             # A 0.5 s beat halves the start time and lets a dead engine be noticed sooner.
             "controller_args": ["--HeartMonitor.period=500"],
+            # A kept cluster outlives this kernel's exit (its reaper ends it when its time is up).
+            "shutdown_atexit": self.spec.keep is None,
         }
         if self.profile:
             kwargs["profile"] = self.profile
@@ -194,7 +180,7 @@ class EngineGroup:
         assert client is not None
         ids = sorted(client.ids)[: self.n]
         host = socket.gethostname()
-        probes = dict(zip(ids, calls.probe_engines(client, ids, calls.kernel_record(), host), strict=True))
+        probes = dict(zip(ids, self._probe(client, ids), strict=True))
         self.backend, note = devices.choose_backend(self.spec.backend, probes)  # from what torch can use
         if note:
             calls.show_warnings([note])
@@ -230,6 +216,42 @@ class EngineGroup:
             self.check_collectives(True)
         calls.show_warnings(notes)
 
+    def _probe(self, client: ipp.Client, ids: list[int]) -> list[EngineReply]:
+        """Ask the engines what they are; they follow this kernel (and the keep time) from now on."""
+        return calls.probe_engines(
+            client, ids, calls.kernel_record(), socket.gethostname(), self.spec.keep_seconds
+        )
+
+    def attach(self, kept: Mapping[str, Any]) -> dict[str, Any]:
+        """Take up a kept cluster whose kernel is gone (this kernel claimed its entry, ``kept.claim``):
+        its engines, ranks and process group as they are. Return what its rank 0 holds
+        (``entry.describe``: config, batch, run)."""
+        self.cluster_id, t0 = str(kept["cluster_id"]), time.perf_counter()
+        self._reaper_rec = kept.get("reaper")  # it watches on, now for this kernel
+        self._set_state("starting")
+        try:
+            files = kept.get("files") or []
+            if not files or not os.path.exists(files[0]):
+                raise DtworkError(
+                    f"{self.cluster_id}'s connection file is gone: dtwork clusters stop {self.cluster_id}, then start one"
+                )
+            client = self.procs.attach(self.cluster_id, files[0], self.n, self.spec.engine_timeout)
+            self.joined = joined = Joined.of_entry(kept)
+            ids = [p.engine_id for p in joined.ranks]
+            joined.probes = dict(zip(ids, self._probe(client, ids), strict=True))
+            iface = rendezvous.choose_interface(joined.probes, self.interface)
+            joined.stacks = rank_stacks.arm(client, joined.rank_info, joined.probes, iface)
+            held: dict[str, Any] = client[ids[0]].apply_sync(entry.describe)
+            self.config, self.global_batch_size = load_config(held["config"]), held["global_batch_size"]
+        except BaseException:
+            self.procs.detach()
+            self._set_state("failed")
+            raise
+        joined.start_seconds = time.perf_counter() - t0
+        self._set_state("running")
+        self._register()
+        return held
+
     def _register(self) -> None:
         """Write (or refresh) this group's registry entry and make sure a reaper watches it."""
         procs = self._process_records()
@@ -253,16 +275,23 @@ class EngineGroup:
                 "cwd": os.getcwd(),
                 "store": str(self.store_file),
                 "notebook": self.notebook,
+                "keep": self.spec.keep_seconds,
+                "timeout": self.timeout,
+                "interface": self.interface,
+                "engine_timeout": self.spec.engine_timeout,
+                "reaper": self._reaper_rec,
             },
         )
-        if self._reaper is None:
-            self._reaper = subprocess.Popen(
+        if self._reaper_rec is None or not registry.alive(self._reaper_rec):
+            reaper = subprocess.Popen(
                 [sys.executable, "-m", "dtwork.launch.reaper", str(path)],
                 start_new_session=True,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
+            self._reaper_rec = registry.proc_record(reaper.pid)
+            self._register()  # with the reaper's record: a kernel that attaches later keeps it
 
     def _process_records(self) -> list[dict[str, float]]:
         """Every process this group owns that can be seen from here: controller, launchers, engines."""
@@ -288,12 +317,8 @@ class EngineGroup:
         if force:  # a start stopped midway: what it launched may be listed nowhere yet
             registry.end_marked(self.cluster_id, grace=2.0)
         registry.remove(self.cluster_id)
-        if self._reaper is not None:
-            try:
-                self._reaper.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._reaper.kill()
-            self._reaper = None
+        registry.await_exit(self._reaper_rec)  # its entry gone, it ends by itself
+        self._reaper_rec = None
 
     def restart(self, force: bool = False) -> None:
         """Stop and start again with the same ranks and settings (fresh engines and process group)."""
@@ -356,26 +381,7 @@ class EngineGroup:
     def environment(self) -> dict[str, object]:
         """Versions, hosts, devices and seeds of what the ranks run (no secrets)."""
 
-        def version(pkg: str) -> str | None:
-            try:
-                return metadata.version(pkg)
-            except metadata.PackageNotFoundError:
-                return None
-
-        return {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "dtwork": version("dtwork"),
-            "torch": version("torch"),
-            "ipyparallel": version("ipyparallel"),
-            "numpy": version("numpy"),
-            "backend": self.backend,
-            "world_size": self.world_size,
-            "hosts": sorted({str(r["hostname"]) for r in self.rank_info}),
-            "ranks": self.rank_info,
-            "gpus": [g.to_dict() for g in telemetry.gpu_inventory()],
-            "seed": self.config.seed,
-        }
+        return calls.environment(self.backend, self.rank_info, self.config.seed)
 
     def status(self) -> ClusterStatus:
         return {

@@ -65,6 +65,22 @@ class EngineProcesses:
         self.client[:].use_cloudpickle()
         return self.client
 
+    def attach(self, cluster_id: str, cluster_file: str, n: int, engine_timeout: int) -> ipp.Client:
+        """Connect to the running cluster ``cluster_file`` describes (a kept one); return a client
+        once its ``n`` engines are known (they are registered already: this is quick)."""
+        self._log, self.log_file = calls.engine_log(cluster_id)
+        self.cluster = ipp.Cluster.from_file(cluster_file, log=self._log)  # shutdown_atexit off
+        self.client = self.cluster.connect_client_sync()
+        try:
+            self.client.wait_for_engines(n, timeout=engine_timeout, block=True, interactive=False)
+        except TimeoutError:
+            raise DtworkError(
+                f"only {len(self.client.ids)} of the kept cluster's {n} engines answer "
+                f"(engine log: {self.log_file}): stop it (dtwork clusters stop {cluster_id}) and start one"
+            ) from None
+        self.client[:].use_cloudpickle()
+        return self.client
+
     def view(self, client: ipp.Client, ids: tuple[int, ...]) -> ipp.DirectView:
         """A DirectView on these engines (made once per client and set of engines)."""
         view = self._views.get(ids)
@@ -94,6 +110,16 @@ class EngineProcesses:
             return set(self.client.ids) if self.client is not None else None
         except Exception:
             return None
+
+    def detach(self) -> None:
+        """Let go of the cluster without stopping it (an attach that failed: it stays kept)."""
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close()
+        self.client, self.cluster = None, None
+        self._views.clear()
+        if self._log is not None:
+            calls.close_log(self._log)
 
     def stop(self, launcher: launchers.Launcher) -> None:
         """Close the client and stop the cluster (a scheduler's jobs cancelled too)."""

@@ -126,6 +126,13 @@ class Session:
             self.store.add_event(self.run_id, "start", f"run started on {e.world_size} rank(s), {e.backend}")
         return self.run_id
 
+    def resume(self, run_id: object) -> None:
+        """Go on with the ranks' run (a kept cluster just attached) if it is this cluster's and running."""
+        run = self.store.find_run(run_id) if isinstance(run_id, int) else None  # None: not in this store
+        if run and run["status"] == "running" and run["cluster_id"] == self.engines.cluster_id:
+            self.run_id = self.book.ranks_run = run["id"]
+            self.event("attach", f"a notebook attached (kernel pid {os.getpid()})")
+
     def new_run(self) -> None:
         """End the current run; the next cell starts a new one (after a config change)."""
         if self.run_id is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
-from dtwork.launch import launchers
+from dtwork.launch import launchers, registry
 
 DEFAULT_TIMEOUT = 300.0  # process-group timeout (s): bounded, unlike NCCL's 30 minutes
 ENGINE_TIMEOUT = 60  # seconds to wait for engines to register
@@ -47,11 +47,15 @@ class ClusterSpec:
     store: StoreSource = _flag(None, "--store", str)
     launcher: str | None = _flag(None, "--launcher", str)
     engine_timeout: int = _flag(ENGINE_TIMEOUT, "--engine-timeout", int)
+    # How long the cluster outlives its kernel, for a notebook to %dtrain attach (seconds, or "2h").
+    keep: float | str | None = _flag(None, "--keep", str)
     launch_options: launchers.LaunchOptions | None = None  # its fields are flags of their own
 
     def __post_init__(self) -> None:
         if self.profile and self.launcher not in (None, "local"):
             raise DtworkError("use --launcher or --profile, not both (a profile names its own launcher)")
+        if self.keep is not None:  # "2h" -> 7200.0, checked before anything starts
+            object.__setattr__(self, "keep", registry.parse_duration(self.keep))
 
     @classmethod
     def of(cls, n: int | None = None, **options: object) -> ClusterSpec:
@@ -67,6 +71,11 @@ class ClusterSpec:
         if launch:
             given["launch_options"] = launchers.LaunchOptions(**launch)
         return cls(**{"n": n, **given})
+
+    @property
+    def keep_seconds(self) -> float | None:
+        """The keep time in seconds (None: the cluster ends with its kernel)."""
+        return float(self.keep) if self.keep is not None else None
 
     def launcher_plugin(self) -> launchers.Launcher:
         """The launcher this spec names, with its options (a DtworkError for an unknown name)."""

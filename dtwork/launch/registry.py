@@ -15,6 +15,8 @@ is only judged dead on the host it runs on, so another host's cluster is never c
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -24,7 +26,7 @@ import socket
 import stat
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -47,6 +49,11 @@ _OPTIONAL: dict[str, tuple[type, ...]] = {
     "updated_at": (int, float),
     "ranks": (list,),
     "launcher": (str,),
+    "keep": (int, float),  # seconds the cluster stays after its kernel ends (kept clusters only)
+    "orphaned_at": (int, float),  # when the reaper saw the kernel of a kept cluster gone
+    "timeout": (int, float),
+    "interface": (str,),
+    "engine_timeout": (int,),
 }
 # ipyparallel puts the cluster's id in the environment of every process it launches (controller,
 # engines, mpiexec or srun); their children (an engine's nanny) inherit it.
@@ -80,6 +87,33 @@ def entry_path(cluster_id: str) -> Path:
     if not isinstance(cluster_id, str) or not CLUSTER_ID.fullmatch(cluster_id):
         raise DtworkError(f"malformed cluster id {str(cluster_id)[:40]!r}: letters, digits, '-' and '_' only")
     return clusters_dir() / f"{cluster_id}.json"
+
+
+_held: dict[str, int] = {}  # cluster id -> how deep this process holds its lock
+
+
+@contextlib.contextmanager
+def locked(cluster_id: str) -> Iterator[None]:
+    """Hold a cluster's entry lock (re-entrant in one process): read, decide and write as one step,
+    so that an attaching kernel and the reaper never act on each other's stale entry."""
+    path = entry_path(cluster_id).with_name(f".{cluster_id}.lock")
+    if _held.get(cluster_id):
+        _held[cluster_id] += 1
+        try:
+            yield
+        finally:
+            _held[cluster_id] -= 1
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _held[cluster_id] = 1
+        try:
+            yield
+        finally:
+            _held.pop(cluster_id, None)
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def this_host() -> str:
@@ -123,12 +157,15 @@ def write(cluster_id: str, data: Mapping[str, object]) -> Path:
     """Write (atomically, mode 0600) the registry entry of a cluster."""
     path = entry_path(cluster_id)
     entry = {"kernel_host": this_host(), **data, "cluster_id": cluster_id, "updated_at": time.time()}
-    tmp = path.with_name(f".{cluster_id}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(fd, 0o600)
-        f.write(json.dumps(entry, indent=1))
-    os.replace(tmp, path)
+    for derived in ("local", "kernel_alive"):  # ``entries`` adds them when it reads; never stored
+        entry.pop(derived, None)
+    with locked(cluster_id):
+        tmp = path.with_name(f".{cluster_id}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o600)
+            f.write(json.dumps(entry, indent=1))
+        os.replace(tmp, path)
     return path
 
 
@@ -158,6 +195,8 @@ def problem(path: Path, data: object) -> str | None:
         return "no valid kernel record (pid, create_time)"
     if not isinstance(data.get("kernel_host"), str) or not data["kernel_host"]:
         return "no kernel_host"
+    if data.get("reaper") is not None and not _is_proc(data["reaper"]):
+        return "reaper is not a (pid, create_time) record"
     procs = data.get("processes", [])
     if not isinstance(procs, list) or not all(_is_proc(p) for p in procs):
         return "processes is not a list of (pid, create_time) records"
@@ -205,7 +244,9 @@ def _warn(path: Path, why: str) -> None:
 
 
 def remove(cluster_id: str) -> None:
-    entry_path(cluster_id).unlink(missing_ok=True)
+    path = entry_path(cluster_id)
+    path.unlink(missing_ok=True)
+    path.with_name(f".{cluster_id}.lock").unlink(missing_ok=True)
 
 
 def is_local(entry: Mapping[str, object]) -> bool:
@@ -262,6 +303,16 @@ def kill_processes(records: Iterable[Mapping[str, object]], grace: float = 3.0) 
     return [p.pid for p in procs]
 
 
+def await_exit(record: Mapping[str, object] | None, timeout: float = 5.0) -> None:
+    """Wait for a process that ends by itself (a reaper whose entry is gone); kill it if it does not."""
+    proc = _matching(record) if record is not None else None
+    if proc is not None:
+        _, left = psutil.wait_procs([proc], timeout=timeout)
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
 def marked(cluster_id: str) -> list[dict[str, float]]:
     """Records of this user's processes on this host that carry ``cluster_id``'s mark: every process
     its start launched, whether the entry lists it yet or not."""
@@ -290,13 +341,26 @@ def end_marked(cluster_id: str, grace: float = 3.0, rounds: int = 5) -> list[int
     return killed
 
 
-def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
+def end(entry: dict[str, Any], why: str) -> list[int]:
+    """Stop a cluster from outside its kernel (the sidebar's Stop, ``dtwork clusters stop``); return
+    the PIDs signalled. A live kernel sees its entry gone and ends its run itself; the runs of a
+    kept cluster without a kernel are marked here."""
+    with locked(entry["cluster_id"]):
+        if is_local(entry) and not alive(entry.get("kernel")):
+            return discard(entry, why=why)
+        killed = kill_processes(entry.get("processes") or [], grace=3.0)
+        killed += end_marked(entry["cluster_id"])  # a cluster still starting lists few of them yet
+        remove(entry["cluster_id"])
+    return killed
+
+
+def discard(entry: dict[str, Any], grace: float = 3.0, why: str = "the kernel died") -> list[int]:
     """Clean up after a dead kernel: kill a validated entry's processes (those it lists and those
     that carry its mark: a start killed midway lists none yet), mark its runs interrupted, cancel
-    its scheduler jobs, delete its ipyparallel file and the entry itself."""
-    kill_processes(entry.get("processes", []), grace=grace)
-    end_marked(entry["cluster_id"], grace=grace)
-    _interrupt_runs(entry)
+    its scheduler jobs, delete its ipyparallel file and the entry itself; return the PIDs signalled."""
+    killed = kill_processes(entry.get("processes", []), grace=grace)
+    killed += end_marked(entry["cluster_id"], grace=grace)
+    _interrupt_runs(entry, why)
     if entry.get("jobs") or entry.get("launcher") == "slurm":  # else it runs to its time limit
         from dtwork.launch.slurm import cancel  # imports ipyparallel: only for scheduler jobs
 
@@ -307,9 +371,10 @@ def discard(entry: dict[str, Any], grace: float = 3.0) -> None:
         if _own_file(cid, name):  # validated already; checked again where it deletes
             Path(name).unlink(missing_ok=True)
     remove(cid)
+    return killed
 
 
-def _interrupt_runs(entry: dict[str, Any]) -> None:
+def _interrupt_runs(entry: dict[str, Any], why: str) -> None:
     """Mark the runs and cells a dead kernel left "running" in its store as interrupted: the kernel
     cannot say so itself, and a run shown running for ever hides that it ended. Best effort: a
     store that is gone or cannot be written is left as it is."""
@@ -328,18 +393,80 @@ def _interrupt_runs(entry: dict[str, Any]) -> None:
                     continue
                 for cell in store.cells(run["id"]):
                     if cell["status"] == "running":
-                        store.finish_cell(run["id"], cell["seq"], "interrupted", "the kernel died")
+                        store.finish_cell(run["id"], cell["seq"], "interrupted", why)
                 store.set_run_status(run["id"], "interrupted", ended=True)
-                store.add_event(run["id"], "kernel_died", "the kernel died: its cluster was cleaned up")
+                store.add_event(run["id"], "kernel_died", f"{why}: its cluster was cleaned up")
     except (DtworkError, sqlite3.Error, OSError):
         pass
 
 
 def clean_stale() -> list[str]:
-    """Clean the clusters of this host whose kernel is gone; return their ids."""
+    """Clean the clusters of this host whose kernel is gone (a kept one once its time is up);
+    return their ids."""
     cleaned = []
     for entry in entries():
-        if entry["local"] and not entry["kernel_alive"]:
-            discard(entry)
+        if entry["local"] and not entry["kernel_alive"] and not waiting(entry):
+            discard(entry, why=ended_why(entry))
             cleaned.append(entry["cluster_id"])
     return cleaned
+
+
+# -- kept clusters -------------------------------------------------------------------------------
+
+
+def time_left(entry: Mapping[str, object], now: float | None = None) -> float | None:
+    """Seconds a kept cluster without its kernel has left before it is removed (None: it has a
+    live kernel, or is not kept, or its kernel's end was not seen yet)."""
+    keep, since = entry.get("keep"), entry.get("orphaned_at")
+    if not isinstance(keep, (int, float)) or not keep or not isinstance(since, (int, float)):
+        return None
+    return max(0.0, since + keep - (time.time() if now is None else now))
+
+
+def waiting(entry: Mapping[str, object]) -> bool:
+    """Whether a kept cluster whose kernel is gone still waits for a notebook to attach: its keep
+    time is not up, and its reaper (which ends it then) runs."""
+    if not entry.get("keep") or not alive(cast(Mapping[str, object], entry.get("reaper") or {})):
+        return False
+    left = time_left(entry)
+    return left is None or left > 0
+
+
+def ended_why(entry: Mapping[str, object]) -> str:
+    """What ended a cluster whose kernel is gone, for its runs' events."""
+    if entry.get("keep"):
+        return f"no notebook attached within its keep time ({duration(float(cast(float, entry['keep'])))})"
+    return "the kernel died"
+
+
+def orphans() -> list[dict[str, Any]]:
+    """This host's kept clusters whose kernel is gone, waiting for a notebook to attach."""
+    return [e for e in entries() if e["local"] and not e["kernel_alive"] and waiting(e)]
+
+
+def duration(seconds: float) -> str:
+    """``90`` -> ``1 min 30 s``; ``7200`` -> ``2 h``: a keep time as people say it."""
+    s = round(seconds)
+    parts = [(s // 86400, "d"), (s % 86400 // 3600, "h"), (s % 3600 // 60, "min"), (s % 60, "s")]
+    said = [f"{v} {u}" for v, u in parts if v]
+    return " ".join(said[:2]) or "0 s"
+
+
+_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: object) -> float:
+    """A keep time: seconds as a number, or ``90s``, ``30m``, ``2h``, ``1d`` (a one-line error else)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*", str(text))
+        if m is None:
+            raise DtworkError(
+                f"keep time {str(text)[:40]!r} is not a duration: use seconds or a number with s, m, h or d "
+                "(e.g. --keep 2h)"
+            )
+        value = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    if not math.isfinite(value) or value <= 0:
+        raise DtworkError(f"keep time must be more than 0 s, got {text!r}: e.g. --keep 30m")
+    return value

@@ -16,7 +16,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import psutil
 
@@ -38,43 +38,78 @@ from dtwork.runtime.core.payloads import (
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-_watching: set[int] = set()  # the kernel PIDs a watcher thread watches already
+# The kernel that drives this rank, and how long the rank outlives it (None: not at all).
+_driver: dict[str, object] = {"kernel": None, "keep": None}
+_watch_started = threading.Event()
+KEEP_GRACE = 60.0  # past a kept cluster's time: its reaper ends it first; this is the backstop
 
 
-def _watch_kernel(kernel: ProcessId, poll: float = 1.0) -> None:
-    """Exit this engine if the kernel that owns it dies (same host only); once per kernel."""
-    if kernel["pid"] in _watching:
+def _watch_kernel(kernel: ProcessId, keep: float | None = None, poll: float = 1.0) -> None:
+    """Exit this engine when the kernel that drives it dies (same host only); a kept cluster's
+    rank waits ``keep`` seconds (and a grace) for another kernel to attach (``probe`` again) first."""
+    _driver.update(kernel=kernel, keep=keep)
+    if _watch_started.is_set():
         return
-    _watching.add(kernel["pid"])
+    _watch_started.set()
 
     def loop() -> None:
         proc: psutil.Process | None = None
+        watched: object = None
+        gone_since: float | None = None
         while True:
             time.sleep(poll)
-            try:
-                if proc is None:  # once: is this PID the kernel that started us?
-                    proc = psutil.Process(kernel["pid"])
-                    if abs(proc.create_time() - kernel["create_time"]) > 0.01:
-                        os._exit(3)
-                # then one /proc read a second instead of a new Process (boot time, create
-                # time) taking this rank's GIL: a dead kernel is a zombie until reaped, then gone
-                if proc.status() == psutil.STATUS_ZOMBIE:
+            now = _driver["kernel"]
+            if now is not watched:  # a kernel attached: watch it from now on
+                watched, proc, gone_since = now, None, None
+            if not isinstance(now, dict):
+                continue
+            if gone_since is None and not _alive(cast(ProcessId, now), proc):
+                gone_since = time.monotonic()
+            elif gone_since is None and proc is None:
+                with contextlib.suppress(psutil.Error):
+                    proc = psutil.Process(now["pid"])
+            if gone_since is not None:
+                keep = _driver["keep"]
+                if not isinstance(keep, (int, float)) or time.monotonic() - gone_since > keep + KEEP_GRACE:
                     os._exit(3)
-            except psutil.NoSuchProcess:
-                os._exit(3)
-            except psutil.Error:
-                pass
 
     threading.Thread(target=loop, name="dtwork-kernel-watch", daemon=True).start()
 
 
-def probe(kernel: ProcessId | None, kernel_host: str) -> EngineProbe:
+def _alive(kernel: ProcessId, proc: psutil.Process | None) -> bool:
+    """Whether the kernel runs: once it is known to be the same process (not a reused PID), one
+    /proc read a second instead of a new Process (boot time, create time) taking this rank's GIL;
+    a dead kernel is a zombie until reaped, then gone."""
+    try:
+        if proc is None:
+            proc = psutil.Process(kernel["pid"])
+            if abs(proc.create_time() - kernel["create_time"]) > 0.01:
+                return False
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+
+
+def describe() -> dict[str, object]:
+    """What the rank holds that an attaching kernel takes up: its config and batch, its run."""
+    ctx = runtime.current()
+    return {
+        "config": ctx.config.to_dict(),
+        "global_batch_size": ctx.global_batch_size,
+        "run_id": ctx.run_id,
+        "run_store": ctx.run_store,
+    }
+
+
+def probe(kernel: ProcessId | None, kernel_host: str, keep: float | None = None) -> EngineProbe:
     """Describe this engine: host, addresses, PIDs, visible GPUs (via NVML, not CUDA)."""
     from dtwork.shared import devices, telemetry
 
     host = socket.gethostname()
     if kernel is not None and host == kernel_host:
-        _watch_kernel(kernel)
+        _watch_kernel(kernel, keep)
     me = psutil.Process()
     gpus = devices.visible([g.to_dict() for g in telemetry.cuda_devices()])
     found: EngineProbe = {

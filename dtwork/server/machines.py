@@ -48,6 +48,8 @@ def _cluster(entry: dict[str, Any], root_dir: str) -> ClusterInfo:
         "started_at": entry.get("started_at"),
         "ranks": [_rank(r) for r in entry.get("ranks") or [] if isinstance(r, dict)],
         "pids": [p for p in procs if isinstance(p, int)],
+        "keep": entry.get("keep"),
+        "keep_left": registry.time_left(entry),
     }
 
 
@@ -68,10 +70,7 @@ def find_cluster(cluster_id: str) -> dict[str, Any]:  # the registry entry: JSON
 
 def stop_cluster(cluster_id: str) -> StopReply:
     """POST /dtwork/clusters/<id>/stop: kill its processes, drop its registry entry."""
-    entry = find_cluster(cluster_id)
-    killed = registry.kill_processes(entry.get("processes") or [], grace=3.0)
-    killed += registry.end_marked(cluster_id)  # a cluster still starting lists few of them yet
-    registry.remove(cluster_id)
+    killed = registry.end(find_cluster(cluster_id), "stopped from the sidebar")
     return {"stopped": cluster_id, "killed": sorted(set(killed))}
 
 

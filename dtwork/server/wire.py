@@ -65,6 +65,8 @@ class ClusterInfo(TypedDict):
     started_at: float | None
     ranks: list[RankInfo]
     pids: list[int]
+    keep: float | None  # seconds a kept cluster outlives its kernel (None: not kept)
+    keep_left: float | None  # seconds left for a notebook to attach, once its kernel is gone
 
 
 class ClustersReply(TypedDict):

@@ -288,6 +288,11 @@ class RunStore:
             raise self._db.unknown_run(rid)
         return cast(RunRow, rows[0])
 
+    def find_run(self, run_id: int) -> RunRow | None:
+        """One run, or None when this store has no such run."""
+        rows = self._db.query(_RUN_SELECT + " WHERE id = ?", (run_id,))
+        return cast(RunRow, rows[0]) if rows else None
+
     def next_run_id(self) -> int:
         """The id the next ``create_run`` gives (ids are never reused, even after a delete)."""
         rows = self._db.query(_NEXT_ID)

@@ -180,7 +180,20 @@ export function clusterHeadline(cluster: IClusterInfo): string {
   return parts.join(' · ');
 }
 
-/** "notebook train.ipynb · kernel 1234" (with "(gone)" when the kernel died). */
+/** 90 -> "1 min 30 s", 7200 -> "2 h": a keep time as people say it (as the kernel says it). */
+export function duration(seconds: number): string {
+  const s = Math.round(seconds);
+  const parts: [number, string][] = [
+    [Math.floor(s / 86400), 'd'],
+    [Math.floor((s % 86400) / 3600), 'h'],
+    [Math.floor((s % 3600) / 60), 'min'],
+    [s % 60, 's']
+  ];
+  const said = parts.filter(([v]) => v > 0).map(([v, u]) => `${v} ${u}`);
+  return said.slice(0, 2).join(' ') || '0 s';
+}
+
+/** "notebook train.ipynb · kernel 1234" (with "(gone)" when the kernel died; a kept cluster's time). */
 export function clusterOwner(cluster: IClusterInfo): string {
   const parts: string[] = [];
   if (cluster.notebook) {
@@ -189,6 +202,13 @@ export function clusterOwner(cluster: IClusterInfo): string {
   if (cluster.kernel_pid !== null) {
     const host = cluster.kernel_host ? ` on ${cluster.kernel_host}` : '';
     parts.push(`kernel ${cluster.kernel_pid}${host}${cluster.kernel_alive ? '' : ' (gone)'}`);
+  }
+  if (cluster.keep) {
+    parts.push(
+      cluster.keep_left !== null && !cluster.kernel_alive
+        ? `kept: ${duration(cluster.keep_left)} left for %dtrain attach`
+        : `kept ${duration(cluster.keep)} after its kernel ends`
+    );
   }
   return parts.length ? parts.join(' · ') : 'owner unknown';
 }

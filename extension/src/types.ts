@@ -36,6 +36,10 @@ export interface IClusterInfo {
   started_at: number | null;
   ranks: IRankInfo[];
   pids: number[];
+  /** seconds a kept cluster outlives its kernel (null: not kept) */
+  keep: number | null;
+  /** seconds left for a notebook to attach, once its kernel is gone */
+  keep_left: number | null;
 }
 
 /** matches GET /dtwork/clusters */

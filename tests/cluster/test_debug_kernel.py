@@ -9,61 +9,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from real_kernel import start_kernel
+from real_kernel import Notebook
 
 STALL = 5.0  # the watchdog's limit in this kernel: a prompt held longer must raise no alarm
-
-
-class Notebook:
-    """A real IPython kernel with dtwork and a 2-rank cluster, driven through jupyter_client."""
-
-    def __init__(self, home: Path) -> None:
-        self.km, self.kc = start_kernel(home)
-        self.kc.wait_for_ready(timeout=120)
-
-    def run(
-        self,
-        code: str,
-        answers: Callable[[str], str] | None = None,
-        timeout: float = 240,
-        heard: Callable[[str], object] | None = None,
-    ) -> str:
-        """Execute ``code`` as a notebook cell; ``answers`` replies to each input prompt, ``heard``
-        sees each output as it comes; its output (streams and errors), failing the test on an error
-        reply."""
-        out: list[str] = []
-
-        def output(msg: dict[str, Any]) -> None:
-            content = msg["content"]
-            if msg["msg_type"] == "stream":
-                out.append(content["text"])
-                if heard is not None:
-                    heard("".join(out))
-            elif msg["msg_type"] == "error":
-                out.append("\n".join(content["traceback"]))
-
-        def stdin(msg: dict[str, Any]) -> None:
-            assert answers is not None, f"unexpected prompt {msg['content']['prompt']!r}"
-            self.kc.input(answers(msg["content"]["prompt"]))
-
-        reply = self.kc.execute_interactive(
-            code, allow_stdin=True, stdin_hook=stdin, output_hook=output, timeout=timeout
-        )
-        text = "".join(out)
-        assert reply["content"]["status"] == "ok", text
-        return text
-
-    def close(self) -> None:
-        try:
-            self.run("%dtrain stop", timeout=120)
-        finally:
-            self.kc.stop_channels()
-            self.km.shutdown_kernel(now=True)
 
 
 @pytest.fixture(scope="module")

@@ -79,7 +79,9 @@ def test_directories_are_0700_and_files_0600(home: Path) -> None:
     os.chmod(home / "clusters", 0o755)  # as an older dtwork made it
     path = registry.write("dtwork-1-abcdef", {"kernel": registry.proc_record(os.getpid())})
     assert mode(home / "clusters") == 0o700 and mode(path) == 0o600
-    assert [p.name for p in (home / "clusters").iterdir()] == ["dtwork-1-abcdef.json"]  # no temp file
+    names = sorted(p.name for p in (home / "clusters").iterdir())
+    assert names == [".dtwork-1-abcdef.lock", "dtwork-1-abcdef.json"]  # its lock, no temp file
+    assert mode(home / "clusters" / ".dtwork-1-abcdef.lock") == 0o600
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")

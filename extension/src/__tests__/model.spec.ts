@@ -199,7 +199,9 @@ describe('clusters', () => {
       pid: 100 + rank,
       engine_id: rank
     })),
-    pids: [100, 101]
+    pids: [100, 101],
+    keep: null,
+    keep_left: null
   };
 
   it('summarises ranks, backend and hosts', () => {
@@ -211,6 +213,15 @@ describe('clusters', () => {
     expect(clusterOwner(cluster)).toBe('notebook train.ipynb · kernel 4242 on host-a');
     expect(clusterOwner({ ...cluster, kernel_alive: false, notebook: null })).toBe(
       'kernel 4242 on host-a (gone)'
+    );
+  });
+
+  it('says how long a kept cluster outlives its kernel, and the time left once it is gone', () => {
+    expect(clusterOwner({ ...cluster, keep: 7200 })).toBe(
+      'notebook train.ipynb · kernel 4242 on host-a · kept 2 h after its kernel ends'
+    );
+    expect(clusterOwner({ ...cluster, keep: 7200, keep_left: 3690, kernel_alive: false })).toBe(
+      'notebook train.ipynb · kernel 4242 on host-a (gone) · kept: 1 h 1 min left for %dtrain attach'
     );
   });
 

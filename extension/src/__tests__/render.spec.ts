@@ -170,7 +170,9 @@ describe('rendering', () => {
             notebook: null,
             started_at: null,
             ranks,
-            pids: []
+            pids: [],
+            keep: null,
+            keep_left: null
           }
         ]
       },

@@ -1,0 +1,100 @@
+"""A cluster that outlives its kernel (``--keep``), as a notebook meets it: real kernels through
+jupyter_client (JupyterLab's restart, a second notebook beside it, a killed kernel), 2 real gloo
+ranks, the real reaper and run store."""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+from real_kernel import Notebook
+
+from dtwork.launch import registry
+from dtwork.store.runs import RunStore
+
+START = "%load_ext dtwork\n%dtrain start -n 2 --backend gloo --timeout 120"
+TRAIN = "%%dtrain\nfor step, _ in ctx.steps(range(3)):\n    ctx.log(loss=float(step))\n"
+FACTS = "from dtwork.cluster import current\nprint(repr((current().cluster_id, current().session.run_id)))"
+GONE_WITHIN = 120.0  # keep time + the reaper's kill grace, on a busy 2-core machine
+
+
+def losses(store: Path, run: int) -> list[int]:
+    with RunStore(store, readonly=True) as s:
+        return [int(r["step"]) for r in s.metrics(run, "loss")]
+
+
+def marked(cluster_id: str) -> list[psutil.Process]:
+    """The live processes carrying the cluster's mark (controller, engines, nannies)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(registry.MARK) == cluster_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def end_all(home: Path) -> None:
+    """What a failed test left in its dtwork home (a kept cluster would wait for its time)."""
+    for path in (home / "clusters").glob("*.json"):
+        registry.kill_processes(registry.read(path).get("processes", []) if registry.read(path) else [])
+        for proc in marked(path.stem):
+            proc.kill()
+
+
+def test_a_restarted_kernel_attaches_its_kept_cluster_and_the_run_goes_on(tmp_path: Path) -> None:
+    nb, other = Notebook(tmp_path), Notebook(tmp_path)
+    try:
+        nb.run(START + " --keep 10m")
+        nb.run("%%dtrain\nx = 41 + ctx.rank")
+        nb.run(TRAIN)
+        cid, run = ast.literal_eval(nb.run(FACTS))
+        assert losses(tmp_path / "runs.sqlite", run) == [0, 1, 2]
+
+        # A second notebook cannot take a cluster its kernel still drives.
+        refused = other.fails("%load_ext dtwork\n%dtrain attach")
+        assert "driven by" in refused and "one notebook drives a cluster at a time" in refused, refused
+
+        nb.km.restart_kernel(now=False)  # JupyterLab's Restart Kernel: a clean exit, atexit and all
+        nb.kc.wait_for_ready(timeout=120)
+        offer = nb.run(START)
+        assert f"%dtrain attach {cid} takes it up" in offer, offer  # it started nothing
+        out = nb.run("%dtrain attach")
+        assert f"attached to {cid}" in out and f"run #{run} goes on" in out, out
+        assert "[41, 42]" in nb.run("from dtwork.cluster import current\nprint(current().pull('x'))")
+        nb.run(TRAIN)
+        assert losses(tmp_path / "runs.sqlite", run) == [0, 1, 2, 3, 4, 5]  # one run, one step axis
+
+        refused = other.fails("%dtrain attach")  # now the new kernel drives it
+        assert "driven by" in refused, refused
+    finally:
+        other.close(stop=False)
+        nb.close()
+        end_all(tmp_path)
+
+
+def test_a_kept_cluster_nobody_attaches_to_ends_when_its_time_is_up(tmp_path: Path) -> None:
+    nb = Notebook(tmp_path)
+    try:
+        nb.run(START + " --keep 3s")
+        nb.run(TRAIN)
+        cid, run = ast.literal_eval(nb.run(FACTS))
+        entry = tmp_path / "clusters" / f"{cid}.json"  # the kernel's registry: its own dtwork home
+        assert entry.exists() and marked(cid), "the cluster is registered, its processes carry its mark"
+        os.kill(int(nb.km.provisioner.pid), signal.SIGKILL)
+        deadline = time.monotonic() + GONE_WITHIN
+        while (entry.exists() or marked(cid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not entry.exists() and not marked(cid), [p.cmdline() for p in marked(cid)]
+        with RunStore(tmp_path / "runs.sqlite", readonly=True) as s:
+            assert s.get_run(run)["status"] == "interrupted"
+            said = [e["message"] for e in s.events(run)]
+        assert any("no notebook attached within its keep time (3 s)" in m for m in said), said
+    finally:
+        nb.close(stop=False)
+        end_all(tmp_path)
