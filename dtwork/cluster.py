@@ -370,6 +370,7 @@ def attach(cluster_id: str | None = None) -> Cluster:
 
     before, now = kept.claim(cluster_id, notebook_name())  # refused while another kernel drives it
     try:
+        kept.wait_idle(now)
         cluster = Cluster(spec=kept.spec_of(now))
         held = cluster.engines.attach(now)
         cluster.session.resume(held.get("run_id"))

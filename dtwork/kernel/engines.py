@@ -280,6 +280,7 @@ class EngineGroup:
                 "interface": self.interface,
                 "engine_timeout": self.spec.engine_timeout,
                 "reaper": self._reaper_rec,
+                "stacks": joined.stacks.to_entry() if joined.stacks.where else None,
             },
         )
         if self._reaper_rec is None or not registry.alive(self._reaper_rec):

@@ -10,11 +10,13 @@ stays on the ranks; ``EngineGroup.attach`` and ``Session.resume`` take it up.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from dtwork.errors import DtworkError
 from dtwork.kernel import calls
+from dtwork.kernel import stacks as rank_stacks
 from dtwork.kernel.spec import ClusterSpec
 from dtwork.launch import registry
 
@@ -120,3 +122,22 @@ def spec_of(entry: Mapping[str, Any]) -> ClusterSpec:
         store=entry.get("store"),
         keep=entry.get("keep"),
     )
+
+
+def wait_idle(entry: Mapping[str, Any], poll: float = 1.0, say_every: float = 60.0) -> None:
+    """Wait until the ranks end the cell the last kernel started: a cell goes on training when its
+    kernel dies, and the ranks take no request until it ends. Ctrl-C stops waiting."""
+    where = entry.get("stacks")
+    if not isinstance(where, Mapping):
+        return
+    channels, said = rank_stacks.StackChannels.of_entry(where), -say_every
+    while busy := rank_stacks.busy(channels):
+        if time.monotonic() - said >= say_every:
+            doing = "; ".join(f"rank {r}: {what}" for r, what in sorted(busy.items()))
+            print(
+                f"dtwork: the ranks still run the cell the last kernel started ({doing}); attach waits for "
+                "its end (its records since that kernel ended are not stored); Ctrl-C stops waiting",
+                flush=True,
+            )
+            said = time.monotonic()
+        time.sleep(poll)

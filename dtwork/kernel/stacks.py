@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import ipyparallel as ipp
 
@@ -42,6 +43,15 @@ class StackChannels:
     where: dict[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (address, port)
     processes: dict[int, str] = field(default_factory=dict)  # rank -> "PID on HOST", for py-spy
 
+    def to_entry(self) -> dict[str, object]:
+        """As the registry entry keeps it (0600: the token is no one else's), for a kernel that attaches."""
+        return {"token": self.token, "where": {str(r): list(w) for r, w in self.where.items()}}
+
+    @classmethod
+    def of_entry(cls, data: Mapping[str, Any]) -> StackChannels:
+        where = {int(r): (str(w[0]), int(w[1])) for r, w in dict(data.get("where") or {}).items()}
+        return cls(str(data.get("token") or ""), where)
+
 
 def arm(
     client: ipp.Client, rank_info: list[EngineReply], probes: Mapping[int, EngineReply], iface: str | None
@@ -56,6 +66,12 @@ def arm(
     where = {rank: (addr, int(ar.get(timeout=ARM_SECONDS))) for rank, (addr, ar) in asked.items()}
     processes = {info["rank"]: f"{info.get('pid')} on {info.get('hostname')}" for info in rank_info}
     return StackChannels(token, where, processes)
+
+
+def busy(channels: StackChannels) -> dict[int, str]:
+    """The ranks that run a cell now, with what each does (one line); none when none answers."""
+    got = ask(channels, sorted(channels.where)).by_rank
+    return {r: _doing(snap)[0] for r, snap in got.items() if isinstance(snap, dict) and snap.get("in_cell")}
 
 
 def ask(channels: StackChannels, ranks: list[int], timeout: float = ASK_SECONDS) -> RankStacks:

@@ -54,6 +54,7 @@ _OPTIONAL: dict[str, tuple[type, ...]] = {
     "timeout": (int, float),
     "interface": (str,),
     "engine_timeout": (int,),
+    "stacks": (dict,),  # where the ranks answer stack requests, and the token (kernel.stacks)
 }
 # ipyparallel puts the cluster's id in the environment of every process it launches (controller,
 # engines, mpiexec or srun); their children (an engine's nanny) inherit it.

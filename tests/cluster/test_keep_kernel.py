@@ -98,3 +98,42 @@ def test_a_kept_cluster_nobody_attaches_to_ends_when_its_time_is_up(tmp_path: Pa
     finally:
         nb.close(stop=False)
         end_all(tmp_path)
+
+
+LONG = """%%dtrain
+import os, time
+for step, _ in ctx.steps(range(40)):
+    ctx.log(loss=float(step))
+    if step == 3 and ctx.rank == 0:
+        open(MARK, "w").close()
+    time.sleep(0.1)
+done = step
+"""
+
+
+def test_a_cell_training_when_its_kernel_is_killed_trains_on_and_attach_waits_for_its_end(
+    tmp_path: Path,
+) -> None:
+    nb = Notebook(tmp_path)
+    again = None
+    try:
+        nb.run(START + " --keep 10m")
+        cid, _ = ast.literal_eval(nb.run(FACTS))
+        mark = tmp_path / "training"
+        nb.kc.execute(LONG.replace("MARK", repr(str(mark))))  # not waited for: the kernel dies in it
+        deadline = time.monotonic() + GONE_WITHIN
+        while not mark.exists():
+            assert time.monotonic() < deadline, "the cell reached step 3"
+            time.sleep(0.05)
+        os.kill(int(nb.km.provisioner.pid), signal.SIGKILL)
+        again = Notebook(tmp_path)
+        out = again.run("%load_ext dtwork\n%dtrain attach")
+        assert (
+            "the ranks still run the cell the last kernel started" in out and f"attached to {cid}" in out
+        ), out
+        assert "[39, 39]" in again.run("%%dtrain --rank0\nprint([done, done])"), "the cell trained to its end"
+    finally:
+        if again is not None:
+            again.close()
+        nb.close(stop=False)
+        end_all(tmp_path)
