@@ -232,7 +232,7 @@ def test_slurm_inside_an_allocation_starts_the_engines_as_an_srun_step(tmp_path:
 
 KERNEL = """
 import json, sys, dtwork
-c = dtwork.start(n=2, backend="gloo", launcher=sys.argv[1])
+c = dtwork.start(n=2, backend="gloo", launcher=sys.argv[1], keep=sys.argv[2] if sys.argv[2:] else None)
 c.run("import torch.distributed as dist; t = __import__('torch').ones(1); dist.all_reduce(t)", quiet=True)
 entry = json.load(open(dtwork.launch.registry.entry_path(c.cluster_id)))
 print(json.dumps({"cluster": c.cluster_id, "jobs": entry["jobs"], "pids": [p["pid"] for p in entry["processes"]]}), flush=True)
@@ -241,11 +241,14 @@ time.sleep(600)
 """
 
 
-def _kill_kernel_mid_run(tmp_path: Path, launcher: str) -> dict:
+def _kill_kernel_mid_run(tmp_path: Path, launcher: str, keep: str | None = None) -> dict:
     script = tmp_path / "kernel.py"
     script.write_text(KERNEL)
     proc = subprocess.Popen(
-        [sys.executable, str(script), launcher], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+        [sys.executable, str(script), launcher, *([keep] if keep else [])],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
     )
     try:
         line = ""
@@ -256,6 +259,13 @@ def _kill_kernel_mid_run(tmp_path: Path, launcher: str) -> dict:
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
+    if keep:  # the cluster outlives its kernel, job and all, until its keep time is up
+        entry = registry.entry_path(info["cluster"])
+        wait_for(
+            lambda: "orphaned_at" in json.loads(entry.read_text()), 30, "the reaper to see the kernel gone"
+        )
+        assert _alive(info["pids"]) and squeue_jobs() == info["jobs"], "kept: engines and job are there"
+        wait_for(lambda: not entry.exists(), 120, "the reaper to end the cluster when its time is up")
     wait_for(lambda: not _alive(info["pids"]), 30, f"the reaper to end {_alive(info['pids'])}")
     wait_for(lambda: not _cluster_processes(info["cluster"]), 30, "no process naming the cluster")
     return info
@@ -265,6 +275,12 @@ def _kill_kernel_mid_run(tmp_path: Path, launcher: str) -> dict:
 def test_slurm_kernel_killed_mid_run_gets_its_job_cancelled(tmp_path: Path) -> None:
     info = _kill_kernel_mid_run(tmp_path, "slurm")
     assert len(info["jobs"]) == 1
+    wait_for(lambda: not squeue_jobs(), 30, f"the reaper to scancel job {info['jobs']}")
+
+
+@pytest.mark.usefixtures("slurm")
+def test_a_kept_slurm_cluster_keeps_its_job_after_a_kernel_kill_until_its_time_is_up(tmp_path: Path) -> None:
+    info = _kill_kernel_mid_run(tmp_path, "slurm", keep="15s")
     wait_for(lambda: not squeue_jobs(), 30, f"the reaper to scancel job {info['jobs']}")
 
 
