@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
-from dtwork.kernel import segments
+from dtwork.kernel import kept, segments
 from dtwork.kernel.background import BackgroundCell
 from dtwork.kernel.engines import EngineGroup
 from dtwork.kernel.progress import Progress
@@ -128,9 +128,9 @@ class Session:
 
     def resume(self, run_id: object) -> None:
         """Go on with the ranks' run (a kept cluster just attached) if it is this cluster's and running."""
-        run = self.store.find_run(run_id) if isinstance(run_id, int) else None  # None: not in this store
-        if run and run["status"] == "running" and run["cluster_id"] == self.engines.cluster_id:
-            self.run_id = self.book.ranks_run = run["id"]
+        run = kept.resumable(self.store, run_id, self.engines.cluster_id)  # its orphaned cell closed
+        if run is not None:
+            self.run_id = self.book.ranks_run = run
             self.event("attach", f"a notebook attached (kernel pid {os.getpid()})")
 
     def new_run(self) -> None:

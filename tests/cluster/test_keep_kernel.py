@@ -132,6 +132,11 @@ def test_a_cell_training_when_its_kernel_is_killed_trains_on_and_attach_waits_fo
             "the ranks still run the cell the last kernel started" in out and f"attached to {cid}" in out
         ), out
         assert "[39, 39]" in again.run("%%dtrain --rank0\nprint([done, done])"), "the cell trained to its end"
+        _, run = ast.literal_eval(again.run(FACTS))
+        with RunStore(tmp_path / "runs.sqlite", readonly=True) as s:
+            cells = s.cells(run)
+        assert [c["status"] for c in cells] == ["interrupted", "ok"], cells
+        assert "its kernel died while it ran" in str(cells[0]["error"])
     finally:
         if again is not None:
             again.close()
