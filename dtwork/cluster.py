@@ -7,6 +7,7 @@ see the same list, so a cluster started from Python is the one ``%%dtrain`` cell
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -71,6 +72,8 @@ class Cluster:
         elif n is not None or options:
             raise TypeError("Cluster takes a spec or its options, not both")
         cfg = load_config(spec.config)
+        if spec.keep is None and cfg.keep is not None:  # the config's keep time, unless --keep says
+            spec = dataclasses.replace(spec, keep=cfg.keep)
         notebook = notebook_name()
         # Resolved once: a later change of the working folder must not move the run store.
         store_file = store_path(spec.store)

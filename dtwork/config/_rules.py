@@ -7,6 +7,7 @@ these signatures marks that parser boundary, and the config's free-form mappings
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, NoReturn
 
 from dtwork.errors import ConfigError
+from dtwork.shared import durations
 
 LENGTH_UNITS = ("batches", "records", "epochs")
 
@@ -77,6 +79,7 @@ _KIND_TEXT = {
     "choice": ("one of {choices}", ""),
     "betas": ("a list of two numbers in [0, 1)", "tuple[float, float]"),
     "mapping": ("a mapping with string keys", "dict[str, Any]"),
+    "duration": ("a duration such as 2h, 30m, 90s or seconds, more than 0", "float (s) | str"),
     "length": (
         "a length like {{batches: 100}} (batches, records or epochs >= 1)",
         "{batches|records|epochs: int}",
@@ -182,6 +185,9 @@ def check(label: str, path: str, value: Any, rule: Rule, extra: str = "") -> Any
             return Length(unit, int(count))
     elif kind == "mapping":
         return mapping(label, path, value)
+    elif kind == "duration" and not isinstance(value, bool):
+        with contextlib.suppress(ValueError):
+            return durations.parse(value)
     fail(label, path, f"expected {rule.expected()}{extra}, got {show(value)}{hint}")
 
 

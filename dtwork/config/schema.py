@@ -167,6 +167,8 @@ class ExperimentConfig(_Section):  # wide: one field per top-level key of a Dete
     hyperparameters: dict[str, Any] = field(default_factory=dict, metadata={"rule": MAPPING})
     data: dict[str, Any] = field(default_factory=dict, metadata={"rule": MAPPING})
     tensorboard: str | None = leaf(None, STR_OPT)
+    # dtwork's own: how long the cluster outlives its kernel (%dtrain start --keep), in seconds
+    keep: float | None = leaf(None, Rule("duration", optional=True))
     # The Determined fields this file set that dtwork ignores, as one line for the user.
     notes: tuple[str, ...] = field(default=(), compare=False, repr=False, metadata={"derived": True})
 

@@ -33,6 +33,7 @@ from typing import Any, cast
 import psutil
 
 from dtwork.errors import DtworkError, DtworkWarning
+from dtwork.shared import durations
 
 CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 # optional fields the panel reads, with the JSON types each may have
@@ -447,27 +448,12 @@ def orphans() -> list[dict[str, Any]]:
 
 def duration(seconds: float) -> str:
     """``90`` -> ``1 min 30 s``; ``7200`` -> ``2 h``: a keep time as people say it."""
-    s = round(seconds)
-    parts = [(s // 86400, "d"), (s % 86400 // 3600, "h"), (s % 3600 // 60, "min"), (s % 60, "s")]
-    said = [f"{v} {u}" for v, u in parts if v]
-    return " ".join(said[:2]) or "0 s"
-
-
-_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+    return durations.said(seconds)
 
 
 def parse_duration(text: object) -> float:
-    """A keep time: seconds as a number, or ``90s``, ``30m``, ``2h``, ``1d`` (a one-line error else)."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = float(text)
-    else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*", str(text))
-        if m is None:
-            raise DtworkError(
-                f"keep time {str(text)[:40]!r} is not a duration: use seconds or a number with s, m, h or d "
-                "(e.g. --keep 2h)"
-            )
-        value = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-    if not math.isfinite(value) or value <= 0:
-        raise DtworkError(f"keep time must be more than 0 s, got {text!r}: e.g. --keep 30m")
-    return value
+    """A keep time in seconds (``90``, ``90s``, ``30m``, ``2h``, ``1d``); a one-line error else."""
+    try:
+        return durations.parse(text)
+    except ValueError as exc:
+        raise DtworkError(f"{exc}: --keep takes it") from None

@@ -166,3 +166,13 @@ def test_only_a_kept_cluster_can_be_attached_and_none_is_said_in_one_line(
         kept.claim("dtwork-1-keep03", None)
     with pytest.raises(DtworkError, match="no cluster dtwork-1-nope on this host"):
         kept.claim("dtwork-1-nope", None)
+
+
+def test_the_configs_keep_time_is_the_starts_unless_keep_says(home: Path) -> None:
+    from dtwork.cluster import Cluster
+
+    assert Cluster(2, backend="gloo", config={"keep": "30m"}).engines.spec.keep_seconds == 1800
+    assert Cluster(2, backend="gloo", config={"keep": "30m"}, keep="2h").engines.spec.keep_seconds == 7200
+    assert Cluster(2, backend="gloo").engines.spec.keep_seconds is None
+    with pytest.raises(DtworkError, match="keep time 'soon' is not a duration"):
+        Cluster(2, backend="gloo", keep="soon")
