@@ -112,10 +112,20 @@ class Cluster:
 
     def stop(self) -> None:
         """End the session's run, stop every engine and the controller."""
-        if self.state in ("stopped", "new"):
+        if self.state in ("stopped", "new", "detached"):  # a detached cluster is no longer this kernel's
             return
         self.session.close()
         self.engines.stop()
+
+    def detach(self) -> None:
+        """Let go of a kept cluster without stopping it, for another notebook's ``%dtrain attach``:
+        its ranks, names and run stay; its keep time runs from now."""
+        self.refresh()
+        if self.session.background is not None:
+            raise DtworkError("a background cell is running: %dtrain wait for it, then detach")
+        self.engines.detach()  # refused, with nothing changed, unless the cluster is kept
+        self.session.event("detach", f"the notebook let go (kernel pid {os.getpid()})")
+        self.session.stores.close()
 
     def restart(self, force: bool = False) -> Cluster:
         """Stop and start again with the same ranks and settings (fresh engines and process group).

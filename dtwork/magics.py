@@ -102,6 +102,15 @@ class DtrainMagics(Magics):
         print(f"dtwork: stopped {', '.join(c.cluster_id for c in live)}")
         return None
 
+    def _sub_detach(self, argv: list[str]) -> None:
+        PARSERS["detach"]().parse_args(argv)
+        cluster = current()
+        cluster.detach()
+        print(
+            f"dtwork: let go of {cluster.cluster_id}: %dtrain attach {cluster.cluster_id} in another notebook"
+        )
+        return None
+
     def _sub_restart(self, argv: list[str]) -> None:
         PARSERS["restart"]().parse_args(argv)
         started = _clusters()

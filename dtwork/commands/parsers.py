@@ -45,6 +45,7 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
                   reload the notebook folder's modules edited on disk before each cell (on)
   wait            bring a background (--bg) cell back: live view, wait for its end
   attach [ID]     drive a kept cluster (--keep) whose kernel ended: names, ctx and run go on
+  detach          let go of this kernel's kept cluster, for another notebook's attach
   scaling [--slots 1,2] [--weak|--strong] [--steps K] [--shape C,H,W] [--batch B] MODEL_EXPR
                   throughput and scaling efficiency on synthetic data, by world size
   throughput --data LOADER_EXPR [--steps K] [--rounds N] MODEL_EXPR
@@ -220,6 +221,7 @@ PARSERS: dict[str, Callable[[], _Parser]] = {
     "autoreload": lambda: _one_arg("autoreload"),
     "wait": _bare("wait"),
     "attach": lambda: _one_arg("attach", "cluster_id", choices=None),
+    "detach": _bare("detach"),
     "report": _report_parser,
     "scaling": _scaling_parser,
     "throughput": _throughput_parser,

@@ -321,6 +321,16 @@ class EngineGroup:
         registry.await_exit(self._reaper_rec)  # its entry gone, it ends by itself
         self._reaper_rec = None
 
+    def detach(self) -> None:
+        """Let go of a kept cluster without stopping it: it waits for a notebook to attach, its keep
+        time running from now, as if this kernel had ended."""
+        if not self.spec.keep_seconds:
+            raise DtworkError("only a kept cluster can be detached: start it with --keep (e.g. --keep 2h)")
+        registry.let_go(self.cluster_id)
+        self.procs.detach()
+        self._reaper_rec = None
+        self._set_state("detached")
+
     def restart(self, force: bool = False) -> None:
         """Stop and start again with the same ranks and settings (fresh engines and process group)."""
         if self.state not in ("stopped", "new"):

@@ -441,6 +441,17 @@ def ended_why(entry: Mapping[str, object]) -> str:
     return "the kernel died"
 
 
+def let_go(cluster_id: str) -> None:
+    """A kept cluster's kernel lets go of it (``%dtrain detach``): its entry names a kernel record no
+    process matches (this kernel's PID, for who drove it last), its keep time running from now."""
+    with locked(cluster_id):
+        entry = read(entry_path(cluster_id))
+        if entry is None:
+            raise DtworkError(f"{cluster_id} is gone (stopped outside this kernel)")
+        gone = {"pid": os.getpid(), "create_time": 0.0}
+        write(cluster_id, {**entry, "kernel": gone, "orphaned_at": time.time()})
+
+
 def orphans() -> list[dict[str, Any]]:
     """This host's kept clusters whose kernel is gone, waiting for a notebook to attach."""
     return [e for e in entries() if e["local"] and not e["kernel_alive"] and waiting(e)]
