@@ -110,7 +110,7 @@ def test_smoke_run_measures_everything_and_fills_the_pages_tables(tmp_path: Path
     assert held["fsdp"] * 2 == held["ddp"]  # half the model on each rank
 
     ids = [t["id"] for t in r["targets"]]
-    assert ids == ["2a", "2b", "2c-mlp", "2c-mlp-runs", "2c-convnet", "2c-convnet-runs", "2d", "3-mlp",
+    assert ids == ["2a", "47-ratio", "47-attach", "2b", "2c-mlp", "2c-mlp-runs", "2c-convnet", "2c-convnet-runs", "2d", "3-mlp",
                    "3-convnet", "4-mlp", "4-convnet", "22-script", "22-wrap", "22-steps", "25-cpu",
                    "25-redraw", "8-time"]  # fmt: skip
     for t in r["targets"]:

@@ -280,7 +280,7 @@ def test_slurm_kernel_killed_mid_run_gets_its_job_cancelled(tmp_path: Path) -> N
 
 @pytest.mark.usefixtures("slurm")
 def test_a_kept_slurm_cluster_keeps_its_job_after_a_kernel_kill_until_its_time_is_up(tmp_path: Path) -> None:
-    info = _kill_kernel_mid_run(tmp_path, "slurm", keep="15s")
+    info = _kill_kernel_mid_run(tmp_path, "slurm", keep="5s")
     wait_for(lambda: not squeue_jobs(), 30, f"the reaper to scancel job {info['jobs']}")
 
 
