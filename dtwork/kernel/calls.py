@@ -226,6 +226,23 @@ def call_on_ranks(
         raise RankFailure(f"{name} failed: {ename}: {evalue}") from None
 
 
+def settle(view: ipp.DirectView, tries: int = 40) -> None:
+    """Wait until ranks that raised stop aborting requests (ipykernel aborts what arrives right after
+    an error), so the next cell is not refused with TaskAborted."""
+    for _ in range(tries):
+        try:
+            view.execute("", silent=True, block=False).get(timeout=5)
+            return
+        except ipp.error.TaskAborted:
+            time.sleep(0.05)
+        except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
+            if "TaskAborted" not in str(exc):
+                return
+            time.sleep(0.05)
+        except Exception:
+            return
+
+
 def pull_by_rank(view: ipp.DirectView, name: str) -> list[object]:
     """Fetch ``name`` from every engine's namespace of ``view``; a list by rank."""
     if not isinstance(name, str) or not name.isidentifier():

@@ -34,7 +34,7 @@ from dtwork.kernel.processes import EngineProcesses
 from dtwork.kernel.replies import ClusterStatus, EngineReply
 from dtwork.kernel.spec import ClusterSpec
 from dtwork.kernel.stacks import RankStacks
-from dtwork.launch import launchers, registry, rendezvous
+from dtwork.launch import launchers, leases, registry, rendezvous
 from dtwork.runtime import entry
 from dtwork.shared import devices, telemetry
 
@@ -56,12 +56,12 @@ class EngineGroup:
         remote = (
             spec.profile or self.launcher.remote
         )  # engines may be elsewhere: this host's GPUs say nothing
-        gpus = None if remote else len(devices.visible([g.to_dict() for g in telemetry.cuda_devices()]))
-        n = spec.n
-        if n is None:
-            n = config.resources.slots_per_trial
-            if gpus is not None:
-                check_slots(n, global_batch_size, gpus, spec.backend, os.cpu_count() or 1)
+        visible = None if remote else devices.visible([g.to_dict() for g in telemetry.cuda_devices()])
+        n = config.resources.slots_per_trial if spec.n is None else spec.n
+        # The GPUs no other live cluster holds: the ones this start may have (leases).
+        gpus = None if visible is None else leases.usable(visible, socket.gethostname(), n, spec.backend)
+        if spec.n is None and gpus is not None:
+            check_slots(n, global_batch_size, gpus, spec.backend, os.cpu_count() or 1)
         self.n, self.backend = rendezvous.validate_request(
             n, spec.backend, gpus, timeout=spec.timeout, global_batch_size=global_batch_size
         )
@@ -133,6 +133,7 @@ class EngineGroup:
         t0 = time.perf_counter()
         self._set_state("starting")
         try:
+            self._lease()
             self._start_engines()
             self._register()
             self._join_process_group()
@@ -149,6 +150,16 @@ class EngineGroup:
         """Whether this host has a core beyond one per local engine and one for the kernel."""
         local = 0 if self.profile else self.n  # a profile's engines may start elsewhere
         return (os.cpu_count() or 1) > local + 1
+
+    def _lease(self) -> None:
+        """Reserve this host's GPUs for the ranks and register them before anything launches."""
+        if self.backend == "nccl" and not (self.profile or self.launcher.remote):
+            visible = devices.visible([g.to_dict() for g in telemetry.cuda_devices()])
+            leases.take(self.n, visible, socket.gethostname(), self.cluster_id, self._leased)
+
+    def _leased(self, lease: leases.Lease) -> None:
+        self.joined.lease = lease
+        self._register()
 
     def _start_engines(self) -> None:
         kwargs: dict[str, object] = {
@@ -184,7 +195,10 @@ class EngineGroup:
         self.backend, note = devices.choose_backend(self.spec.backend, probes)  # from what torch can use
         if note:
             calls.show_warnings([note])
-        joined.ranks = rendezvous.assign_ranks(probes, use_gpus=self.backend == "nccl", first_host=host)
+        if self.backend != "nccl":
+            joined.lease = None  # ranks on CPU hold no GPU: the entry written next lets them go
+        pinning = leases.restrict(probes, joined.lease) if joined.lease else probes
+        joined.ranks = rendezvous.assign_ranks(pinning, use_gpus=self.backend == "nccl", first_host=host)
         if self.launcher.remote:
             joined.ranks = launchers.order_ranks(client, joined.ranks, probes, self.backend == "nccl")
         joined.probes = probes
@@ -281,6 +295,7 @@ class EngineGroup:
                 "engine_timeout": self.spec.engine_timeout,
                 "reaper": self._reaper_rec,
                 "stacks": joined.stacks.to_entry() if joined.stacks.where else None,
+                "gpus": joined.lease,
             },
         )
         if self._reaper_rec is None or not registry.alive(self._reaper_rec):
@@ -391,7 +406,6 @@ class EngineGroup:
 
     def environment(self) -> dict[str, object]:
         """Versions, hosts, devices and seeds of what the ranks run (no secrets)."""
-
         return calls.environment(self.backend, self.rank_info, self.config.seed)
 
     def status(self) -> ClusterStatus:
@@ -431,22 +445,9 @@ class EngineGroup:
         return self.procs.view(client, tuple(self.engine_ids(ranks)))
 
     def settle(self, ranks: list[int], tries: int = 40) -> None:
-        """Wait until ranks that raised stop aborting requests (ipykernel aborts what arrives
-        right after an error), so the next cell is not refused with TaskAborted."""
-        if not ranks or self.state != "running":
-            return
-        for _ in range(tries):
-            try:
-                self.view(ranks).execute("", silent=True, block=False).get(timeout=5)
-                return
-            except ipp.error.TaskAborted:
-                time.sleep(0.05)
-            except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
-                if "TaskAborted" not in str(exc):
-                    return
-                time.sleep(0.05)
-            except Exception:
-                return
+        """Wait until ranks that raised stop aborting requests (see ``calls.settle``)."""
+        if ranks and self.state == "running":
+            calls.settle(self.view(ranks), tries)
 
     def call(
         self,

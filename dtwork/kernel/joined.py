@@ -25,6 +25,7 @@ class Joined:
     started_at: float | None = None
     start_seconds: float | None = None
     stacks: StackChannels = field(default_factory=StackChannels)  # where each rank serves its stacks
+    lease: dict[str, Any] | None = None  # the GPUs of this host the ranks hold (launch.leases)
 
     @classmethod
     def of_entry(cls, entry: Mapping[str, Any]) -> Joined:
@@ -38,4 +39,5 @@ class Joined:
             master_addr=addr or None,
             master_port=int(port) if port.isdigit() else None,
             started_at=entry.get("started_at"),
+            lease=entry.get("gpus"),
         )

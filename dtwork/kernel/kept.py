@@ -37,6 +37,9 @@ def describe(entry: Mapping[str, Any]) -> str:
     """One line: a cluster's id, ranks, and whether it waits for a notebook (with its time left)."""
     ranks = len(entry.get("ranks") or []) or entry.get("n") or "?"
     what = f"{entry['cluster_id']}: {ranks} ranks, {entry.get('backend') or '?'}"
+    pinned = [str(r["gpu"]) for r in entry.get("ranks") or [] if r.get("gpu") is not None]
+    leased = (entry.get("gpus") or {}).get("uuids") or []  # held from before its ranks are pinned
+    what += f" on GPU {', '.join(pinned)}" if pinned else f" holding {len(leased)} GPU(s)" if leased else ""
     keep = entry.get("keep")
     if entry.get("kernel_alive", True):
         kept = f", kept {registry.duration(keep)} after its kernel ends" if keep else ""

@@ -56,6 +56,7 @@ _OPTIONAL: dict[str, tuple[type, ...]] = {
     "interface": (str,),
     "engine_timeout": (int,),
     "stacks": (dict,),  # where the ranks answer stack requests, and the token (kernel.stacks)
+    "gpus": (dict,),  # the GPUs of this host the cluster holds: {"host", "uuids"} (launch.leases)
 }
 # ipyparallel puts the cluster's id in the environment of every process it launches (controller,
 # engines, mpiexec or srun); their children (an engine's nanny) inherit it.

@@ -30,24 +30,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def engine() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(["sleep", "120"])
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-@pytest.fixture
-def dead_kernel() -> dict[str, Any]:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    rec = registry.proc_record(proc.pid)
-    proc.wait()
-    assert rec is not None
-    return rec
-
-
-@pytest.fixture
 def reaper() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
     yield started
@@ -117,30 +99,30 @@ def test_durations_are_said_in_their_two_largest_units() -> None:
 
 def test_the_reaper_waits_the_keep_time_then_ends_the_cluster(
     home: Path,
-    engine: subprocess.Popen[bytes],
+    sleeper: subprocess.Popen[bytes],
     dead_kernel: dict[str, Any],
     reaper: list[subprocess.Popen[bytes]],
 ) -> None:
-    path = register("dtwork-1-keep01", dead_kernel, engine, keep=2.0)
+    path = register("dtwork-1-keep01", dead_kernel, sleeper, keep=2.0)
     t0 = time.time()
     start_reaper(path, reaper)
     until(
         lambda: (registry.read(path) or {}).get("orphaned_at") is not None, "the reaper notes the kernel gone"
     )
-    assert engine.poll() is None, "a kept cluster outlives its kernel"
+    assert sleeper.poll() is None, "a kept cluster outlives its kernel"
     assert kept.in_folder() and "waiting for a notebook to attach" in kept.describe(registry.entries()[0])
-    until(lambda: engine.poll() is not None and not path.exists(), "the reaper ends it when its time is up")
+    until(lambda: sleeper.poll() is not None and not path.exists(), "the reaper ends it when its time is up")
     assert time.time() - t0 >= 2.0
     assert reaper[0].wait(timeout=BOUND) == 0
 
 
 def test_a_claimed_cluster_is_followed_and_a_second_claim_is_refused(
     home: Path,
-    engine: subprocess.Popen[bytes],
+    sleeper: subprocess.Popen[bytes],
     dead_kernel: dict[str, Any],
     reaper: list[subprocess.Popen[bytes]],
 ) -> None:
-    path = register("dtwork-1-keep02", dead_kernel, engine, keep=1.0, notebook="train.ipynb")
+    path = register("dtwork-1-keep02", dead_kernel, sleeper, keep=1.0, notebook="train.ipynb")
     start_reaper(path, reaper)
     until(
         lambda: (registry.read(path) or {}).get("orphaned_at") is not None, "the reaper notes the kernel gone"
@@ -153,15 +135,15 @@ def test_a_claimed_cluster_is_followed_and_a_second_claim_is_refused(
     with pytest.raises(DtworkError, match=r"driven by notebook other.ipynb .*one notebook drives"):
         kept.claim("dtwork-1-keep02", "third.ipynb")
     kept.release(before)  # an attach that failed: the old driver again, its time running on
-    until(lambda: engine.poll() is not None, "given back, the cluster ends when its time is up")
+    until(lambda: sleeper.poll() is not None, "given back, the cluster ends when its time is up")
 
 
 def test_only_a_kept_cluster_can_be_attached_and_none_is_said_in_one_line(
-    home: Path, engine: subprocess.Popen[bytes], dead_kernel: dict[str, Any]
+    home: Path, sleeper: subprocess.Popen[bytes], dead_kernel: dict[str, Any]
 ) -> None:
     with pytest.raises(DtworkError, match="no kept cluster on this host.*--keep"):
         kept.claim(None, None)
-    register("dtwork-1-keep03", dead_kernel, engine, keep=0)
+    register("dtwork-1-keep03", dead_kernel, sleeper, keep=0)
     with pytest.raises(DtworkError, match="is not kept"):
         kept.claim("dtwork-1-keep03", None)
     with pytest.raises(DtworkError, match="no cluster dtwork-1-nope on this host"):

@@ -11,9 +11,8 @@ import os
 import pwd
 import stat
 import subprocess
-import sys
 import warnings
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -33,25 +32,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "dtwork-home"
     monkeypatch.setenv("DTWORK_HOME", str(path))
     return path
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(["sleep", "120"])
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-@pytest.fixture(scope="module")
-def dead_kernel() -> dict[str, Any]:
-    """The record of a kernel that has exited (dead on this host)."""
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    rec = registry.proc_record(proc.pid)
-    proc.wait()
-    assert rec is not None
-    return rec
 
 
 def mode(path: Path) -> int:
