@@ -365,6 +365,29 @@ def kernel_no_cuda_context(d: Drive) -> dict[str, Any]:
     }
 
 
+def gpu_lease(d: Drive) -> dict[str, Any]:
+    """With the cluster holding every GPU, a second start asking for one is refused at once, naming it
+    (issue 48's leases), and its entry names the GPUs it holds."""
+    d.need_gpu()
+    c = d.need_cluster()
+    from dtwork import Cluster
+    from dtwork.errors import DtworkError
+    from dtwork.launch import registry
+
+    entry = registry.read(registry.entry_path(c.cluster_id)) or {}
+    t0 = time.perf_counter()
+    try:
+        Cluster(1, timeout=60).start()
+        said, refused = "started", False
+    except DtworkError as exc:
+        said, refused = str(exc), True
+    took = time.perf_counter() - t0
+    held = (entry.get("gpus") or {}).get("uuids") or []
+    pinned = sorted(str(r.get("gpu_uuid")) for r in c.rank_info)
+    ok = refused and c.cluster_id in said and took < 1.0 and sorted(held) == pinned
+    return {"ok": ok, "refused_in_s": took, "said": said, "lease": held, "pinned": pinned}
+
+
 def mlp_profile(d: Drive) -> dict[str, Any]:
     """Where an MLP step's time goes on the rank: the bare loop, torch's DDP, ctx.steps without and with
     ctx.log, in turns in one process; a cProfile of ctx.steps; the CUDA syncs and copies per variant."""
@@ -480,6 +503,7 @@ CHECKS = [
     turns,
     gpu_rows,
     kernel_no_cuda_context,
+    gpu_lease,
     mlp_profile,
     fsdp_amp,
     stop,

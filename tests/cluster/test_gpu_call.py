@@ -19,6 +19,7 @@ CHECKS = [
     "turns",
     "gpu_rows",
     "kernel_no_cuda_context",
+    "gpu_lease",
     "mlp_profile",
     "fsdp_amp",
     "stop",
@@ -26,7 +27,7 @@ CHECKS = [
     "doctor",
     "pytest_gpu",
 ]
-GPU_ONLY = ["gpu_rows", "kernel_no_cuda_context", "hooks", "doctor", "pytest_gpu"]
+GPU_ONLY = ["gpu_rows", "kernel_no_cuda_context", "gpu_lease", "hooks", "doctor", "pytest_gpu"]
 LACKING = [
     "ipyparallel",
     "pyzmq",
