@@ -121,9 +121,11 @@ class _Agg:
             self.last_step, self.last = o.last_step, o.last
 
     def copy(self) -> _Agg:
-        new = _Agg.__new__(_Agg)
-        for name in _Agg.__slots__:
-            setattr(new, name, getattr(self, name))
+        new = _Agg.__new__(_Agg)  # field by field: a loop over __slots__ was most of a write's fold
+        new.kind, new.n, new.total = self.kind, self.n, self.total
+        new.lo, new.hi, new.last = self.lo, self.hi, self.last
+        new.lo_step, new.hi_step, new.last_step = self.lo_step, self.hi_step, self.last_step
+        new.t0, new.t1 = self.t0, self.t1
         return new
 
     def row(self) -> tuple[object, ...]:
@@ -239,13 +241,17 @@ def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow]) -> None:
         else:
             b.add(step, value, stamp)
     buckets: dict[tuple[str, int, int, int, int], _Agg] = {}
+    # The finest level's buckets are the batch's own (one each): the others copy or merge into theirs.
+    coarser = [(lv, width(lv) // _FINEST) for lv in levels if lv != LEVELS[0]]
     for (name, cell, rank, b10), agg in fine.items():
-        for lv in levels:
-            k = (name, lv, cell, rank, b10 // (width(lv) // _FINEST))
+        for lv, per in coarser:
+            k = (name, lv, cell, rank, b10 // per)
             if (into := buckets.get(k)) is None:
                 buckets[k] = agg.copy()
             else:
                 into.merge(agg)
+        if LEVELS[0] in levels:
+            buckets[(name, LEVELS[0], cell, rank, b10)] = agg
     cur.executemany(_ROLLUP_UPSERT, [(run_id, *k, *v.row()) for k, v in buckets.items()])
     for (name, rank), s in touched.items():
         if s.kind in PRUNED_KINDS and s.n > RAW_ROWS and s.n // PRUNE_EVERY > s.n0 // PRUNE_EVERY:
