@@ -126,6 +126,10 @@ def test_each_rollup_equals_the_aggregate_of_its_raw_rows(tmp_path: Path, small:
             for rec in recs:
                 rank = None if rec["kind"] == "log" else rec["rank"]
                 written += [(n, rank, cell, rec["step"], v, rec["time"]) for n, v in rec["values"].items()]
+            if cell == 1:  # 250 steps: every level kept, the finest too
+                assert rollups.active_levels(249) == list(rollups.LEVELS)
+                for level in rollups.LEVELS:
+                    _same(_stored(store, run, level), _expected(written, level))
         span = 519
         kept = rollups.active_levels(span)
         assert kept == [2, 3, 4]  # 520 steps: 10-step buckets past KEEP_BUCKETS, dropped
