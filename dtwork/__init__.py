@@ -25,6 +25,7 @@ __all__ = [
     "load_config",
     "report",
     "runs",
+    "search",
     "start",
     "load_ipython_extension",
     "unload_ipython_extension",
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
     from dtwork import report
     from dtwork.cluster import Cluster, attach, start
+    from dtwork.commands.search import search
     from dtwork.config import load_config
     from dtwork.runtime.checkpoint.trial import export_checkpoint
     from dtwork.runtime.context import Context
@@ -45,6 +47,7 @@ _LAZY = {
     "Cluster": ("dtwork.cluster", "Cluster"),
     "start": ("dtwork.cluster", "start"),
     "attach": ("dtwork.cluster", "attach"),
+    "search": ("dtwork.commands.search", "search"),  # a grid or random search on the running cluster
     "load_config": ("dtwork.config", "load_config"),
     "export_checkpoint": (
         "dtwork.runtime.checkpoint.trial",

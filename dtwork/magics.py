@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from dtwork.commands.parsers import HELP, PARSERS, _int_list, _split, cell_parser, plan_start
+from dtwork.commands.parsers import HELP, PARSERS, _int_list, _split, cell_parser, plan_start, search_parser
 from dtwork.errors import DtworkError, did_you_mean
 
 if TYPE_CHECKING:
@@ -294,7 +294,16 @@ class DtrainMagics(Magics):
     # -- the cell magic ----------------------------------------------------------------------
 
     def _cell(self, line: str, cell: str) -> None:
-        ns = cell_parser().parse_args(_split(line, "%%dtrain"))
+        words = _split(line, "%%dtrain")
+        if words[:1] == ["search"]:
+            from dtwork.commands.search import search
+
+            found = search_parser().parse_args(words[1:])
+            result = search(found.path, cell, quiet=found.quiet)
+            if found.quiet:  # the cells were quiet; the trials' table is what the magic shows
+                print(result.table())
+            return None
+        ns = cell_parser().parse_args(words)
         ranks = _int_list(ns.ranks) if ns.ranks else None
         cluster = current()
         cluster.run(cell, ranks=ranks, rank0=ns.rank0, bg=ns.bg, quiet=ns.quiet)

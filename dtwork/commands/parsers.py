@@ -67,6 +67,12 @@ Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
   traceback is shown once, with one status line per other rank. --quiet shows no live view
   and discards the cell's print output and results on every rank (records are still stored).
 
+Cell magic ``%%dtrain search EXP.yaml [--quiet]``:
+  A grid or random search in Determined's vocabulary (searcher.name grid|random, searched
+  hyperparameters int, double, log, categorical): the cell runs once per trial on the whole
+  cluster, each trial a run with its hyperparameters as ctx.hparams; the trials' searcher.metric
+  and the best are printed. A failing trial costs that trial; Ctrl-C stops the search.
+
 The full reference (every option, every ctx helper): docs/reference.md.
 """
 
@@ -128,6 +134,13 @@ def cell_parser() -> _Parser:
     p.add_argument("--rank0", action="store_true")
     p.add_argument("--ranks", type=str, default=None)
     p.add_argument("--bg", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def search_parser() -> _Parser:
+    p = _parser("%%dtrain search")
+    p.add_argument("path")
     p.add_argument("--quiet", action="store_true")
     return p
 

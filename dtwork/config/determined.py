@@ -89,11 +89,16 @@ def translate(data: Mapping[Any, Any], label: str, notes: list[str]) -> dict[Any
         }
     searcher = out.get("searcher")
     if isinstance(searcher, Mapping) and searcher.get("name") in _SEARCHES:
+        run = (
+            "run the file with %%dtrain search (dtwork.search), each trial a run"
+            if searcher["name"] in ("grid", "random")
+            else "dtwork runs grid and random searches (%%dtrain search) but not this one yet"
+        )
         fail(
             label,
             "searcher.name",
-            f"{searcher['name']!r} is a hyperparameter search, which dtwork does not support yet: "
-            "use name: single with constant hyperparameters",
+            f"{searcher['name']!r} is a hyperparameter search: {run}; or use name: single with constant "
+            "hyperparameters",
         )
     return out
 
@@ -108,8 +113,8 @@ def _constants(hparams: Mapping[Any, Any], path: str, label: str) -> dict[Any, A
                 fail(
                     label,
                     sub,
-                    f"a searched hyperparameter (type: {value['type']}) is not supported yet: "
-                    f"use a constant, e.g. {key}: <value>",
+                    f"a searched hyperparameter (type: {value['type']}) needs a search: run the file "
+                    f"with %%dtrain search (searcher.name grid or random), or use a constant, e.g. {key}: <value>",
                 )
             if "val" not in value:
                 fail(label, sub, "type: const needs val: <value>")

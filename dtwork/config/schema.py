@@ -333,7 +333,7 @@ def _check_adaptive(adaptive: AdaptiveBatchSize, gbs: int | None, slots: int | N
 # --------------------------------------------------------------------------- loading
 
 
-def _looks_like_path(text: str) -> bool:
+def looks_like_path(text: str) -> bool:
     if len(text.splitlines()) > 1:
         return False
     if text.lower().endswith((".yaml", ".yml")):
@@ -344,7 +344,7 @@ def _looks_like_path(text: str) -> bool:
         return False
 
 
-def _read_file(source: str | os.PathLike[str]) -> tuple[str, str]:
+def read_file(source: str | os.PathLike[str]) -> tuple[str, str]:
     path = Path(os.fspath(source)).expanduser()
     label = path.name or str(path)
     try:
@@ -401,8 +401,8 @@ def load_config(
         return ExperimentConfig()
     if isinstance(source, Mapping):
         return _from_data(source, _LABEL)
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and _looks_like_path(source)):
-        text, label = _read_file(source)
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and looks_like_path(source)):
+        text, label = read_file(source)
         return _from_data(parse_yaml(text, label), label)
     if isinstance(source, str):
         return _from_data(parse_yaml(source, _LABEL), _LABEL)

@@ -549,8 +549,12 @@ def test_searcher_max_length_sets_the_default_stop() -> None:
 
 def test_searcher_refuses_searches_and_bad_lengths() -> None:
     assert message({"searcher": {"name": "adaptive_asha"}}) == (
-        "config: searcher.name: 'adaptive_asha' is a hyperparameter search, which dtwork does not support "
-        "yet: use name: single with constant hyperparameters"
+        "config: searcher.name: 'adaptive_asha' is a hyperparameter search: dtwork runs grid and random "
+        "searches (%%dtrain search) but not this one yet; or use name: single with constant hyperparameters"
+    )
+    assert message({"searcher": {"name": "grid"}}) == (
+        "config: searcher.name: 'grid' is a hyperparameter search: run the file with %%dtrain search "
+        "(dtwork.search), each trial a run; or use name: single with constant hyperparameters"
     )
     assert message({"searcher": {"max_length": {"steps": 3}}}).startswith(
         "config: searcher.max_length: expected a length like {batches: 100}"
@@ -578,8 +582,8 @@ def test_hyperparameters_hold_the_global_batch_and_constants() -> None:
     assert cfg.hyperparameters == {"global_batch_size": 512, "lr": 0.5, "model": {"type": "resnet"}}
     assert load_config(cfg.to_yaml()) == cfg
     assert message({"hyperparameters": {"lr": {"type": "double", "minval": 0.1, "maxval": 1.0}}}) == (
-        "config: hyperparameters.lr: a searched hyperparameter (type: double) is not supported yet: "
-        "use a constant, e.g. lr: <value>"
+        "config: hyperparameters.lr: a searched hyperparameter (type: double) needs a search: run the file "
+        "with %%dtrain search (searcher.name grid or random), or use a constant, e.g. lr: <value>"
     )
     assert message({"global_batch_size": 64, "hyperparameters": {"global_batch_size": 512}}) == (
         "config: global_batch_size: 64 differs from hyperparameters.global_batch_size 512: keep one of them"
