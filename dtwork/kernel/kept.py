@@ -21,8 +21,6 @@ from dtwork.kernel.spec import ClusterSpec
 from dtwork.launch import registry
 from dtwork.store.runs import RunStore
 
-# A cell whose kernel died while it ran, as the kernel that attached later records it.
-ORPHANED = "its kernel died while it ran; the ranks ran it to its end, its records since then are not stored"
 Entry = dict[str, Any]  # a validated registry entry (JSON; registry.problem checked its fields)
 
 
@@ -139,7 +137,7 @@ def wait_idle(entry: Mapping[str, Any], poll: float = 1.0, say_every: float = 60
             doing = "; ".join(f"rank {r}: {what}" for r, what in sorted(busy.items()))
             print(
                 f"dtwork: the ranks still run the cell the last kernel started ({doing}); attach waits for "
-                "its end (its records since that kernel ended are not stored); Ctrl-C stops waiting",
+                "its end (the ranks keep its records: they are stored then); Ctrl-C stops waiting",
                 flush=True,
             )
             said = time.monotonic()
@@ -147,12 +145,9 @@ def wait_idle(entry: Mapping[str, Any], poll: float = 1.0, say_every: float = 60
 
 
 def resumable(store: RunStore, run_id: object, cluster_id: str) -> int | None:
-    """The run a kept cluster's ranks train in, when it is this cluster's and still running (its
-    cells a dead kernel left running closed first); None: the next cell starts a new run."""
+    """The run a kept cluster's ranks train in, when it is this cluster's and still running; None:
+    the next cell starts a new run (``journals.recover`` closes the cells a dead kernel left running)."""
     run = store.find_run(run_id) if isinstance(run_id, int) else None  # None: not in this store
     if run is None or run["status"] != "running" or run["cluster_id"] != cluster_id:
         return None
-    for cell in store.cells(run["id"]):
-        if cell["status"] == "running":
-            store.finish_cell(run["id"], cell["seq"], "interrupted", ORPHANED)
     return int(run["id"])

@@ -203,7 +203,7 @@ def init_rank(spec: RankSpec) -> RankJoined:
 
     from dtwork.runtime.context import Context
     from dtwork.runtime.core import group
-    from dtwork.runtime.debug import breakpoints
+    from dtwork.runtime.debug import breakpoints, stacks
     from dtwork.runtime.scripts import torchrun_script as script
 
     if dist.is_initialized():
@@ -228,6 +228,7 @@ def init_rank(spec: RankSpec) -> RankJoined:
     group.join(_rendezvous_store(spec, timedelta(seconds=spec["timeout"])), spec, device)
     script.install(spec)  # torchrun's environment and %run for scripts run on this rank
     breakpoints.install(lambda data: runtime.current().state.publisher.send(data))
+    stacks.answer_records(lambda after, most: runtime.current().state.publisher.journal.since(after, most))
     gpu = _gpu_facts(spec.get("gpu_uuid") if spec.get("gpu") is not None else None)
     threading.Thread(target=_warm_imports, name="dtwork-warm-imports", daemon=True).start()
     _user_namespace()["ctx"] = ctx  # ``ctx`` in the namespace where cells run
