@@ -37,6 +37,9 @@ RETRY_SECONDS = 1.0  # a refusing store is tried again at most this often (each 
 ROWS_SECONDS = 1.0
 
 
+_Place = tuple[int, int | None, int]  # where a rank's stream was stored last: run, cell, seq
+
+
 @dataclass
 class _Write:
     """One queued write: what to call on the store, and how many records it carries."""
@@ -72,9 +75,7 @@ class StoreWriter:
         self._failed_at = 0.0
         self._wrote_at = 0.0  # when the queue was last written out (monotonic)
         self._warned: set[str] = set()
-        self._marks: dict[
-            tuple[int, str], tuple[int, int | None, int]
-        ] = {}  # (rank, stream) -> run, cell, seq
+        self._marks: dict[tuple[int, str], _Place] = {}  # the queued batches' last seq by (rank, stream)
         # Held while a batch's records and its mark are queued: no flush in between stores one alone.
         self.holding = threading.RLock()
 
