@@ -15,7 +15,7 @@ from dtwork.kernel import stacks as rank_stacks
 from dtwork.shared.records import Mark, Record
 from dtwork.store.perf_thinner import PerfThinner
 from dtwork.store.rows import CellRow
-from dtwork.store.runs import RunStore
+from dtwork.store.runs import STORE_ERRORS, RunStore
 from dtwork.store.writer import StoreWriter
 
 ORPHANED = (
@@ -64,15 +64,15 @@ def _collect(
     for rank in ranks:
         try:
             head = rank_stacks.journal(channels, rank, -1, 0)
-        except (OSError, ValueError):
+            ended, started = head.get("ended"), head.get("started")
+            if not isinstance(ended, dict) or not isinstance(started, (int, float)):
+                return None
+            if started < (cell["started_at"] or 0.0) - SKEW:
+                return None  # its last cell began before this one: the ranks never ran it
+            ends[rank] = ended
+            stored += _store_batches(host, cell, channels, rank, str(head["stream"]))
+        except (OSError, ValueError, *STORE_ERRORS):  # what was stored stays, marked: nothing twice
             return None
-        ended, started = head.get("ended"), head.get("started")
-        if not isinstance(ended, dict) or not isinstance(started, (int, float)):
-            return None
-        if started < (cell["started_at"] or 0.0) - SKEW:
-            return None  # its last cell began before this one: the ranks never ran it
-        ends[rank] = ended
-        stored += _store_batches(host, cell, channels, rank, str(head["stream"]))
     if stored:
         host.writer.event(
             run_id, "attach", f"cell {cell['seq']}: {stored} batches the ranks kept while no kernel listened"

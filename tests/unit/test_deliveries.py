@@ -4,6 +4,7 @@ what its store lacks over the real side channel. No engines: the session's store
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 import stat
 from pathlib import Path
@@ -190,3 +191,13 @@ def test_a_writer_keeps_a_refused_batch_and_its_mark_together(tmp_path: Path) ->
         blocker.close()
         assert writer.flush(force=True) and store.delivered(0, "s") is not None
         assert [r["step"] for r in store.metrics(run, "loss")] == [5]
+
+
+def test_a_cell_whose_ranks_do_not_answer_is_closed_as_interrupted(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nobody listens on once it is closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    session, run, _ = _session(tmp_path)
+    journals.recover(session, run, StackChannels("secret", {0: ("127.0.0.1", port)}), [0])
+    with RunStore(tmp_path / "runs.sqlite", readonly=True) as s:
+        assert [c["status"] for c in s.cells(run)] == ["interrupted"]
