@@ -41,7 +41,17 @@ def describe(entry: Mapping[str, Any]) -> str:
         return f"{what}, driven by {driver(entry)}{kept}"
     left = registry.time_left(entry)
     said = f"{registry.duration(left)} left" if left is not None else f"kept {registry.duration(keep or 0)}"
-    return f"{what}, waiting for a notebook to attach ({said}; last driven by {driver(entry)})"
+    return (
+        f"{what}, waiting for a notebook to attach ({said}; last driven by {driver(entry)}){_training(entry)}"
+    )
+
+
+def _training(entry: Mapping[str, Any]) -> str:
+    """Whether a kept cluster's ranks still train the cell its dead kernel started (asked on their side
+    channels): a run that trains on is told from one whose cell ended."""
+    where = entry.get("stacks")
+    busy = rank_stacks.busy(rank_stacks.StackChannels.of_entry(where)) if isinstance(where, Mapping) else {}
+    return "; its ranks still train the cell that kernel started (attach stores its records)" if busy else ""
 
 
 def in_folder(folder: str | None = None) -> list[Entry]:

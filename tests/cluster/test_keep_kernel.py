@@ -137,9 +137,9 @@ def test_a_cell_training_when_its_kernel_is_killed_trains_on_and_attach_stores_a
             time.sleep(0.05)
         os.kill(int(nb.km.provisioner.pid), signal.SIGKILL)
         again = Notebook(tmp_path)
-        out = again.run(
-            "%load_ext dtwork\n%dtrain attach", heard=lambda text: "still run" in text and go.touch()
-        )
+        out = again.run("%load_ext dtwork\n%dtrain status")
+        assert "its ranks still train the cell that kernel started" in out, out  # not a run that ended
+        out = again.run("%dtrain attach", heard=lambda text: "still run" in text and go.touch())
         assert (
             "the ranks still run the cell the last kernel started" in out and f"attached to {cid}" in out
         ), out
