@@ -142,6 +142,8 @@ def wait_idle(entry: Mapping[str, Any], poll: float = 1.0, say_every: float = 60
     if not isinstance(where, Mapping):
         return
     channels, said = rank_stacks.StackChannels.of_entry(where), -say_every
+    if rank_stacks.busy(channels):
+        rank_stacks.tell_driver(channels, entry["kernel"])  # the ranks' engines take no probe until then
     while busy := rank_stacks.busy(channels):
         if time.monotonic() - said >= say_every:
             doing = "; ".join(f"rank {r}: {what}" for r, what in sorted(busy.items()))

@@ -106,6 +106,16 @@ def journal(channels: StackChannels, rank: int, after: int, most: int) -> Snapsh
     return _request(channels.where[rank], channels.token, JOURNAL_SECONDS, f" records {after} {most}")
 
 
+def tell_driver(channels: StackChannels, kernel: Mapping[str, object]) -> None:
+    """Tell every rank that ``kernel`` drives it now, while a cell keeps its engine busy: its watch
+    of the dead kernel (``entry._watch_kernel``) must not end it at the end of the keep time."""
+    for rank in sorted(channels.where):
+        try:
+            _request(channels.where[rank], channels.token, ASK_SECONDS, f" driver {json.dumps(dict(kernel))}")
+        except (OSError, ValueError):  # a rank that does not answer cannot be told; the others can
+            continue
+
+
 def pdb_command(channels: StackChannels, rank: int, line: str) -> tuple[str, bool]:
     """Send one command to the pdb ``rank`` is stopped in (``breakpoint()``), on its side channel;
     what pdb wrote until its next prompt, and whether the stop ended (c, q, or the cell ended)."""

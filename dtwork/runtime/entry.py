@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -448,6 +449,7 @@ def serve_stacks(token: str, address: str) -> int:
     """Answer the kernel's stack requests on ``address`` from a thread of this rank; the port."""
     from dtwork.runtime.debug import stacks
 
+    stacks.answer_driver(lambda kernel: _driver.update(kernel=kernel))  # attached while a cell ran
     return stacks.serve(token, address)
 
 
@@ -490,8 +492,6 @@ def _user_namespace() -> dict[str, object]:
 def _exit_now() -> None:
     """End a stopping engine at once, exit code 0: the interpreter's own teardown of torch's objects
     takes seconds and ipyparallel reports the signal that stops an engine as a failure."""
-    import sys
-
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -64,6 +64,7 @@ class _Server:
         self.token = b""
         self.pdb: Callable[[str], tuple[str, bool]] | None = None  # a stopped pdb's command (breakpoints.py)
         self.records: Callable[[int, int], dict[str, object]] | None = None  # the journal's ``since``
+        self.driver: Callable[[dict[str, object]], None] | None = None  # the kernel that drives this rank now
 
 
 _server = _Server()
@@ -77,6 +78,11 @@ def answer_pdb(ask: Callable[[str], tuple[str, bool]]) -> None:
 def answer_records(since: Callable[[int, int], dict[str, object]]) -> None:
     """Hand ``TOKEN records AFTER MOST`` requests to ``since`` (the rank's journal of its cell)."""
     _server.records = since
+
+
+def answer_driver(tell: Callable[[dict[str, object]], None]) -> None:
+    """Hand ``TOKEN driver JSON`` requests (a kernel that attached while a cell runs) to ``tell``."""
+    _server.driver = tell
 
 
 def serve(token: str, address: str) -> int:
@@ -104,7 +110,7 @@ def _loop(sock: socket.socket) -> None:
 
 def _answer(conn: socket.socket) -> None:
     """Read the token line, ``TOKEN`` (the stacks), ``TOKEN records AFTER MOST`` (the cell's batches
-    past seq AFTER) or ``TOKEN pdb`` then a pdb command line."""
+    past seq AFTER), ``TOKEN driver JSON`` (the kernel's process) or ``TOKEN pdb`` then a pdb command."""
     with conn:
         try:
             conn.settimeout(READ_SECONDS)
@@ -122,6 +128,10 @@ def _answer(conn: socket.socket) -> None:
                 after, most = map(int, verb.split()[1:3])
                 conn.settimeout(None)  # a long cell's records take what they take to send
                 conn.sendall(json.dumps(_server.records(after, most), default=str).encode())
+                return
+            if verb.startswith(b"driver ") and _server.driver is not None:
+                _server.driver(json.loads(verb.partition(b" ")[2]))
+                conn.sendall(b"{}")
                 return
             if verb == b"pdb" and _server.pdb is not None:
                 conn.settimeout(None)  # the command takes what it takes; the kernel can interrupt it
