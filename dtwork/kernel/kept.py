@@ -21,8 +21,6 @@ from dtwork.kernel.spec import ClusterSpec
 from dtwork.launch import registry
 from dtwork.store.runs import RunStore
 
-# A cell whose kernel died while it ran, as the kernel that attached later records it.
-ORPHANED = "its kernel died while it ran; the ranks ran it to its end, its records since then are not stored"
 Entry = dict[str, Any]  # a validated registry entry (JSON; registry.problem checked its fields)
 
 
@@ -46,7 +44,17 @@ def describe(entry: Mapping[str, Any]) -> str:
         return f"{what}, driven by {driver(entry)}{kept}"
     left = registry.time_left(entry)
     said = f"{registry.duration(left)} left" if left is not None else f"kept {registry.duration(keep or 0)}"
-    return f"{what}, waiting for a notebook to attach ({said}; last driven by {driver(entry)})"
+    return (
+        f"{what}, waiting for a notebook to attach ({said}; last driven by {driver(entry)}){_training(entry)}"
+    )
+
+
+def _training(entry: Mapping[str, Any]) -> str:
+    """Whether a kept cluster's ranks still train the cell its dead kernel started (asked on their side
+    channels): a run that trains on is told from one whose cell ended."""
+    where = entry.get("stacks")
+    busy = rank_stacks.busy(rank_stacks.StackChannels.of_entry(where)) if isinstance(where, Mapping) else {}
+    return "; its ranks still train the cell that kernel started (attach stores its records)" if busy else ""
 
 
 def in_folder(folder: str | None = None) -> list[Entry]:
@@ -137,12 +145,14 @@ def wait_idle(entry: Mapping[str, Any], poll: float = 1.0, say_every: float = 60
     if not isinstance(where, Mapping):
         return
     channels, said = rank_stacks.StackChannels.of_entry(where), -say_every
+    if rank_stacks.busy(channels):
+        rank_stacks.tell_driver(channels, entry["kernel"])  # the ranks' engines take no probe until then
     while busy := rank_stacks.busy(channels):
         if time.monotonic() - said >= say_every:
             doing = "; ".join(f"rank {r}: {what}" for r, what in sorted(busy.items()))
             print(
                 f"dtwork: the ranks still run the cell the last kernel started ({doing}); attach waits for "
-                "its end (its records since that kernel ended are not stored); Ctrl-C stops waiting",
+                "its end (the ranks keep its records: they are stored then); Ctrl-C stops waiting",
                 flush=True,
             )
             said = time.monotonic()
@@ -150,12 +160,9 @@ def wait_idle(entry: Mapping[str, Any], poll: float = 1.0, say_every: float = 60
 
 
 def resumable(store: RunStore, run_id: object, cluster_id: str) -> int | None:
-    """The run a kept cluster's ranks train in, when it is this cluster's and still running (its
-    cells a dead kernel left running closed first); None: the next cell starts a new run."""
+    """The run a kept cluster's ranks train in, when it is this cluster's and still running; None:
+    the next cell starts a new run (``journals.recover`` closes the cells a dead kernel left running)."""
     run = store.find_run(run_id) if isinstance(run_id, int) else None  # None: not in this store
     if run is None or run["status"] != "running" or run["cluster_id"] != cluster_id:
         return None
-    for cell in store.cells(run["id"]):
-        if cell["status"] == "running":
-            store.finish_cell(run["id"], cell["seq"], "interrupted", ORPHANED)
     return int(run["id"])

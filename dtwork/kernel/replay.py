@@ -20,7 +20,7 @@ from dtwork.kernel.segments import RunBook
 from dtwork.kernel.stacks import RankStacks
 from dtwork.kernel.watcher import CellHost, CellResult, CellWatcher
 from dtwork.runtime import entry
-from dtwork.shared.records import Record
+from dtwork.shared.records import Mark, Record
 from dtwork.store.runs import RunStore
 from dtwork.store.writer import StoreWriter
 
@@ -44,7 +44,13 @@ class ReplayHost(CellHost, Protocol):
     def writer(self) -> StoreWriter: ...
 
     def persist(
-        self, records: list[Record], seq: int | None, *, stored: bool = True, segments: bool = True
+        self,
+        records: list[Record],
+        seq: int | None,
+        marks: list[Mark] | None = None,
+        *,
+        stored: bool = True,
+        segments: bool = True,
     ) -> None: ...
 
     def tell_ranks(self, run_id: int, *, replaying: bool = False) -> None: ...
@@ -77,8 +83,8 @@ class _ReplayedCell:
     def in_background(self, watcher: CellWatcher) -> bool:
         return self.session.in_background(watcher)
 
-    def persist(self, records: list[Record], seq: int | None) -> None:
-        self.session.persist(records, seq, stored=self.stored, segments=False)
+    def persist(self, records: list[Record], seq: int | None, marks: list[Mark]) -> None:
+        self.session.persist(records, seq, marks, stored=self.stored, segments=False)
 
     def flush(self, final: bool = False) -> None:
         self.session.flush(final)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from dtwork.analysis.scaling import LiveEfficiency, sweep_baseline
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
-from dtwork.kernel import kept, segments
+from dtwork.kernel import cell_settings, journals, kept, segments
 from dtwork.kernel.background import BackgroundCell
 from dtwork.kernel.engines import EngineGroup
 from dtwork.kernel.progress import Progress
@@ -35,10 +35,10 @@ from dtwork.kernel.watcher import CellResult, CellWatcher, in_notebook
 from dtwork.runtime import entry
 from dtwork.shared import batch
 from dtwork.shared.records import (
-    CELL_SETTINGS,
     DIVERGED,
     FOLLOWS,
     Kind,
+    Mark,
     Record,
     divergence_text,
     first_non_finite,
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from dtwork.widgets.dashboard import Dashboard
 
 REPAIR_SECONDS = 60.0  # for every rank to join a new process group after a failed cell
-SETTINGS_SECONDS = 10.0  # for rank 0's answer about the settings a cell left, once the cell ended
 STALL_SECONDS = 60.0  # default hang watchdog
 
 
@@ -127,11 +126,13 @@ class Session:
         return self.run_id
 
     def resume(self, run_id: object) -> None:
-        """Go on with the ranks' run (a kept cluster just attached) if it is this cluster's and running."""
-        run = kept.resumable(self.store, run_id, self.engines.cluster_id)  # its orphaned cell closed
+        """Go on with the ranks' run (a kept cluster just attached) if it is this cluster's and running;
+        a cell its last kernel left running is stored and closed as the ranks ran it."""
+        run = kept.resumable(self.store, run_id, self.engines.cluster_id)
         if run is not None:
             self.run_id = self.book.ranks_run = run
             self.event("attach", f"a notebook attached (kernel pid {os.getpid()})")
+            journals.recover(self, run, self.engines.joined.stacks, list(range(self.engines.world_size)))
 
     def new_run(self) -> None:
         """End the current run; the next cell starts a new one (after a config change)."""
@@ -142,14 +143,21 @@ class Session:
         self.replay.restarts_used = 0
 
     def persist(
-        self, records: list[Record], seq: int | None, *, stored: bool = True, segments: bool = True
+        self,
+        records: list[Record],
+        seq: int | None,
+        marks: list[Mark] | None = None,
+        *,
+        stored: bool = True,
+        segments: bool = True,
     ) -> None:
-        """Write records to the store (first), as rows and events; the store refusing keeps them.
-        A training loop's segment event may start a new run: what follows it goes there. A replay
-        stores no segment again (``segments``), nor an earlier run's records (``stored``)."""
-        if self.run_id is not None and stored:
+        """Write records to the store (first), as rows and events, with the ``marks`` of the ranks'
+        batches they came in; the store refusing keeps them. A training loop's segment event may start
+        a new run: what follows it goes there. A replay stores no segment again (``segments``), nor an
+        earlier run's records (``stored``)."""
+        with self.writer.holding:  # the batches' marks go in the transaction of their records
             chunk: list[Record] = []
-            for rec in records:
+            for rec in records if self.run_id is not None and stored else []:
                 if is_segment(rec):
                     self._write_records(chunk, seq)
                     chunk = []
@@ -158,6 +166,8 @@ class Session:
                 else:
                     chunk.append(rec)
             self._write_records(chunk, seq)
+            if self.run_id is not None and marks:
+                self.writer.mark(self.run_id, self.cell_seq(seq), marks)
         self.writer.flush()
         if self.run_id is not None and self.config.tensorboard:  # live scalars, after the store
             from dtwork.export.tensorboard import live_tensorboard
@@ -397,7 +407,7 @@ class Session:
             self.writer.records(self.run_id, seq, self.perf_rate.flush())
             self._estimate([], seq, math.inf)  # the cell's last estimate, however short it was
             self.writer.finish_cell(self.run_id, seq, status, err)
-            self._record_settings(seq, watcher.rank0, result)
+            cell_settings.record(self.engines, self.store, self.run_id, seq, watcher.rank0, result)
             for run in self.book.trained:
                 self.book.outcome[run] = status
             if status == "error" and self.run_id in self.book.trained:  # not a run this cell did not train in
@@ -420,21 +430,6 @@ class Session:
             if status == "error" or not all(map(stopped_by_interrupt, result.errors.values())):
                 raise watcher.failure()  # a hand loop's stop is stored and shown as interrupted, not raised
         return result
-
-    def _record_settings(self, seq: int, rank0: bool, result: CellResult) -> None:
-        """Keep what the cell ran with for the report: its options and, when the ranks can be asked
-        (no error left them busy), the settings it left (``entry.cell_settings``, asked with the cell)."""
-        data: dict[str, object] = {"seq": seq, "rank0": rank0}
-        asked = result.settings
-        if not result.errors and asked is not None and self.engines.state == "running":
-            try:
-                data.update(asked.get(timeout=SETTINGS_SECONDS)[0])
-            except Exception:  # the settings are a courtesy: the cell's own outcome stands
-                pass
-        try:
-            self.store.add_result(self.run_id, CELL_SETTINGS, data)
-        except STORE_ERRORS:
-            pass
 
     def _repair_group(self) -> None:
         """The failing rank aborted the process group (so no rank waits for it): every rank joins

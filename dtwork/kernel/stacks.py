@@ -27,6 +27,7 @@ from dtwork.runtime import entry
 
 ASK_SECONDS = 3.0  # a rank's stack thread answers in milliseconds unless C code holds its GIL
 ARM_SECONDS = 30.0
+JOURNAL_SECONDS = 60.0  # a page of a rank's kept records, read from its spill file when it is long
 _LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]dtwork[/\\]runtime[/\\]")
 _STDLIB = os.path.dirname(os.__file__)
 _INSIDE = re.compile(r"[/\\](?:site|dist)-packages[/\\](torch|dtwork)[/\\]|[/\\](dtwork)[/\\]runtime[/\\]")
@@ -97,6 +98,22 @@ def ask(channels: StackChannels, ranks: list[int], timeout: float = ASK_SECONDS)
     for t in threads:
         t.join(timeout + 1)
     return RankStacks({r: got.get(r, "no answer") for r in ranks})
+
+
+def journal(channels: StackChannels, rank: int, after: int, most: int) -> Snapshot:
+    """What ``rank`` kept of its current (or last) cell (``runtime/core/journal.py``): its stream,
+    start, end, and its batches past seq ``after``, about ``most`` records of them."""
+    return _request(channels.where[rank], channels.token, JOURNAL_SECONDS, f" records {after} {most}")
+
+
+def tell_driver(channels: StackChannels, kernel: Mapping[str, object]) -> None:
+    """Tell every rank that ``kernel`` drives it now, while a cell keeps its engine busy: its watch
+    of the dead kernel (``entry._watch_kernel``) must not end it at the end of the keep time."""
+    for rank in sorted(channels.where):
+        try:
+            _request(channels.where[rank], channels.token, ASK_SECONDS, f" driver {json.dumps(dict(kernel))}")
+        except (OSError, ValueError):  # a rank that does not answer cannot be told; the others can
+            continue
 
 
 def pdb_command(channels: StackChannels, rank: int, line: str) -> tuple[str, bool]:

@@ -34,7 +34,7 @@ from dtwork.kernel.tracebacks import (
     short_traceback,
     stopped_by_interrupt,
 )
-from dtwork.shared.records import Record
+from dtwork.shared.records import Mark, Record, batch_mark
 
 POLL_SECONDS = 0.1
 INTERRUPT_GRACE = 10.0  # seconds for ranks to stop after a consistent stop is asked, on top of steps
@@ -82,7 +82,7 @@ class CellHost(Protocol):
 
     def in_background(self, watcher: CellWatcher) -> bool: ...
 
-    def persist(self, records: list[Record], seq: int | None) -> None: ...
+    def persist(self, records: list[Record], seq: int | None, marks: list[Mark]) -> None: ...
 
     def flush(self, final: bool = False) -> None:
         """Write what waits for the store when due (rows alone wait up to a second; ``final``: the cell
@@ -318,6 +318,7 @@ class CellWatcher:
     def _drain_records(self) -> None:
         watch = self.watch
         batch: list[Record] = []
+        marks: list[Mark] = []  # each batch's (rank, stream, seq): stored with its records
         for i, md in enumerate(self._metadata()):
             d = md.get("data")
             if not isinstance(d, dict):
@@ -327,6 +328,7 @@ class CellWatcher:
             # adds keys meanwhile: list() and pop() are atomic, iterating the dict is not.)
             for key in sorted(k for k in list(d) if k.startswith("r")):
                 batch.extend(d.pop(key, ()))
+                marks.extend(m for m in [batch_mark(self.ranks[i], key)] if m is not None)
             if "progress" in d:
                 watch.take(self.ranks[i], d["progress"])
             if "pdb" in d and watch.stopped(self.ranks[i], d["pdb"]) and self.host.in_background(self):
@@ -335,7 +337,7 @@ class CellWatcher:
                 )
         if batch:
             self.result.records += len(batch)
-            self.host.persist(batch, self.seq)
+            self.host.persist(batch, self.seq, marks)
             watch.keep(batch)
             if self.on_records is not None and self.host.live:
                 self.on_records(batch)

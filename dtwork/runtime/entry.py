@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -203,7 +204,7 @@ def init_rank(spec: RankSpec) -> RankJoined:
 
     from dtwork.runtime.context import Context
     from dtwork.runtime.core import group
-    from dtwork.runtime.debug import breakpoints
+    from dtwork.runtime.debug import breakpoints, stacks
     from dtwork.runtime.scripts import torchrun_script as script
 
     if dist.is_initialized():
@@ -228,6 +229,7 @@ def init_rank(spec: RankSpec) -> RankJoined:
     group.join(_rendezvous_store(spec, timedelta(seconds=spec["timeout"])), spec, device)
     script.install(spec)  # torchrun's environment and %run for scripts run on this rank
     breakpoints.install(lambda data: runtime.current().state.publisher.send(data))
+    stacks.answer_records(lambda after, most: runtime.current().state.publisher.journal.since(after, most))
     gpu = _gpu_facts(spec.get("gpu_uuid") if spec.get("gpu") is not None else None)
     threading.Thread(target=_warm_imports, name="dtwork-warm-imports", daemon=True).start()
     _user_namespace()["ctx"] = ctx  # ``ctx`` in the namespace where cells run
@@ -447,6 +449,7 @@ def serve_stacks(token: str, address: str) -> int:
     """Answer the kernel's stack requests on ``address`` from a thread of this rank; the port."""
     from dtwork.runtime.debug import stacks
 
+    stacks.answer_driver(lambda kernel: _driver.update(kernel=kernel))  # attached while a cell ran
     return stacks.serve(token, address)
 
 
@@ -489,8 +492,6 @@ def _user_namespace() -> dict[str, object]:
 def _exit_now() -> None:
     """End a stopping engine at once, exit code 0: the interpreter's own teardown of torch's objects
     takes seconds and ipyparallel reports the signal that stops an engine as a failure."""
-    import sys
-
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

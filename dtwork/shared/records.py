@@ -24,6 +24,7 @@ __all__ = [
     "CellSettings",
     "DIVERGED",
     "FOLLOWS",
+    "Mark",
     "SEGMENT",
     "TRAINING_KINDS",
     "Kind",
@@ -33,6 +34,8 @@ __all__ = [
     "Row",
     "adaptive_decisions",
     "batch_changes",
+    "batch_key",
+    "batch_mark",
     "finite",
     "divergence_text",
     "first_non_finite",
@@ -63,6 +66,7 @@ DIVERGED = "diverged"  # the event of a run's first non-finite logged value
 SEGMENT = "segment"  # the event of a training loop's start: a segment of its run's step axis
 FOLLOWS = "follows"  # in a run's first segment: {"run", "cell"} it followed on from (a new ctx.wrap)
 CELL_SETTINGS = "cell_settings"  # the stored result of what a cell ran with: its options, optimizers, GNS
+Mark = tuple[int, str, int]  # a published batch: (rank, stream of its cell on that rank, seq in the stream)
 AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value, Kind.SCALING.value, Kind.ADAPTIVE.value})
 # What a re-run of the same code on the same data reproduces: not the timings.
 TRAINING_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value})
@@ -147,6 +151,18 @@ def make_perf_record(
         values["data_time"] = data / steps
         values["compute_time"] = max(0.0, step_time - (data + (comm or 0.0)) / steps)
     return make_record(Kind.PERF, step, rank, values)
+
+
+def batch_key(seq: int, stream: str) -> str:
+    """The datapub key of a rank's batch: ``r<seq>:<stream>`` (keys sort by seq, the stream names the
+    rank's cell, so that the store keeps each batch once, ``runtime/core/journal.py``)."""
+    return f"r{seq:08d}:{stream}"
+
+
+def batch_mark(rank: int, key: str) -> Mark | None:
+    """The mark of the batch published under ``key`` by ``rank``; None for a key of another shape."""
+    seq, _, stream = key[1:].partition(":")
+    return (rank, stream, int(seq)) if key.startswith("r") and seq.isdigit() and stream else None
 
 
 def finite(value: object) -> float | None:

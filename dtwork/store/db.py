@@ -18,7 +18,7 @@ from typing import Literal, cast
 
 from dtwork.errors import DtworkError
 from dtwork.store.rollups import backfill
-from dtwork.store.schema import SCHEMA_VERSION, check_version, create_or_upgrade, ranges
+from dtwork.store.schema import ROLLUPS_SINCE, SCHEMA_VERSION, check_version, create_or_upgrade, ranges
 
 __all__ = [
     "STORE_ERRORS",
@@ -118,7 +118,8 @@ class Database:
         self.path = path
         self.readonly = readonly
         self._busy_ms = round(busy_seconds * 1000)  # how long a statement waits for another's lock
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a write inside a write is a savepoint of it
+        self._depth = 0  # writes open on this connection (the lock's owner's)
         if readonly:
             if not path.is_file():
                 raise DtworkError(f"no run store at {path}: run a %%dtrain cell first, or set DTWORK_STORE")
@@ -155,7 +156,7 @@ class Database:
         check_version(self.path, version, self.readonly)
         if version < SCHEMA_VERSION:
             with self.write() as cur:
-                if 0 < create_or_upgrade(cur) < SCHEMA_VERSION:
+                if 0 < create_or_upgrade(cur) < ROLLUPS_SINCE:
                     backfill(cur)
 
     def _file_identity(self) -> tuple[int, int] | None:
@@ -184,21 +185,27 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Cursor]:
-        """One committed transaction under the lock (BEGIN IMMEDIATE ... COMMIT)."""
+        """One committed transaction under the lock (BEGIN IMMEDIATE ... COMMIT); inside another
+        write, a savepoint of it: what it wrote commits with the outer one, or not at all."""
         if self.readonly:
             raise DtworkError(f"run store {self.path} is open read-only")
         with self._lock:
             cur = self.connection().cursor()
-            cur.execute("BEGIN IMMEDIATE")
+            name = f"w{self._depth}"
+            cur.execute(f"SAVEPOINT {name}" if self._depth else "BEGIN IMMEDIATE")
+            self._depth += 1
             try:
                 yield cur
             except BaseException:
                 if self.connection().in_transaction:  # SQLite rolls back by itself on a full disk
-                    cur.execute("ROLLBACK")
+                    cur.execute(f"ROLLBACK TO {name}" if self._depth > 1 else "ROLLBACK")
+                    if self._depth > 1:
+                        cur.execute(f"RELEASE {name}")
                 raise
             else:
-                cur.execute("COMMIT")
+                cur.execute(f"RELEASE {name}" if self._depth > 1 else "COMMIT")
             finally:
+                self._depth -= 1
                 cur.close()
 
     def query(self, sql: str, params: Iterable[SqlValue] = ()) -> list[DbRow]:

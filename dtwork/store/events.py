@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from dtwork.store.db import Database, SqlValue, next_seq
-from dtwork.store.rows import EventRow, ResultRow, SegmentRow
+from dtwork.store.rows import DeliveryRow, EventRow, ResultRow, SegmentRow
 from dtwork.store.schema import dumps, int_or_none, loads
 
 
@@ -133,3 +133,24 @@ def segments(db: Database, run_id: int) -> list[SegmentRow]:
         row["changed"] = [c for c in changed.split(",") if c]
     _decode_data(rows, {})
     return cast("list[SegmentRow]", rows)
+
+
+def mark_delivered(
+    db: Database, run_id: int, cell_seq: int | None, marks: Iterable[tuple[int, str, int]]
+) -> None:
+    """Note each (rank, stream, seq) as the last batch of that rank's stream stored (a higher one stays)."""
+    with db.write() as cur:
+        cur.executemany(
+            "INSERT INTO deliveries (rank, stream, run_id, cell_seq, seq) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (rank, stream) DO UPDATE SET seq = MAX(seq, excluded.seq)",
+            [(rank, stream, run_id, cell_seq, seq) for rank, stream, seq in marks],
+        )
+
+
+def delivered(db: Database, rank: int, stream: str) -> DeliveryRow | None:
+    """The last batch stored of ``rank``'s stream ``stream``: its run, cell and seq; None before any."""
+    rows = db.query(
+        "SELECT rank, stream, run_id, cell_seq, seq FROM deliveries WHERE rank = ? AND stream = ?",
+        (rank, stream),
+    )
+    return cast(DeliveryRow, rows[0]) if rows else None

@@ -52,6 +52,16 @@ class SegmentRow(TypedDict):
     data: dict[str, Any]  # JSON the training loop wrote
 
 
+class DeliveryRow(TypedDict):
+    """The last batch stored of one rank's stream (its cell on that rank): seq, and where it went."""
+
+    rank: int
+    stream: str
+    run_id: int
+    cell_seq: int | None
+    seq: int
+
+
 class MetricRow(Row):
     """One stored metric value with the run and cell it belongs to."""
 

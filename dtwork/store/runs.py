@@ -44,7 +44,7 @@ from dtwork.store.db import (
     store_problem,
 )
 from dtwork.store.metrics import RankSelector
-from dtwork.store.rows import CellRow, EventRow, MetricRow, ResultRow, RunRow, SegmentRow
+from dtwork.store.rows import CellRow, DeliveryRow, EventRow, MetricRow, ResultRow, RunRow, SegmentRow
 from dtwork.store.schema import SCHEMA_VERSION, dumps, int_or_none, loads
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ _RUN_SELECT = (
     "(SELECT COUNT(*) FROM cells c WHERE c.run_id = runs.id) AS n_cells, "
     "(SELECT MAX(last_step) FROM series s WHERE s.run_id = runs.id) AS last_step FROM runs"
 )
-_KEYED_TABLES = ("series", "rollups")  # WITHOUT ROWID: their primary key orders them
+_KEYED_TABLES = ("series", "rollups", "deliveries")  # WITHOUT ROWID: their primary key orders them
 # A run's rows, table by table, as copy_run carries them (events and results get new ids).
 _RUN_TABLES = (
     "runs",
@@ -85,6 +85,7 @@ _RUN_TABLES = (
     "environment",
     "results",
     "segments",
+    "deliveries",
 )
 
 
@@ -469,3 +470,13 @@ class RunStore:
         """The run's segments in order: ``seq``, ``cell_seq``, ``first_step``, ``time``, ``changed``
         (a list of what differs from the previous segment: "lr", "batch", "code", ...), ``data``."""
         return event_rows.segments(self._db, parse_run_id(run_id))
+
+    def mark_delivered(
+        self, run_id: int | str, cell_seq: int | None, marks: Iterable[tuple[int, str, int]]
+    ) -> None:
+        """Note batches (rank, stream, seq) as stored; inside ``db.write()``, with their rows."""
+        event_rows.mark_delivered(self._db, parse_run_id(run_id), cell_seq, marks)
+
+    def delivered(self, rank: int, stream: str) -> DeliveryRow | None:
+        """The last batch stored of ``rank``'s stream (``records.Mark``), None before any."""
+        return event_rows.delivered(self._db, rank, stream)

@@ -11,6 +11,7 @@ from typing import Any, SupportsFloat, SupportsInt, cast
 from dtwork.errors import DtworkError
 
 __all__ = [
+    "ROLLUPS_SINCE",
     "SCHEMA_VERSION",
     "check_version",
     "create_or_upgrade",
@@ -22,7 +23,7 @@ __all__ = [
     "stored_float",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # runs.summary_json is read and written by nothing; it stays so that an older dtwork opens a store
 # of this version (dropping it would need a version of its own).
@@ -130,7 +131,20 @@ CREATE TABLE IF NOT EXISTS segments (
     data_json TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (run_id, seq)
 );
+CREATE TABLE IF NOT EXISTS deliveries (
+    rank INT NOT NULL,
+    stream TEXT NOT NULL,
+    run_id INTEGER NOT NULL,
+    cell_seq INT,
+    seq INT NOT NULL,
+    PRIMARY KEY (rank, stream)
+) WITHOUT ROWID;
 """
+
+# Version 5 added the deliveries table: the last batch stored of each rank's cell (its stream), written
+# in the transaction of the batch's rows, so that a batch sent again (a kept cluster's ranks, read by a
+# kernel that attached) is stored once. An older store gets it empty from ``_SCHEMA``.
+ROLLUPS_SINCE = 4  # a store older than this gets the rollups of the rows it holds built
 
 # Version 4 added the series and rollups tables (dtwork.store.rollups), built from the rows an
 # older store holds when it is upgraded, and one index by (run, name, rank, step) in place of two.
@@ -184,7 +198,7 @@ def _run(cur: sqlite3.Cursor, script: str) -> None:
 
 def create_or_upgrade(cur: sqlite3.Cursor) -> int:
     """Create or upgrade the schema inside the caller's write transaction; return the version found
-    (0: a new store; from 1 to 3 the caller builds the rollups of the rows it holds)."""
+    (0: a new store; from 1 to ``ROLLUPS_SINCE`` - 1 the caller builds the rollups of the rows it holds)."""
     # Re-read the version under the write lock: another process may have done it meanwhile.
     found = cur.execute("PRAGMA user_version").fetchone()[0]
     if found == 1:

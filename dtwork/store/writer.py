@@ -4,6 +4,10 @@ A full disk, a lock held by another program, a read-only or damaged file must no
 records the ranks send meanwhile: each write waits in a queue until the store takes it, the
 user is told once what happened and what to do, and once more when the store works again.
 A write the store rejects as malformed is dropped with a warning; the rest go on.
+
+What waits is written in one transaction, with the marks of the ranks' batches it holds
+(``records.Mark``): a batch's rows, events and mark are stored together or not at all, so a kernel
+that attaches later reads from the ranks exactly the batches the store lacks.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtwork.errors import DtworkError
-from dtwork.shared.records import Kind, to_rows
+from dtwork.shared.records import Kind, Mark, to_rows
 from dtwork.store.runs import store_problem
 
 if TYPE_CHECKING:
@@ -31,6 +35,9 @@ RETRY_SECONDS = 1.0  # a refusing store is tried again at most this often (each 
 # (its summary and rollups), not per row, so at many ranks one write a second costs a tenth of one
 # a poll. Anything else queued (an event, a cell's end, a status) writes everything at once.
 ROWS_SECONDS = 1.0
+
+
+_Place = tuple[int, int | None, int]  # where a rank's stream was stored last: run, cell, seq
 
 
 @dataclass
@@ -68,6 +75,9 @@ class StoreWriter:
         self._failed_at = 0.0
         self._wrote_at = 0.0  # when the queue was last written out (monotonic)
         self._warned: set[str] = set()
+        self._marks: dict[tuple[int, str], _Place] = {}  # the queued batches' last seq by (rank, stream)
+        # Held while a batch's records and its mark are queued: no flush in between stores one alone.
+        self.holding = threading.RLock()
 
     # -- queueing ------------------------------------------------------------------------------
 
@@ -100,6 +110,22 @@ class StoreWriter:
         with self._lock:
             self._queue.extend(writes)
 
+    def mark(self, run_id: int, cell_seq: int | None, marks: Iterable[Mark]) -> None:
+        """Note batches whose records were queued (under ``holding``): their marks go with them."""
+        with self._lock:
+            for rank, stream, seq in marks:
+                self._marks[(rank, stream)] = (run_id, cell_seq, seq)
+
+    def fresh(self, mark: Mark) -> bool:
+        """Whether the batch ``mark`` is neither stored nor queued (a batch sent twice is kept once)."""
+        rank, stream, seq = mark
+        with self._lock:
+            queued = self._marks.get((rank, stream))
+        if queued is not None:
+            return seq > queued[2]
+        stored = self._store().delivered(rank, stream)
+        return stored is None or seq > stored["seq"]
+
     def event(self, run_id: int, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
         with self._lock:
             self._queue.append(_Write("event", run_id, (kind, message, data)))
@@ -126,7 +152,7 @@ class StoreWriter:
     def lost(self, why: str) -> None:
         """Give up what still waits (the session ends): say how many records are lost, and why."""
         with self._lock:
-            waiting, self._queue = sum(w.records for w in self._queue), []
+            waiting, self._queue, self._marks = sum(w.records for w in self._queue), [], {}
         if waiting:
             self._say(f"dtwork: {waiting} records could not be written: {why}")
 
@@ -139,8 +165,8 @@ class StoreWriter:
         (unless ``rows_now``: a cell ended), and after a refusal the store is tried again only after
         ``RETRY_SECONDS``.
         """
-        with self._lock:
-            if not self._queue:
+        with self.holding, self._lock:
+            if not self._queue and not self._marks:
                 return True
             now = time.monotonic()
             if not force and self.problem is not None and now - self._failed_at < RETRY_SECONDS:
@@ -150,9 +176,7 @@ class StoreWriter:
                 return False
             self._wrote_at = now
             try:
-                while self._queue:
-                    self._write(self._merged())
-                    self._queue.pop(0)
+                self._write_all()
             except (sqlite3.Error, OSError, DtworkError) as exc:  # DtworkError: the store did not open
                 self._failed_at = time.monotonic()
                 if self.problem is None:
@@ -167,20 +191,31 @@ class StoreWriter:
                 self._say(f"dtwork: the run store {self.path} takes writes again: every kept record is saved")
             return True
 
-    def _merged(self) -> _Write:
-        """The first queued write, with the metric rows of the same run right behind it joined in."""
-        first = self._queue[0]
-        while first.what == "rows" and len(self._queue) > 1:
-            nxt = self._queue[1]
+    def _write_all(self) -> None:
+        """Write the queue and the batches' marks in one transaction; empty them once it committed."""
+        store = self._store()
+        with store.db.write():
+            at = 0
+            while at < len(self._queue):
+                self._write(self._merged(at), store)
+                at += 1
+            for (rank, stream), (run_id, cell, seq) in self._marks.items():
+                store.mark_delivered(run_id, cell, [(rank, stream, seq)])
+        self._queue, self._marks = [], {}
+
+    def _merged(self, at: int) -> _Write:
+        """The queued write at ``at``, with the metric rows of the same run right behind it joined in."""
+        first = self._queue[at]
+        while first.what == "rows" and len(self._queue) > at + 1:
+            nxt = self._queue[at + 1]
             if nxt.what != "rows" or nxt.run_id != first.run_id:
                 break
             first.rows.extend(nxt.rows)
             first.records += nxt.records
-            del self._queue[1]
+            del self._queue[at + 1]
         return first
 
-    def _write(self, w: _Write) -> None:
-        store = self._store()
+    def _write(self, w: _Write, store: RunStore) -> None:
         try:
             if w.what == "rows":
                 store.add_metrics(w.run_id, w.rows)
@@ -197,9 +232,8 @@ class StoreWriter:
         # the others go on.
         except (DtworkError, UnicodeEncodeError) as exc:
             if w.what == "rows" and len(w.rows) > 1:
-                while w.rows:  # one by one, each taken off once written: a retry repeats none
-                    self._write(_Write("rows", w.run_id, (), rows=[w.rows[0]]))
-                    w.rows.pop(0)
+                for row in w.rows:  # one by one (a savepoint each), in the flush's transaction
+                    self._write(_Write("rows", w.run_id, (), rows=[row]), store)
                 return
             self._warn(w.what, f"the store refused a {w.what} write: {exc}")
 

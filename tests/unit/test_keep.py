@@ -3,6 +3,7 @@ dead kernel, a process standing in for an engine), claiming and giving back the 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 import dtwork
 from dtwork.errors import DtworkError
 from dtwork.kernel import calls, kept
+from dtwork.kernel import stacks as rank_stacks
 from dtwork.launch import registry
 
 ROOT = Path(dtwork.__file__).resolve().parents[1]
@@ -158,3 +160,28 @@ def test_the_configs_keep_time_is_the_starts_unless_keep_says(home: Path) -> Non
     assert Cluster(2, backend="gloo").engines.spec.keep_seconds is None
     with pytest.raises(DtworkError, match="keep time 'soon' is not a duration"):
         Cluster(2, backend="gloo", keep="soon")
+
+
+RANK = """
+import json, time
+from dtwork.runtime import entry
+print(entry.serve_stacks("tok", "127.0.0.1"), flush=True)
+deadline = time.monotonic() + 60
+while entry._driver["kernel"] is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps(entry._driver["kernel"]), flush=True)
+"""
+
+
+def test_a_kernel_attaching_while_a_cell_runs_is_told_to_the_ranks_on_their_side_channel() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    rank = subprocess.Popen([sys.executable, "-c", RANK], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert rank.stdout is not None
+        port = int(rank.stdout.readline())
+        me = calls.kernel_record()
+        rank_stacks.tell_driver(rank_stacks.StackChannels("tok", {0: ("127.0.0.1", port)}), me)
+        assert json.loads(rank.stdout.readline()) == me  # it watches this kernel now, not the dead one
+    finally:
+        rank.kill()
+        rank.wait()

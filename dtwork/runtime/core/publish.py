@@ -2,7 +2,7 @@
 
 ``publish_data`` *updates* the engine's data dict of the running cell; the kernel polls it.
 So that no batch is overwritten before the kernel reads it, every flush goes under a new key
-``r<seq>``; the latest progress goes under ``progress`` (last one wins, which is what the
+``r<seq>:<stream>`` (``records.batch_key``); the latest progress goes under ``progress`` (last one wins, which is what the
 watchdog and progress bars need).
 
 A publish that fails (a record the transport cannot serialise, a closed socket) loses nothing
@@ -25,7 +25,8 @@ import warnings
 import weakref
 
 from dtwork.errors import DtworkWarning
-from dtwork.shared.records import Kind, Record, make_record
+from dtwork.runtime.core.journal import Journal
+from dtwork.shared.records import Kind, Record, batch_key, make_record
 from dtwork.shared.timing import FLUSH_SECONDS
 
 MAX_KEPT = 10_000  # records a rank keeps while its publishes fail (a few minutes of a busy loop)
@@ -72,6 +73,8 @@ class Publisher:
         self._keeper = _in_engine() if keeper is None else keeper  # started with the first progress
         self.failing: str | None = None  # why the last publish failed, until one succeeds
         self.dropped = 0  # records dropped past ``max_kept`` while publishing failed
+        # the cell's batches, for a kernel that attaches after its kernel died (an engine's only)
+        self.journal = Journal(rank, keeping=_in_engine())
 
     @property
     def unsent(self) -> int:
@@ -91,6 +94,13 @@ class Publisher:
         under the lock, so that the keeper cannot send it with the new cell's messages."""
         with self._sending:
             self._progress = None
+            self.journal.begin()
+
+    def end_cell(self, error: BaseException | None) -> None:
+        """A cell ended (``error``: how it failed): its last records leave with it, its journal says so."""
+        if self._buf:
+            self.flush()
+        self.journal.end(error)
 
     def progress(self, **fields: object) -> None:
         self._progress = {"rank": self.rank, "time": time.time(), **fields}
@@ -138,7 +148,8 @@ class Publisher:
     def _flush(self) -> None:
         self._last = time.monotonic()
         if self._buf:
-            self._unsent[f"r{self._seq:08d}"] = self._buf
+            self._unsent[batch_key(self._seq, self.journal.stream)] = self._buf
+            self.journal.add(self._seq, self._buf)
             self._seq += 1
             self._buf = []
         data: dict[str, object] = dict(self._unsent)

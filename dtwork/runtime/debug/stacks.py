@@ -63,6 +63,8 @@ class _Server:
         self.sock: socket.socket | None = None
         self.token = b""
         self.pdb: Callable[[str], tuple[str, bool]] | None = None  # a stopped pdb's command (breakpoints.py)
+        self.records: Callable[[int, int], dict[str, object]] | None = None  # the journal's ``since``
+        self.driver: Callable[[dict[str, object]], None] | None = None  # the kernel that drives this rank now
 
 
 _server = _Server()
@@ -71,6 +73,16 @@ _server = _Server()
 def answer_pdb(ask: Callable[[str], tuple[str, bool]]) -> None:
     """Hand ``TOKEN pdb`` requests' command lines to ``ask``: (what pdb wrote, whether it let go)."""
     _server.pdb = ask
+
+
+def answer_records(since: Callable[[int, int], dict[str, object]]) -> None:
+    """Hand ``TOKEN records AFTER MOST`` requests to ``since`` (the rank's journal of its cell)."""
+    _server.records = since
+
+
+def answer_driver(tell: Callable[[dict[str, object]], None]) -> None:
+    """Hand ``TOKEN driver JSON`` requests (a kernel that attached while a cell runs) to ``tell``."""
+    _server.driver = tell
 
 
 def serve(token: str, address: str) -> int:
@@ -97,7 +109,8 @@ def _loop(sock: socket.socket) -> None:
 
 
 def _answer(conn: socket.socket) -> None:
-    """Read the token line, ``TOKEN`` (the stacks) or ``TOKEN pdb`` then a pdb command line."""
+    """Read the token line, ``TOKEN`` (the stacks), ``TOKEN records AFTER MOST`` (the cell's batches
+    past seq AFTER), ``TOKEN driver JSON`` (the kernel's process) or ``TOKEN pdb`` then a pdb command."""
     with conn:
         try:
             conn.settimeout(READ_SECONDS)
@@ -110,6 +123,15 @@ def _answer(conn: socket.socket) -> None:
             first, _, rest = got.partition(b"\n")
             token, _, verb = first.strip().partition(b" ")
             if not hmac.compare_digest(token, _server.token):
+                return
+            if verb.startswith(b"records ") and _server.records is not None:
+                after, most = map(int, verb.split()[1:3])
+                conn.settimeout(None)  # a long cell's records take what they take to send
+                conn.sendall(json.dumps(_server.records(after, most), default=str).encode())
+                return
+            if verb.startswith(b"driver ") and _server.driver is not None:
+                _server.driver(json.loads(verb.partition(b" ")[2]))
+                conn.sendall(b"{}")
                 return
             if verb == b"pdb" and _server.pdb is not None:
                 conn.settimeout(None)  # the command takes what it takes; the kernel can interrupt it

@@ -74,6 +74,7 @@ def install(spec: RankSpec) -> None:
         if not getattr(shell, "_dtwork_rank_cells", False):
             shell.events.register("pre_execute", _cell_starts)
             shell.events.register("post_execute", _cell_ends)
+            shell.events.register("post_run_cell", _cell_ran)
             shell._dtwork_rank_cells = True
 
 
@@ -91,6 +92,14 @@ def _cell_starts() -> None:
         state = runtime.current().state
         state.cell += 1  # what this cell uses is told apart from earlier cells'
         state.publisher.new_cell()
+
+
+def _cell_ran(result: object) -> None:
+    """The cell's end in the rank's journal (``runtime/core/journal.py``), with its last records."""
+    from dtwork import runtime
+
+    if runtime.joined():
+        runtime.current().state.publisher.end_cell(getattr(result, "error_in_exec", None))
 
 
 def _cell_ends() -> None:
