@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from dtwork.widgets.dashboard import Dashboard
 
 REPAIR_SECONDS = 60.0  # for every rank to join a new process group after a failed cell
-SETTINGS_SECONDS = 10.0  # for rank 0's answer about the settings a cell left, once the cell ended
 STALL_SECONDS = 60.0  # default hang watchdog
 
 
@@ -354,16 +353,13 @@ class Session:
             self.engines.view(rank_list).apply_async(entry.set_cell_ranks, rank_list)
         # the notebook folder's edited modules, reloaded by the ranks as the cell starts (told on a change)
         self.engines.tell_reload(os.getcwd() if self.autoreload else None)
-        # Each engine's queue is in order: what was sent above runs before the cell, and the settings
-        # it leaves are read right after it, so no round trip waits before or after the cell.
+        # Each engine's queue is in order: what was sent above runs before the cell, so no round trip
+        # waits before it; the settings it leaves come back with its own messages.
         ar = self.engines.view(rank_list).execute(source, silent=False, block=False)
-        settings = self.engines.view([0]).apply_async(entry.cell_settings)
         on_records = self._dashboard_feed(run_id, rank_list, quiet, seq)
         self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))
-        watcher = CellWatcher(
-            self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records, settings=settings
-        )
+        watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
         if bg:
             self.bg = BackgroundCell(watcher, self.replay.replays)
             self.bg.start()
@@ -422,15 +418,11 @@ class Session:
         return result
 
     def _record_settings(self, seq: int, rank0: bool, result: CellResult) -> None:
-        """Keep what the cell ran with for the report: its options and, when the ranks can be asked
-        (no error left them busy), the settings it left (``entry.cell_settings``, asked with the cell)."""
+        """Keep what the cell ran with for the report: its options and, when it ended well, the
+        settings it left (sent by its first rank with the cell's messages, ``runtime.cell_settings``)."""
         data: dict[str, object] = {"seq": seq, "rank0": rank0}
-        asked = result.settings
-        if not result.errors and asked is not None and self.engines.state == "running":
-            try:
-                data.update(asked.get(timeout=SETTINGS_SECONDS)[0])
-            except Exception:  # the settings are a courtesy: the cell's own outcome stands
-                pass
+        if not result.errors and result.settings is not None:
+            data.update(result.settings)
         try:
             self.store.add_result(self.run_id, CELL_SETTINGS, data)
         except STORE_ERRORS:
