@@ -236,6 +236,8 @@ class Session:
         after a failed cell of its own)."""
         if run_id not in self.book.trained:
             self.book.trained.add(run_id)
+            if self.efficiency is not None:  # looked up once it trains: a cell that does not pays nothing
+                self.efficiency.baseline = self._sweep_baseline(run_id)
             if self.book.outcome.get(run_id, "ok") != "ok":
                 self.writer.run_status(run_id, "running", ended=False)
 
@@ -333,6 +335,8 @@ class Session:
             raise DtworkError("a background cell is still training: %dtrain wait (or attach) first")
         self.settle_background()
         self.writer.flush(force=True)
+        n = self.engines.world_size if ranks is None else len(ranks)
+        self.efficiency = LiveEfficiency(n) if n > 1 else None  # before the cell trains or is polled
         try:
             run_id = self.ensure_run()
             seq = self.store.add_cell(run_id, source, ranks=ranks)
@@ -357,7 +361,6 @@ class Session:
         # waits before it; the settings it leaves come back with its own messages.
         ar = self.engines.view(rank_list).execute(source, silent=False, block=False)
         on_records = self._dashboard_feed(run_id, rank_list, quiet, seq)
-        self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))
         watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
         if bg:
@@ -440,16 +443,14 @@ class Session:
             )
             self.restart_after_failure("process group not rebuilt after a failed cell")
 
-    def _live_efficiency(self, run_id: int, n: int) -> LiveEfficiency | None:
-        """The cell's efficiency estimate, measured against a sweep's 1-rank throughput where known."""
-        if n < 2:
-            return None
+    def _sweep_baseline(self, run_id: int) -> float | None:
+        """The run's 1-rank throughput at this per-slot batch from its latest scaling sweep, if any."""
         per_slot = batch.per_slot(self.engines.global_batch_size, self.engines.world_size)
         try:
             sweeps = [r["data"] for r in self.store.results(run_id, "scaling")]
         except STORE_ERRORS:
             sweeps = []
-        return LiveEfficiency(n, sweep_baseline(sweeps, per_slot))
+        return sweep_baseline(sweeps, per_slot)
 
     def _dashboard_feed(
         self, run_id: int, ranks: list[int], quiet: bool, seq: int | None = None
