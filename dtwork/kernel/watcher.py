@@ -220,13 +220,14 @@ class CellWatcher:
         with _interrupts_as_flags() as pending:
             while True:
                 try:
+                    # It returns the moment the cell ends; finish() then takes what is left in one go.
+                    if self.ar.wait(POLL_SECONDS) and not pending:
+                        break
                     if self.poll():
                         break
                     if pending:
                         pending.clear()
                         self.interrupt()
-                        continue
-                    self.ar.wait(POLL_SECONDS)  # returns the moment the cell ends
                 except KeyboardInterrupt:  # not the main thread: no handler could be installed
                     self.interrupt()
         return self.finish()
