@@ -192,6 +192,9 @@ class Suite:
                                    self.plan.round_trips)  # fmt: skip
             session.autoreload = True
         reload = {k: summarize(v) for k, v in switched.items()}
+        if session is not None:  # the check itself, timed on the ranks: the slower rank's
+            self.dt.run(W.RELOAD_CHECK_CELL.format(reps=10 * self.plan.round_trips), quiet=True)
+            reload["rank_check_s"] = summarize(max(self.dt.pull("_reload_check_s"), key=median))
         if switched:
             reload["cost_ms"] = 1e3 * (median(switched["on"]) - median(switched["off"]))
             reload["ratio"], reload["ci95"] = ratio(median(switched["on"]), median(switched["off"])), bootstrap_ci(

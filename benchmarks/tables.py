@@ -115,6 +115,8 @@ def core_table(r: dict[str, Any]) -> str:
         ["the same, autoreload on / off, in turns (ms)",
          f"{med(rt.get('autoreload', {}).get('on', {}), 1e3, 1)} / {med(rt.get('autoreload', {}).get('off', {}), 1e3, 1)}",
          "", "", ""],
+        ["autoreload's own check on a rank, per cell (ms)",
+         med(rt.get("autoreload", {}).get("rank_check_s", {}), 1e3, 3), "", "", ""],
         ["changed training cell (s; torchrun: relaunch / launch to first step)",
          med(lat["dtwork"]["wall_s"], nd=3), med(lat["raw_ipyparallel"]["wall_s"], nd=3), "", torchrun],
     ]  # fmt: skip

@@ -98,6 +98,17 @@ PIN_THREADS = "torch.set_num_threads(1)\n"
 SETUP_CELL = SOURCE + PIN_THREADS + "W = {kind: setup(kind) for kind in ('mlp', 'convnet')}\n"
 TIMED_CELL = "_sps = timed(*W[{kind!r}], {warmup}, {steps})\n"
 TURNS_CELL = "serve_turns({port}, 'dtwork', W)\n"
+# The autoreload's own check on a rank, as each cell pays it: before the cell, then after it.
+RELOAD_CHECK_CELL = """
+import os as _os
+from dtwork.runtime.scripts import autoreload as _autoreload
+_reload_check_s = []
+for _ in range({reps}):
+    _t0 = time.perf_counter()
+    _autoreload.reload_changed(_os.getcwd())
+    _autoreload.remember()
+    _reload_check_s.append(time.perf_counter() - _t0)
+"""
 # The changed training cell of the iteration-latency measurement: a new learning rate, one step.
 CHANGED_CELL = "for _g in W[{kind!r}][1].param_groups:\n    _g['lr'] = 0.02\ntrain(*W[{kind!r}], 1)\n"
 

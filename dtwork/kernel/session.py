@@ -247,6 +247,8 @@ class Session:
         after a failed cell of its own)."""
         if run_id not in self.book.trained:
             self.book.trained.add(run_id)
+            if self.efficiency is not None:  # looked up once it trains: a cell that does not pays nothing
+                self.efficiency.baseline = self._sweep_baseline(run_id)
             if self.book.outcome.get(run_id, "ok") != "ok":
                 self.writer.run_status(run_id, "running", ended=False)
 
@@ -344,6 +346,8 @@ class Session:
             raise DtworkError("a background cell is still training: %dtrain wait (or attach) first")
         self.settle_background()
         self.writer.flush(force=True)
+        n = self.engines.world_size if ranks is None else len(ranks)
+        self.efficiency = LiveEfficiency(n) if n > 1 else None  # before the cell trains or is polled
         try:
             run_id = self.ensure_run()
             seq = self.store.add_cell(run_id, source, ranks=ranks)
@@ -364,16 +368,12 @@ class Session:
             self.engines.view(rank_list).apply_async(entry.set_cell_ranks, rank_list)
         # the notebook folder's edited modules, reloaded by the ranks as the cell starts (told on a change)
         self.engines.tell_reload(os.getcwd() if self.autoreload else None)
-        # Each engine's queue is in order: what was sent above runs before the cell, and the settings
-        # it leaves are read right after it, so no round trip waits before or after the cell.
+        # Each engine's queue is in order: what was sent above runs before the cell, so no round trip
+        # waits before it; the settings it leaves come back with its own messages.
         ar = self.engines.view(rank_list).execute(source, silent=False, block=False)
-        settings = self.engines.view([0]).apply_async(entry.cell_settings)
         on_records = self._dashboard_feed(run_id, rank_list, quiet, seq)
-        self.efficiency = self._live_efficiency(run_id, len(rank_list))  # before the first poll
         self.perf_rate = PerfThinner(len(rank_list))
-        watcher = CellWatcher(
-            self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records, settings=settings
-        )
+        watcher = CellWatcher(self, ar, rank_list, seq=seq, rank0=rank0, quiet=quiet, on_records=on_records)
         if bg:
             self.bg = BackgroundCell(watcher, self.replay.replays)
             self.bg.start()
@@ -407,7 +407,7 @@ class Session:
             self.writer.records(self.run_id, seq, self.perf_rate.flush())
             self._estimate([], seq, math.inf)  # the cell's last estimate, however short it was
             self.writer.finish_cell(self.run_id, seq, status, err)
-            cell_settings.record(self.engines, self.store, self.run_id, seq, watcher.rank0, result)
+            cell_settings.record(self.store, self.run_id, seq, watcher.rank0, result)
             for run in self.book.trained:
                 self.book.outcome[run] = status
             if status == "error" and self.run_id in self.book.trained:  # not a run this cell did not train in
@@ -443,16 +443,14 @@ class Session:
             )
             self.restart_after_failure("process group not rebuilt after a failed cell")
 
-    def _live_efficiency(self, run_id: int, n: int) -> LiveEfficiency | None:
-        """The cell's efficiency estimate, measured against a sweep's 1-rank throughput where known."""
-        if n < 2:
-            return None
+    def _sweep_baseline(self, run_id: int) -> float | None:
+        """The run's 1-rank throughput at this per-slot batch from its latest scaling sweep, if any."""
         per_slot = batch.per_slot(self.engines.global_batch_size, self.engines.world_size)
         try:
             sweeps = [r["data"] for r in self.store.results(run_id, "scaling")]
         except STORE_ERRORS:
             sweeps = []
-        return LiveEfficiency(n, sweep_baseline(sweeps, per_slot))
+        return sweep_baseline(sweeps, per_slot)
 
     def _dashboard_feed(
         self, run_id: int, ranks: list[int], quiet: bool, seq: int | None = None

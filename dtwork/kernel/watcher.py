@@ -34,7 +34,7 @@ from dtwork.kernel.tracebacks import (
     short_traceback,
     stopped_by_interrupt,
 )
-from dtwork.shared.records import Mark, Record, batch_mark
+from dtwork.shared.records import SETTINGS_KEY, CellSettings, Mark, Record, batch_mark
 
 POLL_SECONDS = 0.1
 INTERRUPT_GRACE = 10.0  # seconds for ranks to stop after a consistent stop is asked, on top of steps
@@ -54,8 +54,7 @@ class CellResult:
     seconds: float = 0.0
     message: str = ""
     records: int = 0
-    # rank 0's answer about the settings the cell left, asked behind the cell
-    settings: ipp.AsyncResult | None = None
+    settings: CellSettings | None = None  # what the cell left, as its first rank sent it when it ended well
 
     @property
     def ok(self) -> bool:
@@ -159,12 +158,11 @@ class CellWatcher:
         rank0: bool,
         quiet: bool,
         on_records: Callable[[list[Record]], None] | None = None,
-        settings: ipp.AsyncResult | None = None,
     ) -> None:
         self.host = host
         self.ar = ar
         self.on_records = on_records
-        self.result = CellResult(seq, ranks, settings=settings)
+        self.result = CellResult(seq, ranks)
         self.output = RankOutput(ranks, rank0=rank0, quiet=quiet)
         # Outside a notebook (a script, a terminal) progress is a plain line now and then.
         self.watch = ProgressWatch(text=not quiet and not host.live and not in_notebook())
@@ -222,13 +220,14 @@ class CellWatcher:
         with _interrupts_as_flags() as pending:
             while True:
                 try:
+                    # It returns the moment the cell ends; finish() then takes what is left in one go.
+                    if self.ar.wait(POLL_SECONDS) and not pending:
+                        break
                     if self.poll():
                         break
                     if pending:
                         pending.clear()
                         self.interrupt()
-                        continue
-                    self.ar.wait(POLL_SECONDS)  # returns the moment the cell ends
                 except KeyboardInterrupt:  # not the main thread: no handler could be installed
                     self.interrupt()
         return self.finish()
@@ -329,6 +328,8 @@ class CellWatcher:
             for key in sorted(k for k in list(d) if k.startswith("r")):
                 batch.extend(d.pop(key, ()))
                 marks.extend(m for m in [batch_mark(self.ranks[i], key)] if m is not None)
+            if SETTINGS_KEY in d:
+                self.result.settings = d.pop(SETTINGS_KEY)
             if "progress" in d:
                 watch.take(self.ranks[i], d["progress"])
             if "pdb" in d and watch.stopped(self.ranks[i], d["pdb"]) and self.host.in_background(self):

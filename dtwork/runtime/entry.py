@@ -15,25 +15,21 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, cast
 
 import psutil
 
 from dtwork import runtime
-from dtwork.runtime.core import effective_args, heap
+from dtwork.runtime.core import heap
 from dtwork.runtime.core.payloads import (
-    CellSettings,
     ConfigApplied,
     EngineProbe,
     GpuFacts,
-    ModelSettings,
-    OptimizerSettings,
     ProcessId,
     RankJoined,
     RankSpec,
-    Setting,
 )
 
 if TYPE_CHECKING:
@@ -202,6 +198,7 @@ def init_rank(spec: RankSpec) -> RankJoined:
     import torch
     import torch.distributed as dist
 
+    from dtwork.runtime import cell_settings
     from dtwork.runtime.context import Context
     from dtwork.runtime.core import group
     from dtwork.runtime.debug import breakpoints, stacks
@@ -230,6 +227,7 @@ def init_rank(spec: RankSpec) -> RankJoined:
     script.install(spec)  # torchrun's environment and %run for scripts run on this rank
     breakpoints.install(lambda data: runtime.current().state.publisher.send(data))
     stacks.answer_records(lambda after, most: runtime.current().state.publisher.journal.since(after, most))
+    cell_settings.install()  # what each cell ran with, sent with the cell's own messages
     gpu = _gpu_facts(spec.get("gpu_uuid") if spec.get("gpu") is not None else None)
     threading.Thread(target=_warm_imports, name="dtwork-warm-imports", daemon=True).start()
     _user_namespace()["ctx"] = ctx  # ``ctx`` in the namespace where cells run
@@ -346,36 +344,6 @@ def optimizer_lrs() -> list[list[float]]:
     """The learning rate of each parameter group of each optimizer the trial uses, as it is now
     (after its schedule), oldest optimizer first."""
     return [[float(g["lr"]) for g in opt.param_groups] for opt in runtime.current().optimizers]
-
-
-def cell_settings() -> CellSettings:
-    """What the last cell trained with, as it left it: whether each wrapped model it used measures
-    the noise scale, and each optimizer it used: class and hyperparameters by parameter group."""
-    from dtwork.runtime.measure.ddp_hooks import measure_state
-
-    state = runtime.current().state
-    models: list[ModelSettings] = [
-        {"gns": bool(s.gns)} for m in state.used_now("models") if (s := measure_state(m)) is not None
-    ]
-    optimizers: list[OptimizerSettings] = [
-        {"class": type(opt).__name__, "groups": [_plain_settings(g) for g in opt.param_groups]}
-        for opt in state.used_now("optimizers")
-    ]
-    return {"models": models, "optimizers": optimizers, "calls": effective_args.of_cell(state)}
-
-
-def _plain_settings(group: Mapping[str, object]) -> dict[str, Setting]:
-    """A parameter group's hyperparameters that a report can print (numbers, flags, names)."""
-    out: dict[str, Setting] = {}
-    for key, value in group.items():
-        numel = getattr(value, "numel", None)
-        if numel is not None and numel() == 1:  # a tensor learning rate (no torch import here)
-            value = value.item()  # type: ignore[attr-defined]
-        if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
-            value = list(value)
-        if key != "params" and isinstance(value, (bool, int, float, str, list, type(None))):
-            out[key] = value
-    return out
 
 
 def set_auto_resume(on: bool) -> None:

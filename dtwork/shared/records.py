@@ -26,6 +26,7 @@ __all__ = [
     "FOLLOWS",
     "Mark",
     "SEGMENT",
+    "SETTINGS_KEY",
     "TRAINING_KINDS",
     "Kind",
     "ModelSettings",
@@ -67,6 +68,7 @@ SEGMENT = "segment"  # the event of a training loop's start: a segment of its ru
 FOLLOWS = "follows"  # in a run's first segment: {"run", "cell"} it followed on from (a new ctx.wrap)
 CELL_SETTINGS = "cell_settings"  # the stored result of what a cell ran with: its options, optimizers, GNS
 Mark = tuple[int, str, int]  # a published batch: (rank, stream of its cell on that rank, seq in the stream)
+SETTINGS_KEY = "settings"  # where the cell's first rank publishes what the cell left, beside its records
 AGGREGATED_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value, Kind.SCALING.value, Kind.ADAPTIVE.value})
 # What a re-run of the same code on the same data reproduces: not the timings.
 TRAINING_KINDS = frozenset({Kind.LOG.value, Kind.GNS.value})

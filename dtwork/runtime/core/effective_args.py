@@ -1,5 +1,5 @@
 """What the running cell passed to the ctx helpers, as they took it (their effective arguments),
-so that the report records what ran: ``entry.cell_settings`` reads those of the last cell."""
+so that the report records what ran: ``cell_settings`` sends those of the last cell."""
 
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ OptimizerSettings = TypedDict("OptimizerSettings", {"class": str, "groups": list
 
 
 class CellSettings(TypedDict):
-    """``entry.cell_settings``: what the last cell trained with, as it left it."""
+    """``cell_settings.cell_settings``: what the last cell trained with, as it left it."""
 
     models: list[ModelSettings]
     optimizers: list[OptimizerSettings]

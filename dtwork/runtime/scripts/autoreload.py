@@ -26,7 +26,7 @@ INSTALLED: tuple[str, ...] = tuple(
             site.getusersitepackages(),
             sys.prefix,
             sys.base_prefix,
-            str(Path(__file__).resolve().parents[1]),  # dtwork itself, also as an editable install
+            str(Path(__file__).resolve().parents[2]),  # dtwork itself, also as an editable install
         )
         if p
     }
@@ -35,6 +35,8 @@ INSTALLED: tuple[str, ...] = tuple(
 _files: dict[str, tuple[int, str | None]] = {}  # module name -> (id, its user file or None)
 _seen: dict[str, tuple[int, tuple[str, int, int]]] = {}  # module name -> (id, its file's stamp when loaded)
 _old_objects: dict[object, object] = {}  # superreload's memory of the objects each reload replaced
+_looked: list[tuple[int, str, int] | None] = [None]  # sys.modules' mark when it was last looked through
+_users: dict[str, tuple[int, str]] = {}  # the user's modules found then: name -> (id, file)
 
 
 def within(path: str, folders: tuple[str, ...]) -> bool:
@@ -57,12 +59,39 @@ def _user_file(name: str, module: object) -> str | None:
     return user
 
 
+def _mark() -> tuple[int, str, int] | None:
+    """sys.modules' size and its newest entry: a module imported, dropped and imported again, or
+    set aside and put back, changes one of them, since an entry added goes last (dicts keep order)."""
+    try:
+        last = next(reversed(sys.modules))
+        return len(sys.modules), last, id(sys.modules.get(last))
+    except (RuntimeError, StopIteration):  # another thread imports meanwhile
+        return None
+
+
+def _user_files() -> dict[str, tuple[int, str]]:
+    """The user's modules now (name -> (id, file)); sys.modules is looked through again only when
+    its mark moved or one of these was replaced, since a cell runs among thousands of modules."""
+    modules, mark = sys.modules, _mark()
+    if mark is None or mark != _looked[0] or any(id(modules.get(n)) != i for n, (i, _) in _users.items()):
+        _users.clear()
+        for name, module in list(modules.items()):
+            if (file := _user_file(name, module)) is not None:
+                _users[name] = (id(module), file)
+        _looked[0] = mark
+    return _users
+
+
 def user_modules(folders: tuple[str, ...]) -> dict[str, ModuleType]:
     """Modules imported from ``folders`` and not from the Python installation (nor dtwork)."""
+    return _in_folders(_user_files(), folders)
+
+
+def _in_folders(users: dict[str, tuple[int, str]], folders: tuple[str, ...]) -> dict[str, ModuleType]:
     found = {}
-    for name, module in list(sys.modules.items()):
-        file = _user_file(name, module)
-        if file is not None and within(file, folders):
+    for name, (_, file) in list(users.items()):
+        module = sys.modules.get(name)
+        if module is not None and within(file, folders):
             found[name] = module
     return found
 
@@ -75,24 +104,26 @@ def _stamp(file: str) -> tuple[str, int, int] | None:
     return file, st.st_mtime_ns, st.st_size
 
 
-def remember() -> None:
-    """Note the files of the user's modules as they are now, for those loaded since (after each cell)."""
-    for name, module in list(sys.modules.items()):
-        file = _user_file(name, module)
+def remember() -> dict[str, tuple[int, str]]:
+    """Note the files of the user's modules as they are now, for those loaded since (after each
+    cell); the user's modules."""
+    users = _user_files()
+    for name, (ident, file) in list(users.items()):
         seen = _seen.get(name)
-        if file is not None and (seen is None or seen[0] != id(module)) and (stamp := _stamp(file)):
-            _seen[name] = (id(module), stamp)
+        if (seen is None or seen[0] != ident) and (stamp := _stamp(file)):
+            _seen[name] = (ident, stamp)
+    return users
 
 
 def reload_changed(folder: str) -> list[str]:
     """Reload the user's modules from ``folder`` whose file changed since it was loaded; their names."""
     from IPython.extensions.autoreload import superreload
 
-    remember()  # modules loaded outside a cell (a call) count from now
+    users = remember()  # modules loaded outside a cell (a call) count from now
     reloaded = []
-    for name, module in sorted(user_modules((str(Path(folder).resolve()),)).items()):
-        stamp = _stamp(_files[name][1] or "")
-        if stamp is None or _seen[name][1] == stamp:
+    for name, module in sorted(_in_folders(users, (str(Path(folder).resolve()),)).items()):
+        stamp, seen = _stamp(_files[name][1] or ""), _seen.get(name)
+        if stamp is None or seen is None or seen[1] == stamp:
             continue
         _seen[name] = (id(module), stamp)  # a file that fails to load is not tried again until edited
         try:
