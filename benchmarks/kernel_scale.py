@@ -74,7 +74,8 @@ def measure(n: int, seconds: float, folder: Path, perf: float | None = None) -> 
 
     path = folder / f"runs-{n}.sqlite"
     config = SimpleNamespace(name="sim", tensorboard=None)
-    session = Session(SimpleNamespace(world_size=n, config=config), path)  # type: ignore[arg-type]
+    engines = SimpleNamespace(world_size=n, config=config, global_batch_size=None)  # what Session reads
+    session = Session(engines, path)  # type: ignore[arg-type]
     run = session.run_id = session.store.create_run(name="sim", world_size=n, backend="nccl")
     seq = session.store.add_cell(run, "# simulated")
     session.efficiency = LiveEfficiency(n)
