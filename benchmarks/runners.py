@@ -127,7 +127,8 @@ class RawIpyparallelRunner(CellRunner):
 
         t0 = time.perf_counter()
         cluster_id = f"bench-raw-{os.getpid()}-{time.time_ns() % 10**8}"
-        self.ipp_cluster = ipp.Cluster(n=self.n, log_level=30, cluster_id=cluster_id)
+        # engine_timeout: ipyparallel's 60 s default is not enough on a machine busy with other starts
+        self.ipp_cluster = ipp.Cluster(n=self.n, log_level=30, cluster_id=cluster_id, engine_timeout=300)
         self.client = self.ipp_cluster.start_and_connect_sync()
         self.view = self.client[:]
         self.engines_s = time.perf_counter() - t0
