@@ -155,6 +155,9 @@ def fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "nvml.json"
     path.write_text(json.dumps(FACTS))
     monkeypatch.setenv("DTWORK_FAKE_NVML", str(path))
+    # A registry of its own: the stand-in GPUs are every test's, and a lease that a test on another
+    # xdist worker holds on them for a moment would change this test's GPUs (launch.leases).
+    monkeypatch.setenv("DTWORK_HOME", str(tmp_path / "dtwork-home"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]))
     for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_LOCALID"):
         monkeypatch.delenv(name, raising=False)
