@@ -46,8 +46,12 @@ class Search:
     searcher: str
     metric: str | None
     smaller_is_better: bool
-    hparams: list[dict[str, Any]]  # each trial's hyperparameters, nested as in the file
     configs: list[ExperimentConfig]  # each trial's config: its hyperparameters constants
+
+    @property
+    def hparams(self) -> list[dict[str, Any]]:
+        """Each trial's hyperparameters, nested as in the file (as ``ctx.hparams`` gives them)."""
+        return [cfg.hyperparameters for cfg in self.configs]
 
     def better(self, a: float, b: float) -> bool:
         """Whether metric value ``a`` beats ``b`` (``searcher.smaller_is_better``)."""
@@ -99,7 +103,6 @@ def load_search(source: str | os.PathLike[str] | Mapping[str, Any]) -> Search:
         searcher=name,
         metric=searcher.get("metric"),
         smaller_is_better=bool(searcher.get("smaller_is_better", True)),
-        hparams=hparams,
         configs=configs,
     )
 
