@@ -183,8 +183,7 @@ def engine_log(cluster_id: str) -> tuple[logging.Logger, Path]:
     stop notices), writing to a file of its own instead of the notebook."""
     folder = registry.home() / "logs"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for old in sorted(folder.glob("dtwork-*.log"), key=lambda p: p.stat().st_mtime)[:-KEEP_LOGS]:
-        old.unlink(missing_ok=True)
+    _prune_logs(folder)
     path = folder / f"{cluster_id}.log"
     # Owner-only before the handler opens it: the engines' output may hold what the user keeps private.
     os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))
@@ -195,6 +194,21 @@ def engine_log(cluster_id: str) -> tuple[logging.Logger, Path]:
     logger.handlers, logger.propagate = [handler], False
     logger.setLevel(logging.INFO)
     return logger, path
+
+
+def _prune_logs(folder: Path) -> None:
+    """Drop the oldest logs past KEEP_LOGS, never one whose cluster is still registered; another
+    kernel may prune the same folder at the same moment, so a log may vanish under us."""
+    live = {p.stem for p in registry.clusters_dir().glob("*.json")}
+    dated = []
+    for log in folder.glob("dtwork-*.log"):
+        try:
+            dated.append((log.stat().st_mtime, log))
+        except FileNotFoundError:
+            continue
+    for _, old in sorted(dated)[:-KEEP_LOGS]:
+        if old.stem not in live:
+            old.unlink(missing_ok=True)
 
 
 def close_log(logger: logging.Logger) -> None:

@@ -277,3 +277,31 @@ def test_fuzzed_registry_files_never_raise_nor_delete_outside(
         registry.clean_stale()
     assert all(v.read_text() == "keep" for v in victims)
     path.unlink(missing_ok=True)
+
+
+def test_engine_logs_pruned_by_two_kernels_at_once_keep_every_registered_clusters_log(home: Path) -> None:
+    from dtwork.kernel import calls
+
+    folder = home / "logs"
+    folder.mkdir(parents=True)
+    for i in range(60):
+        (folder / f"dtwork-old{i}.log").write_text("x")
+        os.utime(folder / f"dtwork-old{i}.log", (1_000_000 + i, 1_000_000 + i))
+    registry.write("dtwork-old0", {"kernel": registry.proc_record(os.getpid())})  # the oldest, still live
+    script = (
+        "from dtwork.kernel import calls\n"
+        "import sys\n"
+        "for i in range(60):\n"
+        "    log, _ = calls.engine_log(f'dtwork-{sys.argv[1]}{i}')\n"
+        "    calls.close_log(log)\n"
+    )
+    env = {**os.environ, "DTWORK_HOME": str(home)}
+    procs = [
+        subprocess.Popen(["python", "-c", script, name], env=env, stderr=subprocess.PIPE, text=True)
+        for name in ("a", "b", "c")
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    left = {p.stem for p in folder.glob("dtwork-*.log")}
+    assert "dtwork-old0" in left
+    assert len(left) <= calls.KEEP_LOGS + 1 + 3  # each kernel's newest may land after the others pruned
