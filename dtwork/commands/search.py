@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dtwork.config.search import Search, load_search
+from dtwork.config.searchers import Work, searcher_for
 from dtwork.errors import DtworkError
 
 if TYPE_CHECKING:
@@ -94,12 +95,15 @@ def search(
         raise DtworkError("%%dtrain search runs the cell as every trial's code: the cell is empty")
     before = cluster.config
     result = SearchResult(plan, [Trial(i + 1, hp) for i, hp in enumerate(plan.hparams)])
+    searcher = searcher_for(plan)
     n = len(result.trials)
+    work: Work | None = None
     try:
-        for trial, cfg in zip(result.trials, plan.configs, strict=True):
+        while (work := searcher.next()) is not None:
+            trial = result.trials[work.trial - 1]
             if not quiet:
                 print(f"dtwork: {plan.searcher} search, trial {trial.number}/{n}: {_said(trial.hparams)}")
-            cluster.configure(cfg)  # a new run begins with this trial's config
+            cluster.configure(plan.configs[work.trial - 1])  # a new run begins with this trial's config
             try:
                 cluster.run(code, quiet=quiet)
                 trial.status = "completed"
@@ -112,9 +116,10 @@ def search(
                     print(f"dtwork: trial {trial.number} failed: {trial.error}")
             finally:
                 _record(cluster, plan, trial, n)
+                searcher.report(work, trial.metric, ok=trial.status == "completed")
     except KeyboardInterrupt:
-        if not quiet:
-            print(f"dtwork: search stopped at trial {trial.number}/{n}; its run is recorded interrupted")
+        if not quiet and work is not None:
+            print(f"dtwork: search stopped at trial {work.trial}/{n}; its run is recorded interrupted")
     finally:
         cluster.configure(before)  # the cluster's own config again; the next cell starts a new run
     if not quiet:
