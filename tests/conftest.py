@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ _STATE = Path(tempfile.mkdtemp(prefix="dtwork-tests-"))
 os.environ.setdefault("DTWORK_HOME", str(_STATE / "home"))
 os.environ.setdefault("DTWORK_STORE", str(_STATE / "runs.sqlite"))
 os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+# tests/background.py's jobs: made here in the first process, inherited by xdist's workers.
+os.environ.setdefault("DTWORK_BACKGROUND_DIR", str(_STATE / "background"))
 
 # torchrun_ref, slurm_fixtures, jupyter_server_fixtures and background live here, beside the two folders.
 TESTS = Path(__file__).resolve().parent
@@ -25,14 +28,13 @@ if str(TESTS) not in sys.path:
 
 # What a test shares with others in its lane: the session's 2-rank cluster, or a daemon of the machine.
 SHARED = {"cluster", "slurm", "openmpi"}
-# The files of the longest tests outside that lane, longest first (minutes, then mypy's and the linters' ~1).
+# The files of the longest tests outside that lane, longest first (minutes, then the linters' ~1).
 LONGEST = [
-    "test_panel_browser.py",
     "test_benchmarks_smoke.py",
     "test_notebooks.py",
-    "test_static.py",
-    "test_panel_lint.py",
 ]
+# Tests that need extension/node_modules, which the browser job installs first: they come late, not waiting.
+NODE = {"test_panel_lint.py", "test_panel_unit.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
@@ -42,13 +44,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     With pytest-xdist (addopts: ``-n 2 --dist loadgroup``) the tests that use the shared cluster,
     Slurm, Open MPI or network namespaces run in one lane, in this order, on one worker; every other
-    test (the unit tests, kernels, notebooks, the browser suite) is spread over the other workers."""
+    test (the unit tests, kernels, notebooks) is spread over the other workers; the browser suite, mypy
+    and the GPU preparation run as background jobs beside them all (tests/background.py)."""
+
+    import background
 
     spread = bool(os.environ.get("PYTEST_XDIST_WORKER"))
 
     def order(item: pytest.Item) -> tuple[int, bool, bool]:
-        # xdist hands tests out in this order: the longest begin first, so none of them ends the run alone
+        # xdist hands tests out in this order: the longest begin first, so none of them ends the run alone;
+        # a test whose check runs in the background from the start comes last, when it has ended
         rank = LONGEST.index(item.path.name) if spread and item.path.name in LONGEST else len(LONGEST)
+        rank += len(LONGEST) + 1 if item.path.name in NODE else 0
+        rank += len(LONGEST) + 2 if item.name in background.JOBS else 0
         return rank, UNIT not in item.path.parents, "no_cluster" in getattr(item, "fixturenames", ())
 
     items.sort(key=order)
@@ -58,14 +66,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Slow checks of their own processes (tests/background.py): begun now, they overlap the unit tests."""
+    """Slow checks of their own processes (tests/background.py): begun now, they overlap the other tests."""
+    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # on xdist the controller starts them, once its workers have collected (below)
+    _start_background(item.name for item in session.items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    _start_background(nodeid.rpartition("::")[2] for nodeid in ids)
+
+
+def _start_background(names: Iterable[str]) -> None:
     import background
 
-    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # each xdist worker collects every test: the job starts at its test's turn instead
-    for item in session.items:
-        if item.name in background.JOBS:
-            background.start(item.name)
+    for name in set(names) & set(background.JOBS):
+        background.start(name)  # once per session, whichever worker's list comes first
 
 
 @pytest.fixture(scope="session")

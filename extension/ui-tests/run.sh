@@ -24,7 +24,8 @@ fi
 
 if [ "${DTWORK_SKIP_BUILD:-0}" != 1 ]; then
   step "building the extension"
-  (cd "$EXT" && jlpm install && jlpm build)
+  # one install at a time in extension/: the tests' linters and vitest install there too (tests/node_modules.py)
+  (cd "$EXT" && flock .jlpm.lock sh -c 'jlpm install && jlpm build')
 fi
 
 step "installing ui-tests node modules"

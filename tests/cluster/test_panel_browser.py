@@ -2,16 +2,17 @@
 
 Opt in with ``DTWORK_BROWSER_TESTS=1``: then ``extension/ui-tests/run.sh`` installs what is
 missing (Chromium from Debian, the node modules), rebuilds the extension and runs
-``playwright test``; screenshots and traces land in ``extension/ui-tests/test-results/``.
+``playwright test``, as a background job begun when the tests are collected; screenshots and
+traces land in ``extension/ui-tests/test-results/``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
+import background
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,16 +42,8 @@ def test_panel_in_browser() -> None:
         )
     if shutil.which("node") is None or shutil.which("jlpm") is None:
         pytest.skip("browser tests need node and jlpm on PATH (jlpm comes with jupyterlab)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    proc = subprocess.run(
-        ["bash", str(UI_TESTS / "run.sh")],
-        cwd=UI_TESTS,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    lines = [line for line in proc.stdout.splitlines() if not line.startswith("[WebServer]")]
-    assert proc.returncode == 0, "playwright suite failed:\n" + "\n".join(lines[-80:])
+    # begun when the tests were collected (tests/background.py): it waits on its own server and browser
+    code, out, _ = background.result("test_panel_in_browser", timeout=TIMEOUT_S)
+    lines = [line for line in out.splitlines() if not line.startswith("[WebServer]")]
+    assert code == 0, "playwright suite failed:\n" + "\n".join(lines[-80:])
     assert any(" passed" in line for line in lines), "\n".join(lines[-40:])
