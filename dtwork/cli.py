@@ -279,10 +279,10 @@ def _segment_steps(segments: Iterable[Mapping[str, object]]) -> str:
 
 
 def _cmd_export(store: RunStore, ns: argparse.Namespace) -> str:
-    if not (ns.report or ns.tensorboard or ns.mlflow):
-        raise DtworkError("dtwork runs export: say where: --report PATH, --tensorboard DIR or --mlflow URI")
     if ns.search is not None and not ns.report:
         raise DtworkError("dtwork runs export --search ID writes the search's report: add --report PATH")
+    if not (ns.report or ns.tensorboard or ns.mlflow):
+        raise DtworkError("dtwork runs export: say where: --report PATH, --tensorboard DIR or --mlflow URI")
     lines = []
     if ns.report and ns.search is not None:
         from dtwork.report.search import export_search
