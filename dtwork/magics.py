@@ -136,11 +136,11 @@ class DtrainMagics(Magics):
     def _sub_runs(self, argv: list[str]) -> None:
         for c in _running():  # a store deleted since the last write is made again before it is read
             c.session.check_store()
-        actions = ["list", "show", "compare", "export"]
+        actions = ["list", "searches", "show", "compare", "export"]
         if argv and not argv[0].startswith("-") and argv[0] not in actions:
             raise DtworkError(
                 f"unknown %dtrain runs action {argv[0]!r}{did_you_mean(argv[0], actions)}: "
-                "use list, show ID, compare A B [C ...] or export"
+                "use list, searches, show ID, compare A B [C ...] or export"
             )
         if argv and argv[0] in actions:  # the shell's `dtwork runs ...`
             from dtwork.cli import main as cli_main

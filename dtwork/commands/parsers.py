@@ -37,7 +37,7 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   stop            stop every engine and the controller
   restart         same ranks and settings, fresh engines and process group
   config EXP.yaml load an experiment config on every rank as ``ctx.config`` (starts a new run)
-  runs [list|show ID|compare A B [C ...]|export [ID] --tensorboard DIR|--mlflow URI|--report PATH]
+  runs [list [--search ID]|searches|show ID|compare A B [C ...]|export [ID] --tensorboard DIR|--mlflow URI|--report PATH]
                   the runs in the run store, as ``dtwork runs`` in a shell
   run SCRIPT.py [ARGS...]
                   run a torchrun-style script unchanged on every rank (also %run in %%dtrain)

@@ -99,7 +99,7 @@ class ResultRow(TypedDict):
     data: Any  # JSON as the analysis gave it
 
 
-class SearchRow(TypedDict):
+class SearchRow(TypedDict):  # one row of a table: its columns and its trials' tally
     """One hyperparameter search and its trials' tally: ``running`` trials whose run has begun and not
     ended, ``done`` completed ones, ``best`` the best metric so far (None before any)."""
 
