@@ -217,3 +217,6 @@ def test_the_search_report_shows_the_best_and_re_executes_to_the_same_numbers(
     assert [o.data[PLOTLY_MIME] for o in captured.outputs] == drawn
     assert export_search(sid, tmp_path / "out" / "again.ipynb", store=path, html=True).html_path is not None
     assert "Plotly.newPlot" in (tmp_path / "out" / "again.html").read_text()
+    shell.run_line_magic("load_ext", "dtwork")
+    shell.run_line_magic("dtrain", f"report {tmp_path / 'out' / 'm.ipynb'} --search {sid} --store {path}")
+    assert f"wrote search {sid}'s report to {tmp_path / 'out' / 'm.ipynb'}" in capsys.readouterr().out
