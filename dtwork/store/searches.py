@@ -31,6 +31,7 @@ __all__ = [
     "interrupt",
     "list_searches",
     "parse_search_id",
+    "run_ids",
     "set_trial",
     "trials",
 ]
@@ -196,3 +197,16 @@ def best_trial(rows: Sequence[TrialRow], smaller_is_better: bool) -> TrialRow | 
         return None
     sign = 1.0 if smaller_is_better else -1.0
     return min(scored, key=lambda t: (sign * cast(float, t["metric"]), t["number"]))
+
+
+def run_ids(db: Database, search: SearchRow) -> list[int]:
+    """The runs of the search's trials: those its trials hold, in trial order, then (while it runs) the
+    runs of its cluster begun since it started that no trial holds yet, its trials running now."""
+    held = [t["run_id"] for t in trials(db, search["id"]) if t["run_id"] is not None]
+    if search["status"] != "running":
+        return held
+    rows = db.query(
+        "SELECT id FROM runs WHERE status = 'running' AND cluster_id IS ? AND created_at >= ? ORDER BY id",
+        (search["cluster_id"], search["started_at"]),
+    )
+    return held + [cast(int, r["id"]) for r in rows if r["id"] not in held]
