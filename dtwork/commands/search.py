@@ -130,8 +130,10 @@ def search(
         if not quiet and work is not None:
             print(f"dtwork: search stopped at trial {work.trial}/{n}; its run is recorded interrupted")
     finally:
-        cluster.configure(before)  # the cluster's own config again; the next cell starts a new run
-        close_search(cluster, sid, result.trials, ended)
+        try:
+            cluster.configure(before)  # the cluster's own config again; the next cell starts a new run
+        finally:
+            close_search(cluster, sid, result.trials, ended)  # never left running by a failed configure
     if not quiet:
         print(result.table())
     return result
