@@ -1,6 +1,7 @@
 """The command line, one parser for ``dtwork`` and ``python -m dtwork``.
 
-``runs list|show|compare|export``: the run store from a shell. The store is ``--store`` (an .sqlite
+``runs list|searches|show|compare|export``: the run store from a shell (``list --search ID``: a search's
+trials; ``export --search ID --report PATH``: a search's report). The store is ``--store`` (an .sqlite
 file, a folder or a notebook: then the ``.dtwork/runs.sqlite`` beside it), else ``$DTWORK_STORE``,
 else ``./.dtwork/runs.sqlite``. Output is plain text laid out for a terminal; ``--json`` prints the
 same facts as JSON for scripts.
@@ -26,29 +27,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dtwork.commands.searches import searches_text, trials_text
 from dtwork.errors import DtworkError, did_you_mean
 from dtwork.shared.records import DIVERGED, Kind, divergence_text, is_own, segment_text
+from dtwork.shared.text import number as _num
+from dtwork.shared.text import printable
+from dtwork.shared.text import table as _table
 from dtwork.store.results import run_result
 from dtwork.store.runs import STORE_ERRORS, RunStore, store_path, store_problem
 
 __all__ = ["main", "printable", "run_notebook", "runs_table"]
 
-# What a terminal would act on rather than show: C0 but newline, DEL, C1, bidirectional and
-# invisible format characters, line and paragraph separators, tags, lone surrogates.
-_UNSAFE = re.compile(
-    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
-    "\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]"
-)
-
 _COLOUR = re.compile("\x1b\\[[0-9;]*m")  # a traceback's colours: dropped rather than shown escaped
-
-
-def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on written as a ``\\uXXXX`` escape
-    (valid inside JSON strings too): names in a store may come from anyone."""
-    return _UNSAFE.sub(
-        lambda m: f"\\u{ord(m[0]):04x}" if ord(m[0]) <= 0xFFFF else f"\\U{ord(m[0]):08x}", text
-    )
 
 
 # -- reading a run ----------------------------------------------------------------------------------
@@ -102,31 +92,8 @@ def _summary(store: RunStore, run_id: int | str) -> dict[str, Any]:  # Any: what
 # -- text layout -----------------------------------------------------------------------------------
 
 
-def _num(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
-    return str(value)
-
-
 def _when(stamp: float | None) -> str:
     return datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M") if stamp else "-"
-
-
-def _table(header: Sequence[str], rows: list[list[str]], right: set[int]) -> str:
-    lines = [[printable(c) for c in line] for line in (header, *rows)]  # escaped first: widths hold
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = []
-    for line in lines:
-        cells = [
-            c.rjust(w) if i in right else c.ljust(w)
-            for i, (c, w) in enumerate(zip(line, widths, strict=True))
-        ]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)
 
 
 def _result_text(result: Mapping[str, object] | None) -> str:
@@ -178,6 +145,8 @@ def runs_table(path: Path) -> str:
 
 
 def _cmd_list(store: RunStore, ns: argparse.Namespace) -> str:
+    if ns.search is not None:
+        return trials_text(store, ns.search, ns.json)
     if ns.json:
         runs = store.list_runs()
         return json.dumps([{**run, "result": run_result(store, run)} for run in runs], default=str, indent=1)
@@ -310,10 +279,16 @@ def _segment_steps(segments: Iterable[Mapping[str, object]]) -> str:
 
 
 def _cmd_export(store: RunStore, ns: argparse.Namespace) -> str:
+    if ns.search is not None and not ns.report:
+        raise DtworkError("dtwork runs export --search ID writes the search's report: add --report PATH")
     if not (ns.report or ns.tensorboard or ns.mlflow):
         raise DtworkError("dtwork runs export: say where: --report PATH, --tensorboard DIR or --mlflow URI")
     lines = []
-    if ns.report:
+    if ns.report and ns.search is not None:
+        from dtwork.report.search import export_search
+
+        lines.append(f"report: {export_search(ns.search, ns.report, store=store.path, html=ns.html).path}")
+    elif ns.report:
         from dtwork.report import export
 
         report = export(ns.run, ns.report, store=store.path, html=ns.html)
@@ -363,7 +338,12 @@ def _runs_parser(runs: argparse.ArgumentParser) -> None:
         "--store", help="run store: an .sqlite file, or a folder/notebook with .dtwork/ beside it"
     )
     sub = runs.add_subparsers(dest="action", required=True)
-    p = sub.add_parser("list", help="every run, newest first")
+    p = sub.add_parser("list", help="every run, newest first (--search ID: that search's trial runs)")
+    p.add_argument(
+        "--search", metavar="ID", help="list this search's trials: run, status, metric, hyperparameters"
+    )
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("searches", help="every search: status, best so far, trials running, stopped, done")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("show", help="one run's summary")
     p.add_argument("run", help="run id")
@@ -376,6 +356,7 @@ def _runs_parser(runs: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("export", help="a run as a report, TensorBoard event files or MLflow runs")
     p.add_argument("run", nargs="?", default=None, help="run id (TensorBoard/MLflow: all runs when left out)")
+    p.add_argument("--search", metavar="ID", help="with --report: the search's report instead of a run's")
     p.add_argument("--report", metavar="PATH", help="write the report notebook here")
     p.add_argument("--html", action="store_true", help="with --report: also the HTML beside it")
     p.add_argument("--tensorboard", metavar="DIR")
@@ -431,13 +412,19 @@ def cli_parser(prog: str = "dtwork") -> argparse.ArgumentParser:
     return parser
 
 
-_COMMANDS = {"list": _cmd_list, "show": _cmd_show, "compare": _cmd_compare, "export": _cmd_export}
+_COMMANDS = {
+    "list": _cmd_list,
+    "searches": lambda store, ns: searches_text(store, ns.json),
+    "show": _cmd_show,
+    "compare": _cmd_compare,
+    "export": _cmd_export,
+}
 
 
 def _runs(ns: argparse.Namespace) -> int:
     path: Path | str = ns.store or "the default run store"  # until store_path has answered
     try:
-        if ns.action == "export" and ns.report and ns.run is None:
+        if ns.action == "export" and ns.report and ns.run is None and ns.search is None:
             raise DtworkError(
                 "dtwork runs export --report needs a run id: dtwork runs export RUN --report PATH"
             )

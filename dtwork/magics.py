@@ -136,11 +136,11 @@ class DtrainMagics(Magics):
     def _sub_runs(self, argv: list[str]) -> None:
         for c in _running():  # a store deleted since the last write is made again before it is read
             c.session.check_store()
-        actions = ["list", "show", "compare", "export"]
+        actions = ["list", "searches", "show", "compare", "export"]
         if argv and not argv[0].startswith("-") and argv[0] not in actions:
             raise DtworkError(
                 f"unknown %dtrain runs action {argv[0]!r}{did_you_mean(argv[0], actions)}: "
-                "use list, show ID, compare A B [C ...] or export"
+                "use list, searches, show ID, compare A B [C ...] or export"
             )
         if argv and argv[0] in actions:  # the shell's `dtwork runs ...`
             from dtwork.cli import main as cli_main
@@ -218,10 +218,17 @@ class DtrainMagics(Magics):
                 raise DtworkError(
                     f"%dtrain report: --run takes a run id, a whole number such as 3 — got {ns.run!r}"
                 )
-        from dtwork.report import export, secret_environ
+        from dtwork.report import export, export_search, secret_environ
 
         live = _running() if ns.store is None else []
         store = ns.store or (live[-1].store_file if live else None)
+        if ns.search is not None:  # a search's report: its trials, curves and hyperparameters
+            print(
+                export_search(
+                    ns.search, ns.path, store=store, html=ns.html, environ=secret_environ()
+                ).describe()
+            )
+            return None
         run = ns.run or (live[-1].session.run_id if live else None)  # the current run, else the latest
         env = secret_environ()  # the kernel's: its secrets are scrubbed wherever they appear
         report = export(run, ns.path, store=store, html=ns.html, verify=ns.verify, environ=env)

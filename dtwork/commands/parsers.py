@@ -37,7 +37,7 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   stop            stop every engine and the controller
   restart         same ranks and settings, fresh engines and process group
   config EXP.yaml load an experiment config on every rank as ``ctx.config`` (starts a new run)
-  runs [list|show ID|compare A B [C ...]|export [ID] --tensorboard DIR|--mlflow URI|--report PATH]
+  runs [list [--search ID]|searches|show ID|compare A B [C ...]|export [ID] --tensorboard DIR|--mlflow URI|--report PATH]
                   the runs in the run store, as ``dtwork runs`` in a shell
   run SCRIPT.py [ARGS...]
                   run a torchrun-style script unchanged on every rank (also %run in %%dtrain)
@@ -57,8 +57,8 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   stacks [--ranks 0,1] [--all]   every rank's Python stack now (also while a cell hangs)
   collectives [on|off]   check each collective's op and shapes across the ranks first (off)
   debug [RANK]    pdb on a rank's last cell error (first failing rank): p, pp, up, down, l, q
-  report [PATH.ipynb] [--run ID] [--html] [--verify]
-                  export a run as a notebook that re-runs to the same numbers
+  report [PATH.ipynb] [--run ID|--search ID] [--html] [--verify]
+                  export a run (or a search: its trials) as a notebook that re-runs to the same numbers
 
 Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
   Run the cell on every rank (or those named) in a persistent namespace where ``ctx``
@@ -168,6 +168,7 @@ def _report_parser() -> _Parser:
     p = _parser("report")
     p.add_argument("path", nargs="?", default=None)
     p.add_argument("--run", default=None)
+    p.add_argument("--search", default=None)
     p.add_argument("--html", action="store_true")
     p.add_argument("--verify", action="store_true")
     p.add_argument("--store", default=None)

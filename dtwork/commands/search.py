@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dtwork.commands.search_record import close_search, open_search, record_trial
 from dtwork.config.search import Search, load_search
 from dtwork.config.searchers import Work, searcher_for
 from dtwork.errors import DtworkError
@@ -43,6 +44,7 @@ class SearchResult:
 
     search: Search
     trials: list[Trial] = field(default_factory=list)
+    search_id: int | None = None  # its record in the run store (``dtwork runs list --search ID``)
 
     @property
     def best(self) -> Trial | None:
@@ -56,7 +58,10 @@ class SearchResult:
     def table(self) -> str:
         """One line per trial and the best, as the cell prints them."""
         name = self.search.metric or "metric"
-        lines = [f"{self.search.searcher} search {self.search.label}: {len(self.trials)} trials, {name}"]
+        record = f" (search {self.search_id})" if self.search_id is not None else ""
+        lines = [
+            f"{self.search.searcher} search {self.search.label}{record}: {len(self.trials)} trials, {name}"
+        ]
         for t in self.trials:
             value = "" if t.metric is None else f" {name}={t.metric:.6g}"
             run = f"run {t.run_id}" if t.run_id is not None else "no run"
@@ -98,6 +103,8 @@ def search(
     searcher = searcher_for(plan)
     n = len(result.trials)
     work: Work | None = None
+    result.search_id = sid = open_search(cluster, plan, source, code)
+    ended = "failed"  # until the search says otherwise: an error out of it fails the search
     try:
         while (work := searcher.next()) is not None:
             trial = result.trials[work.trial - 1]
@@ -115,13 +122,18 @@ def search(
                 if not quiet:
                     print(f"dtwork: trial {trial.number} failed: {trial.error}")
             finally:
-                _record(cluster, plan, trial, n)
+                _record(cluster, result, trial, n)
                 searcher.report(work, trial.metric, ok=trial.status == "completed")
+        ended = "completed"
     except KeyboardInterrupt:
+        ended = "interrupted"
         if not quiet and work is not None:
             print(f"dtwork: search stopped at trial {work.trial}/{n}; its run is recorded interrupted")
     finally:
-        cluster.configure(before)  # the cluster's own config again; the next cell starts a new run
+        try:
+            cluster.configure(before)  # the cluster's own config again; the next cell starts a new run
+        finally:
+            close_search(cluster, sid, result.trials, ended)  # never left running by a failed configure
     if not quiet:
         print(result.table())
     return result
@@ -133,21 +145,27 @@ def _error_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def _record(cluster: Cluster, plan: Search, trial: Trial, n: int) -> None:
-    """Note the trial on its run (an event) and read its metric's last value from the store."""
-    session = cluster.session
+def _record(cluster: Cluster, result: SearchResult, trial: Trial, n: int) -> None:
+    """Note the trial on its run (an event), read its metric's last value from the store and write the
+    trial into the search's record."""
+    plan, session = result.search, cluster.session
     trial.run_id = session.run_id
-    if trial.run_id is None:
-        return
-    session.event(
-        "search",
-        f"trial {trial.number}/{n} of the {plan.searcher} search {plan.label}: {_said(trial.hparams)}",
-        {"search": plan.label, "trial": trial.number, "hparams": trial.hparams},
-    )
-    if plan.metric is None:
-        return
-    session.writer.flush(force=True)
-    rows = session.store.metrics(trial.run_id, plan.metric, rank="all")
-    if rows:
-        last = max(rows, key=lambda r: (r["step"], r["rank"] is None, -(r["rank"] or 0)))
-        trial.metric = None if last["value"] is None else float(last["value"])
+    if trial.run_id is not None:
+        session.event(
+            "search",
+            f"trial {trial.number}/{n} of the {plan.searcher} search {plan.label}: {_said(trial.hparams)}",
+            {
+                "search": plan.label,
+                "search_id": result.search_id,
+                "trial": trial.number,
+                "hparams": trial.hparams,
+            },
+        )
+    if trial.run_id is not None and plan.metric is not None:
+        session.writer.flush(force=True)
+        rows = session.store.metrics(trial.run_id, plan.metric, rank="all")
+        if rows:
+            last = max(rows, key=lambda r: (r["step"], r["rank"] is None, -(r["rank"] or 0)))
+            trial.metric = None if last["value"] is None else float(last["value"])
+    if result.search_id is not None:
+        record_trial(cluster, result.search_id, trial)

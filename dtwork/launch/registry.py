@@ -378,8 +378,8 @@ def discard(entry: dict[str, Any], grace: float = 3.0, why: str = "the kernel di
 
 
 def _interrupt_runs(entry: dict[str, Any], why: str) -> None:
-    """Mark the runs and cells a dead kernel left "running" in its store as interrupted: the kernel
-    cannot say so itself, and a run shown running for ever hides that it ended. Best effort: a
+    """Mark the runs, cells and searches a dead kernel left "running" in its store as interrupted: the
+    kernel cannot say so itself, and a run shown running for ever hides that it ended. Best effort: a
     store that is gone or cannot be written is left as it is."""
     path = entry.get("store")
     if not path or not Path(path).is_file():
@@ -387,10 +387,12 @@ def _interrupt_runs(entry: dict[str, Any], why: str) -> None:
     import sqlite3
 
     from dtwork.errors import DtworkError
+    from dtwork.store import searches
     from dtwork.store.runs import RunStore
 
     try:
         with RunStore(path) as store:
+            searches.interrupt(store.db, entry["cluster_id"])
             for run in store.list_runs():
                 if run["status"] != "running" or run["cluster_id"] != entry["cluster_id"]:
                     continue

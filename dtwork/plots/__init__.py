@@ -34,6 +34,7 @@ from dtwork.plots.figures import (
     tradeoff_figure,
 )
 from dtwork.plots.rank_series import GpuSeries, StepTimeSeries, ThroughputSeries, global_throughput
+from dtwork.plots.search import flat_hparams, parallel_figure, trial_curves_figure
 from dtwork.plots.series import (
     ADAPTIVE_NAMES,
     EFFICIENCY_NAME,
@@ -55,6 +56,9 @@ from dtwork.plots.series import (
 from dtwork.plots.training import BASE_FIGURES, KIND_FIGURES, KIND_SERIES, cell_series, drawn_series
 
 __all__ = [
+    "flat_hparams",
+    "parallel_figure",
+    "trial_curves_figure",
     "ADAPTIVE_NAMES",
     "BASE_FIGURES",
     "KIND_FIGURES",

@@ -25,7 +25,7 @@ from dtwork.report.scrub import Scrubber
 from dtwork.report.verify import verify as rerun_and_compare
 from dtwork.store.runs import RunStore
 
-__all__ = ["Report", "export", "to_html"]
+__all__ = ["Report", "export", "target_path", "to_html", "write_text"]
 
 _EXPORTS = threading.Lock()
 
@@ -54,9 +54,10 @@ class Report:
         return f"dtwork: wrote run {self.run_id}'s report to {self.path}{html}{scrubbed}{checked}"
 
 
-def _target(path: str | os.PathLike[str] | None, run_id: int) -> Path:
-    """Check the target before anything is written; only a missing ``reports/`` folder is created."""
-    default = Path.cwd() / "reports" / f"run-{run_id}.ipynb"
+def target_path(path: str | os.PathLike[str] | None, name: str) -> Path:
+    """Check the target (default ``reports/<name>``) before anything is written; only a missing
+    ``reports/`` folder is created."""
+    default = Path.cwd() / "reports" / name
     target = default if path is None else Path(os.fspath(path)).expanduser().absolute()
     folder = target.parent
     if target.suffix != ".ipynb":
@@ -71,7 +72,7 @@ def _target(path: str | os.PathLike[str] | None, run_id: int) -> Path:
     return target
 
 
-def _write(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
     """Write atomically: a temp file in the target's folder, then ``os.replace``."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -155,10 +156,13 @@ def _export(
             raise DtworkError(f"no runs in {s.path}: run a %%dtrain cell first")
         if not s.cells(rid):
             raise DtworkError(f"run {rid} has no cells: nothing to export; run a %%dtrain cell in it first")
-        target, scrub = _target(path, rid), Scrubber(os.environ if environ is None else environ)
+        target, scrub = (
+            target_path(path, f"run-{rid}.ipynb"),
+            Scrubber(os.environ if environ is None else environ),
+        )
         nb, recorded = notebook(s, rid, target, scrub), s.metrics(rid)
     target.parent.mkdir(exist_ok=True)
-    _write(target, nbformat.writes(nb))
+    write_text(target, nbformat.writes(nb))
     report = Report(target, None, rid, list(scrub.found))
     if verify:
         verdict, cell = rerun_and_compare(target, recorded, timeout, tolerance)
@@ -168,8 +172,8 @@ def _export(
             verdict.text,
         )
         nb.cells.append(cell)
-        _write(target, nbformat.writes(nb))
+        write_text(target, nbformat.writes(nb))
     if want_html:
         report.html_path = target.with_suffix(".html")
-        _write(report.html_path, to_html(nb))
+        write_text(report.html_path, to_html(nb))
     return report

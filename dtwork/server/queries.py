@@ -40,11 +40,13 @@ from dtwork.server.wire import (
     RunReply,
     RunsReply,
     RunSummary,
+    SearchGroup,
     StoreUnavailable,
     display_path,
     json_safe,
 )
 from dtwork.shared.records import DIVERGED, Kind, adaptive_decisions, batch_changes, divergence_text, finite
+from dtwork.store import searches
 from dtwork.store.rows import RunRow
 from dtwork.store.runs import STORE_ERRORS, RunStore, default_store_path, store_problem
 from dtwork.store.schema import NoRunsYet
@@ -62,6 +64,7 @@ DETAIL_POINTS = 200  # loss points in GET /dtwork/runs/<id>
 BATCH_CHANGES = 16  # adaptive batch changes per run in GET /dtwork/runs and /dtwork/runs/<id>
 DEFAULT_RUNS = 50  # runs listed by GET /dtwork/runs unless ?limit= says otherwise
 MAX_RUNS = 500
+MAX_SEARCHES = 10  # searches GET /dtwork/runs groups runs under (the newest)
 CACHE_SIZE = 512
 MAX_ENVIRON = 4096  # variables accepted with an export request
 MAX_ENV_VALUE = 65536
@@ -232,11 +235,38 @@ def list_runs(root_dir: str, limit: int = DEFAULT_RUNS) -> RunsReply:
     """GET /dtwork/runs: the newest ``limit`` runs first; ``total`` counts them all."""
     with open_store(root_dir) as store:
         if store is None:
-            return {"store_exists": default_store_path(root_dir).is_file(), "total": 0, "runs": []}
+            exists = default_store_path(root_dir).is_file()
+            return {"store_exists": exists, "total": 0, "runs": [], "searches": []}
         rows = store.list_runs()
         runs = [_run_summary(store, row, root_dir, SPARKLINE_POINTS) for row in rows[:limit]]
-        reply: RunsReply = {"store_exists": True, "total": len(rows), "runs": runs}
+        reply: RunsReply = {
+            "store_exists": True,
+            "total": len(rows),
+            "runs": runs,
+            "searches": _searches(store),
+        }
         return json_safe(reply)
+
+
+def _searches(store: RunStore) -> list[SearchGroup]:
+    """The newest searches with their tallies and their trials' runs, for the panel to group."""
+    return [
+        {
+            "id": s["id"],
+            "label": s["label"],
+            "searcher": s["searcher"],
+            "status": s["status"],
+            "metric": s["metric"],
+            "best": s["best"],
+            "trials": s["trials"],
+            "running": s["running"],
+            "stopped": s["stopped"],
+            "done": s["done"],
+            "failed": s["failed"],
+            "run_ids": searches.run_ids(store.db, s),
+        }
+        for s in searches.list_searches(store.db)[:MAX_SEARCHES]
+    ]
 
 
 def get_run(root_dir: str, run_id: int) -> RunReply:

@@ -6,7 +6,8 @@ Routes (the wire types are mirrored in ``extension/src/types.ts``):
   GET  /dtwork/clusters                   registered clusters
   POST /dtwork/clusters/<id>/stop         kill a registered cluster's processes
   GET  /dtwork/runs[?limit=50]            runs, newest first, with a loss sparkline each (and an
-                                          adaptive run's batch trajectory)
+                                          adaptive run's batch trajectory); the newest searches,
+                                          each with its tally and its trials' run ids
   GET  /dtwork/runs/<id>                  one run: summary, latest metrics, loss curve
   GET  /dtwork/runs/<id>/metrics?name=N   one metric's aggregated series
   GET  /dtwork/runs/<id>/cells/<seq>     one cell's status, last step and figure (plotly JSON)

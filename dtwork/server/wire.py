@@ -29,6 +29,7 @@ __all__ = [
     "RunReply",
     "RunSummary",
     "RunsReply",
+    "SearchGroup",
     "SegmentInfo",
     "StopReply",
     "StoreUnavailable",
@@ -134,12 +135,30 @@ class RunDetail(RunSummary):
     segments: list[SegmentInfo]
 
 
+class SearchGroup(TypedDict):  # one field per fact the panel's search header shows (ISearchGroup)
+    """A search as the panel groups its trial runs under it (ISearchGroup)."""
+
+    id: int
+    label: str
+    searcher: str
+    status: str
+    metric: str | None
+    best: float | None
+    trials: int
+    running: int
+    stopped: int
+    done: int
+    failed: int
+    run_ids: list[int]  # its trials' runs, in trial order (the running ones last)
+
+
 class RunsReply(TypedDict):
-    """GET /dtwork/runs."""
+    """GET /dtwork/runs; ``searches``: the newest searches, each grouping its trials' runs."""
 
     store_exists: bool
     total: int
     runs: list[RunSummary]
+    searches: list[SearchGroup]
 
 
 class RunReply(TypedDict):

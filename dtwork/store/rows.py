@@ -6,7 +6,16 @@ from typing import Any, TypedDict
 
 from dtwork.shared.records import Row
 
-__all__ = ["CellRow", "EventRow", "MetricRow", "ResultRow", "RunRow", "SegmentRow"]
+__all__ = [
+    "CellRow",
+    "EventRow",
+    "MetricRow",
+    "ResultRow",
+    "RunRow",
+    "SearchRow",
+    "SegmentRow",
+    "TrialRow",
+]
 
 
 class RunRow(TypedDict):
@@ -88,3 +97,40 @@ class ResultRow(TypedDict):
     kind: str
     created_at: float
     data: Any  # JSON as the analysis gave it
+
+
+class SearchRow(TypedDict):  # one row of a table: its columns and its trials' tally
+    """One hyperparameter search and its trials' tally: ``running`` trials whose run has begun and not
+    ended, ``done`` completed ones, ``best`` the best metric so far (None before any)."""
+
+    id: int
+    label: str
+    searcher: str
+    metric: str | None
+    smaller_is_better: bool
+    config_yaml: str | None
+    code: str | None
+    cluster_id: str | None
+    world_size: int | None
+    backend: str | None
+    started_at: float
+    ended_at: float | None
+    status: str
+    trials: int
+    running: int
+    done: int
+    stopped: int
+    failed: int
+    best: float | None
+
+
+class TrialRow(TypedDict):
+    """One trial of a search: its run (None before it began), hyperparameters, status and metric."""
+
+    search_id: int
+    number: int
+    run_id: int | None
+    hparams: dict[str, Any]
+    status: str
+    metric: float | None
+    error: str | None

@@ -23,7 +23,7 @@ __all__ = [
     "stored_float",
 ]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # runs.summary_json is read and written by nothing; it stays so that an older dtwork opens a store
 # of this version (dropping it would need a version of its own).
@@ -139,7 +139,36 @@ CREATE TABLE IF NOT EXISTS deliveries (
     seq INT NOT NULL,
     PRIMARY KEY (rank, stream)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS searches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    label TEXT NOT NULL,
+    searcher TEXT NOT NULL,
+    metric TEXT,
+    smaller_is_better INT NOT NULL DEFAULT 1,
+    config_yaml TEXT,
+    code TEXT,
+    cluster_id TEXT,
+    world_size INT,
+    backend TEXT,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    status TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trials (
+    search_id INTEGER NOT NULL,
+    number INT NOT NULL,
+    run_id INTEGER,
+    hparams_json TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL,
+    metric REAL,
+    error TEXT,
+    PRIMARY KEY (search_id, number)
+);
+CREATE INDEX IF NOT EXISTS trials_run ON trials (run_id);
 """
+
+# Version 6 added the searches and trials tables (dtwork.store.searches): a search's file, searcher and
+# metric, and each trial's run, hyperparameters, status and metric. An older store gets them empty.
 
 # Version 5 added the deliveries table: the last batch stored of each rank's cell (its stream), written
 # in the transaction of the batch's rows, so that a batch sent again (a kept cluster's ranks, read by a

@@ -5,7 +5,7 @@
 
 import { MAX_BATCHES_SHOWN, SERVER_MISSING_MESSAGE } from './constants';
 import { ApiError } from './errors';
-import type { IAdaptiveBatch, IClusterInfo, IGpusReply, IRunsReply, SparkPoint } from './types';
+import type { IAdaptiveBatch, IClusterInfo, IGpusReply, IRunsReply, ISearchGroup, SparkPoint } from './types';
 
 export const DASH = '—';
 
@@ -61,6 +61,13 @@ export function formatBSimple(bSimple: number | null | undefined): string {
 }
 
 /** A loss value with 4 significant digits. */
+/** A search's tally as its group's header says it: "best val_loss 0.01 · 1 running · 0 stopped · 2 done". */
+export function searchTally(group: ISearchGroup): string {
+  const failed = group.failed ? ` · ${group.failed} failed` : '';
+  const best = `best ${group.metric ?? 'metric'} ${formatLoss(group.best)}`;
+  return `${best} · ${group.running} running · ${group.stopped} stopped · ${group.done} done${failed}`;
+}
+
 export function formatLoss(loss: number | null | undefined): string {
   if (!isNumber(loss)) {
     return DASH;

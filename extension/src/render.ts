@@ -20,6 +20,7 @@ import {
   NO_CLUSTERS,
   noRunsMessage,
   Problem,
+  searchTally,
   sparklinePoints,
   stateClass
 } from './model';
@@ -31,6 +32,7 @@ import type {
   IGpusReply,
   IRunSummary,
   IRunsReply,
+  ISearchGroup,
   SparkPoint
 } from './types';
 
@@ -192,6 +194,53 @@ function runCard(run: IRunSummary, onReport: (r: IRunSummary) => void): HTMLElem
   );
 }
 
+function searchGroup(
+  group: ISearchGroup,
+  runs: IRunSummary[],
+  onReport: (r: IRunSummary) => void
+): HTMLElement {
+  return el(
+    'div',
+    { className: 'dtwork-Search', data: { searchId: String(group.id) } },
+    el(
+      'div',
+      { className: 'dtwork-Card-head' },
+      badge(group.status),
+      el('span', {
+        className: 'dtwork-Card-title',
+        text: `Search #${group.id} ${group.label} (${group.searcher})`
+      })
+    ),
+    el('div', { className: 'dtwork-Meta dtwork-Search-tally', text: searchTally(group) }),
+    ...runs.map(r => runCard(r, onReport))
+  );
+}
+
+/** The runs in order, a search's trial runs together under its header where its newest shown run is. */
+function grouped(
+  runs: IRunSummary[],
+  searches: ISearchGroup[],
+  onReport: (r: IRunSummary) => void
+): HTMLElement[] {
+  const searchOf = new Map<number, ISearchGroup>();
+  for (const group of searches) {
+    group.run_ids.forEach(id => searchOf.set(id, group));
+  }
+  const out: HTMLElement[] = [];
+  const placed = new Set<number>();
+  for (const run of runs) {
+    const group = searchOf.get(run.id);
+    if (!group) {
+      out.push(runCard(run, onReport));
+    } else if (!placed.has(group.id)) {
+      placed.add(group.id);
+      const trials = group.run_ids.flatMap(id => runs.filter(r => r.id === id));
+      out.push(searchGroup(group, trials, onReport));
+    }
+  }
+  return out;
+}
+
 export function renderRuns(reply: IRunsReply, onReport: (run: IRunSummary) => void): HTMLElement {
   if (!reply.runs.length) {
     return emptyState(noRunsMessage(reply));
@@ -201,7 +250,7 @@ export function renderRuns(reply: IRunsReply, onReport: (run: IRunSummary) => vo
   return el(
     'div',
     { className: 'dtwork-List' },
-    ...shown.map(r => runCard(r, onReport)),
+    ...grouped(shown, reply.searches ?? [], onReport),
     more > 0
       ? el('p', { className: 'dtwork-Meta', text: `${more} older run(s): %dtrain runs lists them all` })
       : null

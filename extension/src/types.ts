@@ -98,11 +98,31 @@ export interface IRunSummary {
   adaptive_batch?: IAdaptiveBatch | null;
 }
 
+/** a search grouping its trials' runs; part of GET /dtwork/runs (SearchGroup in wire.py) */
+export interface ISearchGroup {
+  id: number;
+  label: string;
+  searcher: string;
+  status: string;
+  metric: string | null;
+  /** the best searcher.metric so far, null before any trial has one */
+  best: number | null;
+  trials: number;
+  running: number;
+  stopped: number;
+  done: number;
+  failed: number;
+  /** its trials' runs in trial order, the running ones last */
+  run_ids: number[];
+}
+
 /** matches GET /dtwork/runs */
 export interface IRunsReply {
   store_exists: boolean;
   total: number;
   runs: IRunSummary[];
+  /** the newest searches (a server without searches sends none) */
+  searches?: ISearchGroup[];
 }
 
 /** matches GET /dtwork/runs/<id> */

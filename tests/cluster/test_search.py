@@ -4,6 +4,7 @@ read from the store, and a trial's model equal to a standalone run with the same
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ def test_a_grid_runs_each_trial_as_a_run_and_a_failing_trial_costs_only_itself(
     fresh_run: Any, tmp_path: Path, capsys: Any
 ) -> None:
     import dtwork
+    from dtwork.store import searches
 
     c = fresh_run
     path = tmp_path / "tiny.yaml"
@@ -66,6 +68,17 @@ def test_a_grid_runs_each_trial_as_a_run_and_a_failing_trial_costs_only_itself(
     best = min(trials[::2], key=lambda t: t.metric)
     assert result.best is best
     assert c.config.global_batch_size is None and c.config.hyperparameters == {}  # its own config back
+    # the search's record: its trials point to their runs, with what the result says of them
+    record = searches.get(store.db, result.search_id)
+    tally = (record["label"], record["status"], record["trials"], record["done"], record["failed"])
+    assert tally == ("tiny.yaml", "completed", 4, 2, 2)
+    assert record["best"] == best.metric and record["cluster_id"] == c.cluster_id and record["code"] == CELL
+    assert yaml.safe_load(record["config_yaml"]) == yaml.safe_load(SEARCH)
+    rows = searches.trials(store.db, result.search_id)
+    assert [(r["number"], r["run_id"], r["status"], r["metric"], r["hparams"]) for r in rows] == [
+        (t.number, t.run_id, t.status, t.metric, t.hparams) for t in trials
+    ]
+    assert all(store.get_run(r["run_id"])["config_yaml"] for r in rows)
     # the last completed trial's model, against a standalone run of the same hyperparameters
     c.run("searched = params", quiet=True)
     c.configure(result.search.configs[2])
@@ -80,5 +93,15 @@ def test_the_cell_magic_runs_a_search_and_prints_its_trials(
     path.write_text(SEARCH.replace("vals: [ok, fail]", "vals: [ok]").replace("[0.01, 0.1]", "[0.05]"))
     ip.run_cell_magic("dtrain", f"search {path} --quiet", CELL)
     out = capsys.readouterr().out
-    assert "grid search one.yaml: 1 trials, val_loss" in out
-    assert "best: trial 1 (run " in out
+    found = re.search(r"grid search one\.yaml \(search (\d+)\): 1 trials, val_loss", out)
+    assert found is not None, out
+    run = re.search(r"best: trial 1 \(run (\d+)\)", out)
+    assert run is not None, out
+    # the shell's view of the search, through %dtrain runs on the cluster's store
+    ip.run_line_magic("dtrain", f"runs list --search {found[1]}")
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].startswith(f"search {found[1]}  one.yaml  grid  completed  metric val_loss")
+    assert listed[2].split()[:4] == ["1", "*", run[1], "completed"]
+    ip.run_line_magic("dtrain", "runs searches")
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows[found[1]][1:4] == ["one.yaml", "grid", "completed"]

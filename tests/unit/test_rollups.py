@@ -249,7 +249,7 @@ def test_a_v3_store_upgrades_in_place_keeping_every_user_metric(tmp_path: Path, 
     ).fetchall()
     conn.close()
     with RunStore(path) as store:
-        assert store.db.connection().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert store.db.connection().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         user_after = (
             store.db.connection()
             .execute(

@@ -200,7 +200,7 @@ async def test_unknown_route_is_json_404(jp_fetch: Any) -> None:
 
 @in_loop
 async def test_runs_without_store_are_empty(jp_fetch: Any) -> None:
-    assert await get_json(jp_fetch, "runs") == {"store_exists": False, "total": 0, "runs": []}
+    assert await get_json(jp_fetch, "runs") == {"store_exists": False, "total": 0, "runs": [], "searches": []}
     assert "store is empty" in await error_of(jp_fetch, "runs", "1")
 
 
@@ -229,6 +229,28 @@ async def test_runs_list(jp_fetch: Any, store: dict[str, int]) -> None:
     assert 2 <= len(spark) <= 48
     assert spark[0] == [0, 2.0] and spark[-1] == [99, pytest.approx(0.02)]  # aggregated, not rank 0's 9.0
     assert [p[0] for p in spark] == sorted(p[0] for p in spark)
+
+
+@in_loop
+async def test_runs_group_a_searchs_trial_runs(jp_fetch: Any, dtwork_env: dict[str, Path]) -> None:
+    from dtwork.store import searches
+
+    with RunStore(dtwork_env["store"]) as s:
+        new = searches.NewSearch(
+            "sweep.yaml", "grid", "loss", True, None, "pass", "c1", 2, "gloo", [{}, {}, {}]
+        )
+        sid = searches.create(s.db, new)
+        first = s.create_run(world_size=2, backend="gloo", cluster_id="c1")
+        searches.set_trial(s.db, sid, 1, run_id=first, status="completed", metric=0.5)
+        s.set_run_status(first, "completed", ended=True)
+        second = s.create_run(world_size=2, backend="gloo", cluster_id="c1")  # trial 2, training
+        other = s.create_run(world_size=2, backend="gloo", cluster_id="c2")  # not the search's
+    body = await get_json(jp_fetch, "runs")
+    assert [r["id"] for r in body["runs"]] == [other, second, first]
+    (group,) = body["searches"]
+    assert group["run_ids"] == [first, second]
+    tally = [group[k] for k in ("id", "label", "status", "best", "trials", "running", "stopped", "done")]
+    assert tally == [sid, "sweep.yaml", "running", 0.5, 3, 1, 0, 1]
 
 
 @in_loop

@@ -75,6 +75,40 @@ describe('rendering', () => {
     expect(onReport).toHaveBeenCalledWith(expect.objectContaining({ id: 3 }));
   });
 
+  it("groups a search's trial runs under its header with its tally, other runs apart", () => {
+    const group = {
+      id: 2,
+      label: 'sweep.yaml',
+      searcher: 'grid',
+      status: 'running',
+      metric: 'val_loss',
+      best: 0.25,
+      trials: 4,
+      running: 1,
+      stopped: 1,
+      done: 1,
+      failed: 0,
+      run_ids: [5, 6, 8]
+    };
+    const node = renderRuns(
+      { store_exists: true, total: 5, runs: [run(9), run(8), run(7), run(6), run(5)], searches: [group] },
+      vi.fn()
+    );
+    const cards = [...node.children].map(
+      c => c.getAttribute('data-run-id') ?? `search ${c.getAttribute('data-search-id')}`
+    );
+    expect(cards).toEqual(['9', 'search 2', '7']);
+    const search = node.querySelector('[data-search-id="2"]');
+    expect(search?.querySelector('.dtwork-Card-title')?.textContent).toBe('Search #2 sweep.yaml (grid)');
+    expect(search?.querySelector('.dtwork-Search-tally')?.textContent).toBe(
+      'best val_loss 0.25 · 1 running · 1 stopped · 1 done'
+    );
+    const trials = [...(search?.querySelectorAll('[data-run-id]') ?? [])].map(c =>
+      c.getAttribute('data-run-id')
+    );
+    expect(trials).toEqual(['5', '6', '8']);
+  });
+
   it('says where a run diverged, and nothing for one that did not', () => {
     const node = renderRuns(
       {
