@@ -1,10 +1,14 @@
-"""``%%dtrain search EXP.yaml`` / ``dtwork.search``: a grid or random search on the warm cluster.
+"""``%%dtrain search EXP.yaml`` / ``dtwork.search``: a grid, random or ASHA search on the warm cluster.
 
 The cell is every trial's code. Trials run one after another on the whole cluster, each a run of its
 own: the cluster is configured with the trial's config (its hyperparameters constants, as
 ``ctx.hparams`` gives them), the cell runs as a training cell does, and the trial's result is the last
 value of ``searcher.metric`` it logged. A trial that fails costs that trial; Ctrl-C stops the search
 after recording the trial it interrupted; the cluster's own config comes back at the end.
+
+An ASHA search hands out a trial again at a longer length when it promotes it: that piece is a new
+run of the trial whose training loop resumes from the newest checkpoint of the trial's previous run
+(the ranks' ``auto_resume`` names that run), so it goes on from the step its shorter rung ended at.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ class Trial:
 
     number: int
     hparams: dict[str, Any]
-    run_id: int | None = None
-    status: str = "not run"  # completed, failed, interrupted, not run
+    run_id: int | None = None  # its last run (an ASHA trial has one per rung it trained to)
+    status: str = "not run"  # completed, stopped (by the searcher, at a rung), failed, interrupted, not run
     metric: float | None = None
     error: str | None = None
+    rung: int | None = None  # ASHA: the rung it reached (0-based)
+    runs: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -60,7 +66,8 @@ class SearchResult:
         for t in self.trials:
             value = "" if t.metric is None else f" {name}={t.metric:.6g}"
             run = f"run {t.run_id}" if t.run_id is not None else "no run"
-            lines.append(f"  trial {t.number} ({run}, {t.status}{value}): {_said(t.hparams)}")
+            rung = "" if t.rung is None else f", rung {t.rung}"
+            lines.append(f"  trial {t.number} ({run}, {t.status}{rung}{value}): {_said(t.hparams)}")
         best = self.best
         if best is not None:
             lines.append(f"best: trial {best.number} (run {best.run_id}) {name}={best.metric:.6g}")
@@ -101,12 +108,18 @@ def search(
     try:
         while (work := searcher.next()) is not None:
             trial = result.trials[work.trial - 1]
+            rung = searcher.rung(work.trial)
             if not quiet:
-                print(f"dtwork: {plan.searcher} search, trial {trial.number}/{n}: {_said(trial.hparams)}")
-            cluster.configure(plan.configs[work.trial - 1])  # a new run begins with this trial's config
+                at = "" if work.length is None else f", to {work.length.value} {work.length.unit}"
+                print(f"dtwork: {plan.searcher} search, trial {trial.number}/{n}{at}: {_said(trial.hparams)}")
+            config = plan.configs[work.trial - 1]
+            if work.length is not None:  # the searcher's length for this piece (an ASHA rung)
+                config = config.with_path("searcher.max_length", work.length.to_dict())
+            cluster.configure(config)  # a new run begins with this trial's config
             try:
+                _resume_from(cluster, trial.run_id if work.resume else None)
                 cluster.run(code, quiet=quiet)
-                trial.status = "completed"
+                trial.status, trial.rung = "completed", rung
             except KeyboardInterrupt:
                 trial.status = "interrupted"
                 raise
@@ -115,8 +128,12 @@ def search(
                 if not quiet:
                     print(f"dtwork: trial {trial.number} failed: {trial.error}")
             finally:
+                if work.resume:
+                    _resume_from(cluster, None)
                 _record(cluster, plan, trial, n)
                 searcher.report(work, trial.metric, ok=trial.status == "completed")
+                if trial.status == "completed" and searcher.stopped(work.trial):
+                    trial.status = "stopped"  # below the top rung, not promoted: it trains no further
     except KeyboardInterrupt:
         if not quiet and work is not None:
             print(f"dtwork: search stopped at trial {work.trial}/{n}; its run is recorded interrupted")
@@ -133,16 +150,26 @@ def _error_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
+def _resume_from(cluster: Cluster, run_id: int | None) -> None:
+    """Have the ranks' next training loop resume run ``run_id``'s newest checkpoint (None: not)."""
+    from dtwork.runtime import entry
+
+    if run_id is not None or cluster.engines.state == "running":
+        cluster.engines.call(entry.set_auto_resume, (run_id or False,), {})
+
+
 def _record(cluster: Cluster, plan: Search, trial: Trial, n: int) -> None:
     """Note the trial on its run (an event) and read its metric's last value from the store."""
     session = cluster.session
-    trial.run_id = session.run_id
-    if trial.run_id is None:
+    if session.run_id is None:
         return
+    trial.run_id = session.run_id
+    trial.runs.append(trial.run_id)
+    rung = "" if trial.rung is None else f" (rung {trial.rung})"
     session.event(
         "search",
-        f"trial {trial.number}/{n} of the {plan.searcher} search {plan.label}: {_said(trial.hparams)}",
-        {"search": plan.label, "trial": trial.number, "hparams": trial.hparams},
+        f"trial {trial.number}/{n}{rung} of the {plan.searcher} search {plan.label}: {_said(trial.hparams)}",
+        {"search": plan.label, "trial": trial.number, "hparams": trial.hparams, "rung": trial.rung},
     )
     if plan.metric is None:
         return
