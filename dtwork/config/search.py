@@ -121,7 +121,8 @@ def _asha_trial(trial: dict[str, Any], asha: AshaPlan) -> None:
     """An ASHA trial's config: the top rung's length (each piece of work sets its rung's), and a
     checkpoint at least at the loop's end when the file asks for none (a promotion resumes it)."""
     trial["searcher"]["max_length"] = asha.max_length.to_dict()
-    saves = trial.get("checkpoint") if isinstance(trial.get("checkpoint"), Mapping) else {}
+    found = trial.get("checkpoint")
+    saves: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     if not saves.get("every") and trial.get("min_checkpoint_period") is None:
         trial["checkpoint"] = {**saves, "every": _END_ONLY}
 
