@@ -88,6 +88,12 @@ def load_search(source: str | os.PathLike[str] | Mapping[str, Any]) -> Search:
         raise error(f"{label}: hyperparameters must be a mapping of names to values or searched ranges")
     axes = list(_axes((), hps, label))
     asha = asha_plan(searcher, label) if name in ASHA_SEARCHERS else None
+    for own in ("max_steps", "max_epochs") if asha is not None else ():
+        if data.get(own) is not None:  # it would win over the rung's length (ExperimentConfig.stop)
+            raise error(
+                f"{label}: {own}: an ASHA search sets each trial's length per rung (searcher.max_length): "
+                "remove it"
+            )
     if asha is not None:  # Determined draws an ASHA search's trials as random does
         points = _random(axes, sum(b.max_trials for b in asha.brackets), _seed(data))
     elif name == "random":
@@ -95,11 +101,12 @@ def load_search(source: str | os.PathLike[str] | Mapping[str, Any]) -> Search:
     else:
         points = _grid(axes, label, single=name == "single")
     hparams = [_nest(hps, point) for point in points]
+    drop = ASHA_FIELDS if asha is not None else ("max_trials", "max_concurrent_trials")  # the search's own
     configs = []
     for i, hp in enumerate(hparams):
         trial = copy.deepcopy(dict(data))
         trial["hyperparameters"] = hp
-        trial["searcher"] = {k: v for k, v in searcher.items() if k not in ASHA_FIELDS}
+        trial["searcher"] = {k: v for k, v in searcher.items() if k not in drop}
         trial["searcher"]["name"] = "single"
         if asha is not None:
             _asha_trial(trial, asha)

@@ -234,8 +234,12 @@ def test_determineds_mnist_examples_make_its_brackets() -> None:
             "{name: async_halving, metric: m, max_trials: 4, max_length: {batches: 9}}",
             "search: searcher.num_rungs: async_halving needs num_rungs: N",
         ),
+        (
+            "{name: adaptive_asha, metric: m, max_trials: 4, max_length: {batches: 9}}\nmax_steps: 5",
+            "search: max_steps: an ASHA search sets each trial's length per rung",
+        ),
     ],
-    ids=["no-length", "time-metric", "max-trials", "divisor", "mode", "num-rungs"],
+    ids=["no-length", "time-metric", "max-trials", "divisor", "mode", "num-rungs", "max-steps"],
 )
 def test_an_asha_search_that_cannot_run_is_refused_in_one_line(searcher: str, said: str) -> None:
     with pytest.raises(ConfigError) as err:
