@@ -1,6 +1,7 @@
 """A hyperparameter search in Determined's vocabulary: the trials a search file makes.
 
-A search file is an experiment file whose ``searcher.name`` is ``grid`` or ``random`` (or ``single``)
+A search file is an experiment file whose ``searcher.name`` is ``grid``, ``random``, ``adaptive_asha``
+or ``async_halving`` (or ``single``)
 and whose ``hyperparameters`` may be searched (``int``, ``double``, ``log``, ``categorical``,
 ``const``, nested as Determined nests them). Each trial is the same file with every hyperparameter
 a constant and ``searcher.name: single``: an experiment config as ``load_config`` reads it, so a
@@ -11,7 +12,9 @@ Grid points follow Determined's grid searcher: ``count`` evenly spaced points fr
 one point: the middle), categorical values in their order, nested names in sorted order, the first
 name varying slowest. Random trials draw each value uniformly (``log``: its exponent), ``max_trials``
 of them, from a seeded generator (``reproducibility.experiment_seed``, 0 by default), so the same
-file makes the same trials.
+file makes the same trials. An ASHA search draws its ``max_trials`` the same way; its brackets and
+rungs are ``config/asha.py``'s, and each trial's config holds the top rung's length (a piece of work
+sets its rung's) and checkpoints at least at its loop's end, so that a promotion resumes it.
 """
 
 from __future__ import annotations
