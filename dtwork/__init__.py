@@ -47,7 +47,7 @@ _LAZY = {
     "Cluster": ("dtwork.cluster", "Cluster"),
     "start": ("dtwork.cluster", "start"),
     "attach": ("dtwork.cluster", "attach"),
-    "search": ("dtwork.commands.search", "search"),  # a grid or random search on the running cluster
+    "search": ("dtwork.commands.search", "search"),  # a grid, random or ASHA search on the running cluster
     "load_config": ("dtwork.config", "load_config"),
     "export_checkpoint": (
         "dtwork.runtime.checkpoint.trial",

@@ -68,10 +68,11 @@ Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
   and discards the cell's print output and results on every rank (records are still stored).
 
 Cell magic ``%%dtrain search EXP.yaml [--quiet]``:
-  A grid or random search in Determined's vocabulary (searcher.name grid|random, searched
+  A search in Determined's vocabulary (searcher.name grid|random|adaptive_asha, searched
   hyperparameters int, double, log, categorical): the cell runs once per trial on the whole
-  cluster, each trial a run with its hyperparameters as ctx.hparams; the trials' searcher.metric
-  and the best are printed. A failing trial costs that trial; Ctrl-C stops the search.
+  cluster (adaptive_asha: once per rung reached, a promoted trial resuming from its checkpoint),
+  each trial a run with its hyperparameters as ctx.hparams; the trials' searcher.metric and the
+  best are printed. A failing trial costs that trial; Ctrl-C stops the search.
 
 The full reference (every option, every ctx helper): docs/reference.md.
 """

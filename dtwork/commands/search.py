@@ -1,10 +1,14 @@
-"""``%%dtrain search EXP.yaml`` / ``dtwork.search``: a grid or random search on the warm cluster.
+"""``%%dtrain search EXP.yaml`` / ``dtwork.search``: a grid, random or ASHA search on the warm cluster.
 
 The cell is every trial's code. Trials run one after another on the whole cluster, each a run of its
 own: the cluster is configured with the trial's config (its hyperparameters constants, as
 ``ctx.hparams`` gives them), the cell runs as a training cell does, and the trial's result is the last
 value of ``searcher.metric`` it logged. A trial that fails costs that trial; Ctrl-C stops the search
 after recording the trial it interrupted; the cluster's own config comes back at the end.
+
+An ASHA search hands out a trial again at a longer length when it promotes it: that piece is a new
+run of the trial whose training loop resumes from the newest checkpoint of the trial's previous run
+(the ranks' ``auto_resume`` names that run), so it goes on from the step its shorter rung ended at.
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ class Trial:
 
     number: int
     hparams: dict[str, Any]
-    run_id: int | None = None
-    status: str = "not run"  # completed, failed, interrupted, not run
+    run_id: int | None = None  # its last run (an ASHA trial has one per rung it trained to)
+    status: str = "not run"  # completed, stopped (by the searcher, at a rung), failed, interrupted, not run
     metric: float | None = None
     error: str | None = None
+    rung: int | None = None  # ASHA: the rung it reached (0-based)
+    runs: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -65,7 +71,8 @@ class SearchResult:
         for t in self.trials:
             value = "" if t.metric is None else f" {name}={t.metric:.6g}"
             run = f"run {t.run_id}" if t.run_id is not None else "no run"
-            lines.append(f"  trial {t.number} ({run}, {t.status}{value}): {_said(t.hparams)}")
+            rung = "" if t.rung is None else f", rung {t.rung}"
+            lines.append(f"  trial {t.number} ({run}, {t.status}{rung}{value}): {_said(t.hparams)}")
         best = self.best
         if best is not None:
             lines.append(f"best: trial {best.number} (run {best.run_id}) {name}={best.metric:.6g}")
@@ -108,12 +115,18 @@ def search(
     try:
         while (work := searcher.next()) is not None:
             trial = result.trials[work.trial - 1]
+            rung = searcher.rung(work.trial)
             if not quiet:
-                print(f"dtwork: {plan.searcher} search, trial {trial.number}/{n}: {_said(trial.hparams)}")
-            cluster.configure(plan.configs[work.trial - 1])  # a new run begins with this trial's config
+                at = "" if work.length is None else f", to {work.length.value} {work.length.unit}"
+                print(f"dtwork: {plan.searcher} search, trial {trial.number}/{n}{at}: {_said(trial.hparams)}")
+            config = plan.configs[work.trial - 1]
+            if work.length is not None:  # the searcher's length for this piece (an ASHA rung)
+                config = config.with_path("searcher.max_length", work.length.to_dict())
+            cluster.configure(config)  # a new run begins with this trial's config
             try:
+                _resume_from(cluster, trial.run_id if work.resume else None)
                 cluster.run(code, quiet=quiet)
-                trial.status = "completed"
+                trial.status, trial.rung = "completed", rung
             except KeyboardInterrupt:
                 trial.status = "interrupted"
                 raise
@@ -122,8 +135,14 @@ def search(
                 if not quiet:
                     print(f"dtwork: trial {trial.number} failed: {trial.error}")
             finally:
+                if work.resume:
+                    _resume_from(cluster, None)
                 _record(cluster, result, trial, n)
                 searcher.report(work, trial.metric, ok=trial.status == "completed")
+                if trial.status == "completed" and searcher.stopped(work.trial):
+                    trial.status = "stopped"  # below the top rung, not promoted: it trains no further
+                if result.search_id is not None:
+                    record_trial(cluster, result.search_id, trial)
         ended = "completed"
     except KeyboardInterrupt:
         ended = "interrupted"
@@ -145,27 +164,37 @@ def _error_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
+def _resume_from(cluster: Cluster, run_id: int | None) -> None:
+    """Have the ranks' next training loop resume run ``run_id``'s newest checkpoint (None: not)."""
+    from dtwork.runtime import entry
+
+    if run_id is not None or cluster.engines.state == "running":
+        cluster.engines.call(entry.set_auto_resume, (run_id or False,), {})
+
+
 def _record(cluster: Cluster, result: SearchResult, trial: Trial, n: int) -> None:
-    """Note the trial on its run (an event), read its metric's last value from the store and write the
-    trial into the search's record."""
+    """Note the trial on its run (an event) and read its metric's last value from the store."""
     plan, session = result.search, cluster.session
+    if session.run_id is None:
+        return
     trial.run_id = session.run_id
-    if trial.run_id is not None:
-        session.event(
-            "search",
-            f"trial {trial.number}/{n} of the {plan.searcher} search {plan.label}: {_said(trial.hparams)}",
-            {
-                "search": plan.label,
-                "search_id": result.search_id,
-                "trial": trial.number,
-                "hparams": trial.hparams,
-            },
-        )
-    if trial.run_id is not None and plan.metric is not None:
-        session.writer.flush(force=True)
-        rows = session.store.metrics(trial.run_id, plan.metric, rank="all")
-        if rows:
-            last = max(rows, key=lambda r: (r["step"], r["rank"] is None, -(r["rank"] or 0)))
-            trial.metric = None if last["value"] is None else float(last["value"])
-    if result.search_id is not None:
-        record_trial(cluster, result.search_id, trial)
+    trial.runs.append(trial.run_id)
+    rung = "" if trial.rung is None else f" (rung {trial.rung})"
+    session.event(
+        "search",
+        f"trial {trial.number}/{n}{rung} of the {plan.searcher} search {plan.label}: {_said(trial.hparams)}",
+        {
+            "search": plan.label,
+            "search_id": result.search_id,
+            "trial": trial.number,
+            "hparams": trial.hparams,
+            "rung": trial.rung,
+        },
+    )
+    if plan.metric is None:
+        return
+    session.writer.flush(force=True)
+    rows = session.store.metrics(trial.run_id, plan.metric, rank="all")
+    if rows:
+        last = max(rows, key=lambda r: (r["step"], r["rank"] is None, -(r["rank"] or 0)))
+        trial.metric = None if last["value"] is None else float(last["value"])

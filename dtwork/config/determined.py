@@ -91,8 +91,8 @@ def translate(data: Mapping[Any, Any], label: str, notes: list[str]) -> dict[Any
     if isinstance(searcher, Mapping) and searcher.get("name") in _SEARCHES:
         run = (
             "run the file with %%dtrain search (dtwork.search), each trial a run"
-            if searcher["name"] in ("grid", "random")
-            else "dtwork runs grid and random searches (%%dtrain search) but not this one yet"
+            if searcher["name"] in ("grid", "random", "adaptive_asha", "async_halving")
+            else "dtwork runs grid, random and adaptive_asha searches (%%dtrain search) but not this one yet"
         )
         fail(
             label,

@@ -1,6 +1,7 @@
 """A hyperparameter search in Determined's vocabulary: the trials a search file makes.
 
-A search file is an experiment file whose ``searcher.name`` is ``grid`` or ``random`` (or ``single``)
+A search file is an experiment file whose ``searcher.name`` is ``grid``, ``random``, ``adaptive_asha``
+or ``async_halving`` (or ``single``)
 and whose ``hyperparameters`` may be searched (``int``, ``double``, ``log``, ``categorical``,
 ``const``, nested as Determined nests them). Each trial is the same file with every hyperparameter
 a constant and ``searcher.name: single``: an experiment config as ``load_config`` reads it, so a
@@ -11,7 +12,9 @@ Grid points follow Determined's grid searcher: ``count`` evenly spaced points fr
 one point: the middle), categorical values in their order, nested names in sorted order, the first
 name varying slowest. Random trials draw each value uniformly (``log``: its exponent), ``max_trials``
 of them, from a seeded generator (``reproducibility.experiment_seed``, 0 by default), so the same
-file makes the same trials.
+file makes the same trials. An ASHA search draws its ``max_trials`` the same way; its brackets and
+rungs are ``config/asha.py``'s, and each trial's config holds the top rung's length (a piece of work
+sets its rung's) and checkpoints at least at its loop's end, so that a promotion resumes it.
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ from typing import Any
 
 from dtwork.config._rules import error
 from dtwork.config._yaml import parse_yaml
+from dtwork.config.asha import ASHA_FIELDS, ASHA_SEARCHERS, AshaPlan, asha_plan
 from dtwork.config.schema import ExperimentConfig, load_config, looks_like_path, read_file
 
 __all__ = ["SEARCHERS", "Search", "load_search"]
 
-SEARCHERS = ("single", "grid", "random")
-_LATER = ("adaptive_asha", "adaptive", "adaptive_simple", "async_halving", "pbt", "custom")
+SEARCHERS = ("single", "grid", "random", *ASHA_SEARCHERS)
+_LATER = ("adaptive", "adaptive_simple", "pbt", "custom")
+# A trial of an ASHA search checkpoints at least at its loop's end, so that a promotion resumes it.
+_END_ONLY = 1_000_000_000
 _TYPES = ("const", "int", "double", "log", "categorical")
 
 Route = tuple[str, ...]
@@ -47,6 +53,7 @@ class Search:
     metric: str | None
     smaller_is_better: bool
     configs: list[ExperimentConfig]  # each trial's config: its hyperparameters constants
+    asha: AshaPlan | None = None  # adaptive_asha, async_halving: the brackets and their rungs
 
     @property
     def hparams(self) -> list[dict[str, Any]]:
@@ -74,26 +81,38 @@ def load_search(source: str | os.PathLike[str] | Mapping[str, Any]) -> Search:
     searcher: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     name = searcher.get("name", "single")
     if name in _LATER:
-        raise error(f"{label}: searcher.name {name!r} is not supported yet: use grid or random")
+        raise error(
+            f"{label}: searcher.name {name!r} is not supported yet: use grid, random or adaptive_asha"
+        )
     if name not in SEARCHERS:
         raise error(f"{label}: searcher.name {name!r} is not a searcher: use one of {', '.join(SEARCHERS)}")
     hps = data.get("hyperparameters") or {}
     if not isinstance(hps, Mapping):
         raise error(f"{label}: hyperparameters must be a mapping of names to values or searched ranges")
     axes = list(_axes((), hps, label))
-    if name == "random":
+    asha = asha_plan(searcher, label) if name in ASHA_SEARCHERS else None
+    for own in ("max_steps", "max_epochs") if asha is not None else ():
+        if data.get(own) is not None:  # it would win over the rung's length (ExperimentConfig.stop)
+            raise error(
+                f"{label}: {own}: an ASHA search sets each trial's length per rung (searcher.max_length): "
+                "remove it"
+            )
+    if asha is not None:  # Determined draws an ASHA search's trials as random does
+        points = _random(axes, sum(b.max_trials for b in asha.brackets), _seed(data))
+    elif name == "random":
         points = _random(axes, _max_trials(searcher, label), _seed(data))
     else:
         points = _grid(axes, label, single=name == "single")
     hparams = [_nest(hps, point) for point in points]
+    drop = ASHA_FIELDS if asha is not None else ("max_trials", "max_concurrent_trials")  # the search's own
     configs = []
     for i, hp in enumerate(hparams):
         trial = copy.deepcopy(dict(data))
         trial["hyperparameters"] = hp
-        trial["searcher"] = {
-            k: v for k, v in searcher.items() if k not in ("max_trials", "max_concurrent_trials")
-        }
+        trial["searcher"] = {k: v for k, v in searcher.items() if k not in drop}
         trial["searcher"]["name"] = "single"
+        if asha is not None:
+            _asha_trial(trial, asha)
         try:
             configs.append(load_config(trial))
         except Exception as exc:  # a ConfigError names the field; say which trial
@@ -104,7 +123,18 @@ def load_search(source: str | os.PathLike[str] | Mapping[str, Any]) -> Search:
         metric=searcher.get("metric"),
         smaller_is_better=bool(searcher.get("smaller_is_better", True)),
         configs=configs,
+        asha=asha,
     )
+
+
+def _asha_trial(trial: dict[str, Any], asha: AshaPlan) -> None:
+    """An ASHA trial's config: the top rung's length (each piece of work sets its rung's), and a
+    checkpoint at least at the loop's end when the file asks for none (a promotion resumes it)."""
+    trial["searcher"]["max_length"] = asha.max_length.to_dict()
+    found = trial.get("checkpoint")
+    saves: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    if not saves.get("every") and trial.get("min_checkpoint_period") is None:
+        trial["checkpoint"] = {**saves, "every": _END_ONLY}
 
 
 def _said(hp: Mapping[str, Any]) -> str:

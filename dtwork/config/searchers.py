@@ -10,12 +10,14 @@ side drive the same searcher.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dtwork.config._rules import Length
+from dtwork.config.asha import WORST, Bracket
 from dtwork.config.search import Search
 
-__all__ = ["Searcher", "Sweep", "Work", "searcher_for"]
+__all__ = ["AshaSearcher", "Searcher", "Sweep", "Work", "searcher_for"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,14 @@ class Searcher:
     def finished(self) -> bool:
         raise NotImplementedError
 
+    def rung(self, trial: int) -> int | None:
+        """The rung (0-based) ``trial`` trains to now, or trained to last, for a searcher with rungs."""
+        return None
+
+    def stopped(self, trial: int) -> bool:
+        """Whether the searcher stopped ``trial`` short of its full length (not a failure)."""
+        return False
+
 
 class Sweep(Searcher):
     """single, grid and random: every trial once, in order, at its config's length."""
@@ -66,6 +76,65 @@ class Sweep(Searcher):
         return not self._queue and not self.running
 
 
+class AshaSearcher(Searcher):
+    """adaptive_asha and async_halving (``config/asha.py``): each bracket's queue of trials to train
+    to a rung. Trials are numbered as they start, in the order of the plan's drawn configs. The next
+    piece is a promotion before a new trial (the highest rung first, as in Li et al.'s ASHA), taken
+    from the brackets in turn, each within its ``max_concurrent_trials``; a promoted trial resumes."""
+
+    def __init__(self, plan: Search) -> None:
+        super().__init__(plan)
+        assert plan.asha is not None  # load_search made it for these searchers
+        self.asha = plan.asha
+        self.brackets = [Bracket(b, plan.asha.divisor) for b in plan.asha.brackets]
+        self.bracket_of: dict[int, Bracket] = {}
+        self.started = 0
+        self.turn = 0  # the bracket that goes first on a tie
+
+    def next(self) -> Work | None:
+        choices = []
+        for i, b in enumerate(self.brackets):
+            busy = sum(1 for t in self.running if self.bracket_of[t] is b)
+            if b.queue and busy < b.plan.max_concurrent_trials:
+                best = max(range(len(b.queue)), key=lambda j: (b.queue[j][1], -j))
+                choices.append((b.queue[best][1], -((i - self.turn) % len(self.brackets)), i, best))
+        if not choices:
+            return None
+        rung, _, i, j = max(choices)
+        bracket = self.brackets[i]
+        trial, _ = bracket.queue.pop(j)
+        self.turn = (i + 1) % len(self.brackets)
+        if trial is None:
+            self.started += 1
+            trial = self.started
+            bracket.start(trial)
+            self.bracket_of[trial] = bracket
+        self.running.add(trial)
+        return Work(trial, Length(self.asha.unit, bracket.plan.lengths[rung]), resume=rung > 0)
+
+    def report(self, work: Work, metric: float | None, ok: bool) -> None:
+        super().report(work, metric, ok)
+        bracket = self.bracket_of[work.trial]
+        if not ok or metric is None or not math.isfinite(metric):
+            bracket.failed.add(work.trial)  # the worst of its rung, as Determined counts an exited trial
+            value = WORST
+        else:
+            value = metric if self.plan.smaller_is_better else -metric
+        bracket.result(work.trial, value)
+
+    @property
+    def finished(self) -> bool:
+        return not self.running and not any(b.queue for b in self.brackets)
+
+    def rung(self, trial: int) -> int | None:
+        bracket = self.bracket_of.get(trial)
+        return None if bracket is None else bracket.rung_of[trial]
+
+    def stopped(self, trial: int) -> bool:
+        bracket = self.bracket_of.get(trial)
+        return bracket is not None and trial not in bracket.failed and bracket.stopped(trial)
+
+
 def searcher_for(plan: Search) -> Searcher:
     """The searcher a search file names."""
-    return Sweep(plan)
+    return AshaSearcher(plan) if plan.asha is not None else Sweep(plan)

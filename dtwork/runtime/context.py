@@ -85,7 +85,7 @@ class Context:  # wide: 17 of its attributes are the public ctx names, views of 
     gns: _Shared[float | None] = _Shared()
     gns_state: _Shared[GNSEstimator | None] = _Shared()
     gpu_index: _Shared[int | None] = _Shared()
-    auto_resume: _Shared[bool] = _Shared()  # set when the cluster restarts a failed trial
+    auto_resume: _Shared[bool | int] = _Shared()  # a restarted trial (True), a promoted one (a run)
     run_id: _Shared[int | None] = _Shared()  # the kernel's run (names its checkpoint folder), set per run
     run_store: _Shared[str | None] = _Shared()  # the kernel's store of that run (owns the folder)
 

@@ -346,8 +346,9 @@ def optimizer_lrs() -> list[list[float]]:
     return [[float(g["lr"]) for g in opt.param_groups] for opt in runtime.current().optimizers]
 
 
-def set_auto_resume(on: bool) -> None:
-    """Resume ``ctx.steps`` from the run's newest checkpoint (while the kernel replays a run)."""
+def set_auto_resume(on: bool | int) -> None:
+    """Resume ``ctx.steps`` from the run's newest checkpoint (True, while the kernel replays a run),
+    or from run ``on``'s newest (an ASHA search's promoted trial goes on from its shorter rung)."""
     runtime.current().auto_resume = on
 
 

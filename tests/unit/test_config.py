@@ -548,9 +548,12 @@ def test_searcher_max_length_sets_the_default_stop() -> None:
 
 
 def test_searcher_refuses_searches_and_bad_lengths() -> None:
-    assert message({"searcher": {"name": "adaptive_asha"}}) == (
-        "config: searcher.name: 'adaptive_asha' is a hyperparameter search: dtwork runs grid and random "
+    assert message({"searcher": {"name": "pbt"}}) == (
+        "config: searcher.name: 'pbt' is a hyperparameter search: dtwork runs grid, random and adaptive_asha "
         "searches (%%dtrain search) but not this one yet; or use name: single with constant hyperparameters"
+    )
+    assert message({"searcher": {"name": "adaptive_asha"}}).startswith(
+        "config: searcher.name: 'adaptive_asha' is a hyperparameter search: run the file with %%dtrain search"
     )
     assert message({"searcher": {"name": "grid"}}) == (
         "config: searcher.name: 'grid' is a hyperparameter search: run the file with %%dtrain search "

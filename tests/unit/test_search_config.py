@@ -109,8 +109,8 @@ reproducibility: {experiment_seed: 7}
             "search: searcher.max_trials: a random search needs max_trials: N (a whole number >= 1)",
         ),
         (
-            "searcher: {name: adaptive_asha, metric: l}",
-            "search: searcher.name 'adaptive_asha' is not supported yet",
+            "searcher: {name: pbt, metric: l}",
+            "search: searcher.name 'pbt' is not supported yet: use grid, random or adaptive_asha",
         ),
         (
             "hyperparameters: {n: {type: int, minval: 5, maxval: 1, count: 2}}\nsearcher: {name: grid, metric: l}",
@@ -126,7 +126,7 @@ reproducibility: {experiment_seed: 7}
             "search: trial 1 (global_batch_size=0): ",
         ),
     ],
-    ids=["grid-count", "random-max-trials", "asha", "range", "single", "bad-trial"],
+    ids=["grid-count", "random-max-trials", "pbt", "range", "single", "bad-trial"],
 )
 def test_a_search_that_cannot_run_is_refused_in_one_line(text: str, said: str) -> None:
     with pytest.raises(ConfigError) as err:

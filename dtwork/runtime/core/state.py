@@ -87,7 +87,8 @@ class RankState:  # the rank's state between cells, one field per thing kept; gr
     mesh: DeviceMesh | None = None  # the DeviceMesh of the last ctx.mesh(), for ctx.wrap(tp_plan=...)
     adaptive: Any = None  # the AdaptiveBatch of the last ctx.loader(adaptive=True) (runtime.adaptive)
     # the run the rank trains in: its checkpoint folder, its step axis (runtime/core/run_axis.py)
-    auto_resume: bool = False  # set when the cluster restarts a failed trial
+    # True when the cluster restarts a failed trial; a run id when a search's promoted trial resumes it
+    auto_resume: bool | int = False
     run_id: int | None = None  # the kernel's run (names its checkpoint folder), set per run
     run_store: str | None = None  # the kernel's store of that run (owns the folder)
     run_step: int = 0  # the steps the run's step axis holds so far (the next loop's first step)
