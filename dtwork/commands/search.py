@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtwork.commands.search_record import close_search, open_search, record_trial
 from dtwork.config.search import Search, load_search
-from dtwork.config.searchers import Work, searcher_for
+from dtwork.config.searchers import Searcher, Work, searcher_for
 from dtwork.errors import DtworkError
 
 if TYPE_CHECKING:
@@ -40,7 +40,8 @@ class Trial:
     status: str = "not run"  # completed, stopped (by the searcher, at a rung), failed, interrupted, not run
     metric: float | None = None
     error: str | None = None
-    rung: int | None = None  # ASHA: the rung it reached (0-based)
+    rung: int | None = None  # ASHA: the rung it reached (0-based, in its bracket)
+    length: str | None = None  # ASHA: the length it trained to, as "32 batches"
     runs: list[int] = field(default_factory=list)
 
 
@@ -71,7 +72,7 @@ class SearchResult:
         for t in self.trials:
             value = "" if t.metric is None else f" {name}={t.metric:.6g}"
             run = f"run {t.run_id}" if t.run_id is not None else "no run"
-            rung = "" if t.rung is None else f", rung {t.rung}"
+            rung = "" if t.length is None else f", to {t.length}"
             lines.append(f"  trial {t.number} ({run}, {t.status}{rung}{value}): {_said(t.hparams)}")
         best = self.best
         if best is not None:
@@ -127,6 +128,8 @@ def search(
                 _resume_from(cluster, trial.run_id if work.resume else None)
                 cluster.run(code, quiet=quiet)
                 trial.status, trial.rung = "completed", rung
+                if work.length is not None:
+                    trial.length = f"{work.length.value} {work.length.unit}"
             except KeyboardInterrupt:
                 trial.status = "interrupted"
                 raise
@@ -143,6 +146,7 @@ def search(
                     trial.status = "stopped"  # below the top rung, not promoted: it trains no further
                 if result.search_id is not None:
                     record_trial(cluster, result.search_id, trial)
+        _settle(result, searcher)
         ended = "completed"
     except KeyboardInterrupt:
         ended = "interrupted"
@@ -156,6 +160,15 @@ def search(
     if not quiet:
         print(result.table())
     return result
+
+
+def _settle(result: SearchResult, searcher: Searcher) -> None:
+    """Once the search has ended: a trial left below its bracket's top rung (never promoted, or its
+    metric not a number) was stopped by the searcher, not completed."""
+    for t in result.trials:
+        diverged = t.rung is not None and (t.metric is None or not math.isfinite(t.metric))
+        if t.status == "completed" and (searcher.stopped(t.number) or diverged):
+            t.status = "stopped"  # close_search writes it
 
 
 def _error_line(exc: BaseException) -> str:

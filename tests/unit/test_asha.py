@@ -5,6 +5,7 @@ files load as written."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,17 @@ def test_an_asha_search_that_cannot_run_is_refused_in_one_line(searcher: str, sa
     with pytest.raises(ConfigError) as err:
         load_search(f"searcher: {searcher}")
     assert str(err.value).startswith(said) and "\n" not in str(err.value)
+
+
+def test_when_the_search_ends_trials_below_the_top_and_diverged_ones_read_stopped() -> None:
+    from dtwork.commands.search import SearchResult, Trial, _settle
+
+    plan = load_search(HALVING)
+    metrics = [0.01 * (i + 1) for i in range(12)]
+    metrics[1] = math.nan  # trial 2 diverged: ASHA counts it the worst of its rung
+    searcher = simulate(HALVING, metrics)
+    result = SearchResult(plan, [Trial(i + 1, hp) for i, hp in enumerate(plan.hparams)])
+    for t in result.trials:
+        t.status, t.rung, t.metric = "completed", searcher.rung(t.number), metrics[t.number - 1]
+    _settle(result, searcher)
+    assert [t.status for t in result.trials] == ["completed"] + ["stopped"] * 11
