@@ -111,7 +111,8 @@ def measure(hours: float, ranks: int, folder: Path) -> dict[str, Any]:
     os.environ["DTWORK_STORE"] = str(path)
     end = int(hours * 3600)
     with RunStore(path) as store:
-        writer = StoreWriter(lambda: store, path, say=lambda _: None)
+        # rows_every=0: each flush here is one transaction of WRITE_EVERY simulated seconds
+        writer = StoreWriter(lambda: store, path, say=lambda _: None, rows_every=0)
         for _ in range(EARLIER):
             rid = store.create_run(world_size=ranks, backend="nccl", name="short")
             _write(writer, rid, store.add_cell(rid, "train()"), range(EARLIER_SECONDS), ranks)
