@@ -1,6 +1,7 @@
 """``%%dtrain search EXP.yaml`` / ``dtwork.search``: a grid or random search on the warm cluster.
 
-The cell is every trial's code. Trials run one after another on the whole cluster, each a run of its
+The cell is every trial's code. Trials run one after another on the whole cluster (or several at
+once on rank groups of ``resources.slots_per_trial`` ranks: ``search_groups``), each a run of its
 own: the cluster is configured with the trial's config (its hyperparameters constants, as
 ``ctx.hparams`` gives them), the cell runs as a training cell does, and the trial's result is the last
 value of ``searcher.metric`` it logged. A trial that fails costs that trial; Ctrl-C stops the search
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dtwork.commands.search_groups import error_text, layout, run_in_groups, said
 from dtwork.config.search import Search, load_search
 from dtwork.config.searchers import Work, searcher_for
 from dtwork.errors import DtworkError
@@ -60,15 +62,11 @@ class SearchResult:
         for t in self.trials:
             value = "" if t.metric is None else f" {name}={t.metric:.6g}"
             run = f"run {t.run_id}" if t.run_id is not None else "no run"
-            lines.append(f"  trial {t.number} ({run}, {t.status}{value}): {_said(t.hparams)}")
+            lines.append(f"  trial {t.number} ({run}, {t.status}{value}): {said(t.hparams)}")
         best = self.best
         if best is not None:
             lines.append(f"best: trial {best.number} (run {best.run_id}) {name}={best.metric:.6g}")
         return "\n".join(lines)
-
-
-def _said(hp: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in hp.items()) or "no hyperparameters"
 
 
 def search(
@@ -93,16 +91,34 @@ def search(
         )
     if not code.strip():
         raise DtworkError("%%dtrain search runs the cell as every trial's code: the cell is empty")
+    groups = layout(cluster.world_size, plan.slots_per_trial)  # None: each trial on the whole cluster
     before = cluster.config
     result = SearchResult(plan, [Trial(i + 1, hp) for i, hp in enumerate(plan.hparams)])
     searcher = searcher_for(plan)
     n = len(result.trials)
+    if groups is not None:
+        try:
+            run_in_groups(
+                cluster,
+                plan,
+                code,
+                result.trials,
+                searcher,
+                groups,
+                lambda t, run: _record(cluster, plan, result.trials[t.number - 1], n, run),
+                quiet,
+            )
+        finally:
+            cluster.configure(before)  # the cluster's own config on the whole world again
+        if not quiet:
+            print(result.table())
+        return result
     work: Work | None = None
     try:
         while (work := searcher.next()) is not None:
             trial = result.trials[work.trial - 1]
             if not quiet:
-                print(f"dtwork: {plan.searcher} search, trial {trial.number}/{n}: {_said(trial.hparams)}")
+                print(f"dtwork: {plan.searcher} search, trial {trial.number}/{n}: {said(trial.hparams)}")
             cluster.configure(plan.configs[work.trial - 1])  # a new run begins with this trial's config
             try:
                 cluster.run(code, quiet=quiet)
@@ -111,7 +127,7 @@ def search(
                 trial.status = "interrupted"
                 raise
             except Exception as exc:  # a failing trial costs that trial: the others go on
-                trial.status, trial.error = "failed", _error_line(exc)
+                trial.status, trial.error = "failed", error_text(exc)
                 if not quiet:
                     print(f"dtwork: trial {trial.number} failed: {trial.error}")
             finally:
@@ -127,21 +143,17 @@ def search(
     return result
 
 
-def _error_line(exc: BaseException) -> str:
-    """The error a failed trial ends with: a rank's traceback ends with its exception's line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
-
-
-def _record(cluster: Cluster, plan: Search, trial: Trial, n: int) -> None:
-    """Note the trial on its run (an event) and read its metric's last value from the store."""
+def _record(cluster: Cluster, plan: Search, trial: Trial, n: int, run_id: int | None = None) -> None:
+    """Note the trial on its run (an event) and read its metric's last value from the store;
+    ``run_id``: the trial's run when it ran on a rank group (else the session's)."""
     session = cluster.session
-    trial.run_id = session.run_id
+    trial.run_id = session.run_id if run_id is None else run_id
     if trial.run_id is None:
         return
-    session.event(
+    session.writer.event(
+        trial.run_id,
         "search",
-        f"trial {trial.number}/{n} of the {plan.searcher} search {plan.label}: {_said(trial.hparams)}",
+        f"trial {trial.number}/{n} of the {plan.searcher} search {plan.label}: {said(trial.hparams)}",
         {"search": plan.label, "trial": trial.number, "hparams": trial.hparams},
     )
     if plan.metric is None:

@@ -47,6 +47,12 @@ class Search:
     metric: str | None
     smaller_is_better: bool
     configs: list[ExperimentConfig]  # each trial's config: its hyperparameters constants
+    max_concurrent_trials: int | None = None  # trials at once on rank groups (None: one per group)
+
+    @property
+    def slots_per_trial(self) -> int | None:
+        """Ranks per trial (``resources.slots_per_trial``; None: the whole cluster)."""
+        return self.configs[0].resources.slots_per_trial if self.configs else None
 
     @property
     def hparams(self) -> list[dict[str, Any]]:
@@ -104,7 +110,21 @@ def load_search(source: str | os.PathLike[str] | Mapping[str, Any]) -> Search:
         metric=searcher.get("metric"),
         smaller_is_better=bool(searcher.get("smaller_is_better", True)),
         configs=configs,
+        max_concurrent_trials=_max_concurrent(searcher, label),
     )
+
+
+def _max_concurrent(searcher: Mapping[str, Any], label: str) -> int | None:
+    """``searcher.max_concurrent_trials``: None when absent or 0 (Determined's "no limit")."""
+    n = searcher.get("max_concurrent_trials")
+    if n is None:
+        return None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise error(
+            f"{label}: searcher.max_concurrent_trials must be a whole number >= 0 (0: as many as there "
+            f"are rank groups), got {n!r}"
+        )
+    return n or None
 
 
 def _said(hp: Mapping[str, Any]) -> str:

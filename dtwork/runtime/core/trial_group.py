@@ -1,0 +1,102 @@
+"""Trial groups: a search's ranks split into process groups of their own, one trial on each.
+
+The groups are made once per search from the cluster's world (``dist.new_group`` on every rank, for
+every group, in the same order). While a trial runs, its group *is* the rank's world: torch's default
+group points at it, and the rank state says the rank and size within it, so everything that reads
+the default group (DDP, the loop's all-reduces, checkpoints, ``DistributedSampler``) and everything
+that reads ``ctx.rank`` / ``ctx.world_size`` (sharding, the records' ranks) is the group's. A cell
+that fails on a rank shuts that rank's group sockets only (its peers leave their collectives at
+once; the other groups train on); the kernel then has the group made again, by its ranks alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from dtwork.errors import DtworkError
+from dtwork.runtime.core import group as world_group
+
+if TYPE_CHECKING:
+    from dtwork.runtime.core.state import RankState
+
+
+class _Trials:
+    """This rank's trial group: its ranks, its process group and sockets, and the world's settings."""
+
+    def __init__(self) -> None:
+        self.ranks: list[int] = []
+        self.pg: dist.ProcessGroup | None = None
+        self.sockets: set[tuple[int, Any, Any]] = set()
+        self.world: tuple[Any, int, int] | None = None  # while a trial runs: (default group, rank, size)
+
+
+_trials = _Trials()
+
+
+def active() -> bool:
+    """Whether a trial runs on this rank's group now (its group is the default one)."""
+    return _trials.world is not None
+
+
+def make(groups: list[list[int]]) -> int:
+    """Make every trial group (all ranks call it, groups in the same order); return this rank's
+    group's index."""
+    if active():
+        raise DtworkError("a trial is still running on this rank's group")
+    me, mine = dist.get_rank(), -1
+    for i, ranks in enumerate(groups):
+        if me in ranks:
+            mine = i
+            _new(ranks, local=False)
+        else:
+            dist.new_group(ranks)  # every rank takes part in every group's making
+    if mine < 0:
+        raise DtworkError(f"rank {me} is in no trial group of {groups}")
+    return mine
+
+
+def _new(ranks: list[int], *, local: bool) -> None:
+    """Make this rank's group of ``ranks`` (``local``: by its ranks alone) and keep its sockets."""
+    before = world_group.connections()
+    _trials.pg = dist.new_group(ranks, use_local_synchronization=local)
+    _trials.ranks = list(ranks)
+    _trials.sockets = world_group.sockets_since(before)
+
+
+def begin(state: RankState, *, rebuild: bool = False) -> None:
+    """Make the group the rank's world for a trial (``rebuild``: make it again first, after a trial
+    that failed on it left its sockets shut)."""
+    if _trials.pg is None:
+        raise DtworkError("this rank has no trial group: the search makes them first")
+    if rebuild:
+        _new(_trials.ranks, local=True)
+    pg = _trials.pg
+    _trials.world = (c10d._world.default_pg, state.rank, state.world_size)
+    c10d._world.default_pg = pg
+    state.rank, state.world_size = pg.rank(), pg.size()
+    state.publisher.rank = state.rank
+
+
+def end(state: RankState) -> None:
+    """The cluster's world again (after a trial, or when the search stops)."""
+    if _trials.world is None:
+        return
+    default, rank, size = _trials.world
+    c10d._world.default_pg = default
+    state.rank, state.world_size = rank, size
+    state.publisher.rank = rank
+    _trials.world = None
+
+
+def forget() -> None:
+    """The search ended: no trial group any more (the groups' objects stay torch's)."""
+    _trials.pg, _trials.ranks, _trials.sockets = None, [], set()
+
+
+def abort() -> None:
+    """Shut this rank's trial-group sockets, so that its peers leave a collective at once."""
+    world_group.shut(_trials.sockets)
+    _trials.sockets = set()

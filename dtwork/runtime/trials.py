@@ -1,0 +1,56 @@
+"""The entry points a search's trial groups use (the kernel ships them by reference, as ``entry``'s).
+
+Like ``entry``, this module imports no torch at import time: the kernel imports it to name them.
+"""
+
+from __future__ import annotations
+
+from dtwork import runtime
+
+
+def make_groups(groups: list[list[int]]) -> int:
+    """Split the world into the search's trial groups (every rank, once per search); this rank's."""
+    from dtwork.runtime.core import trial_group
+
+    return trial_group.make(groups)
+
+
+def begin_trial(
+    config: dict[str, object], run_id: int, store: str, token: str, rebuild: bool = False
+) -> dict[str, object]:
+    """Make the rank's group its world for one trial: the trial's config (``ctx.hparams``, the batch
+    over the group's slots, the seed) and its run; ``rebuild``: the group is made again first."""
+    from dtwork.runtime import entry
+    from dtwork.runtime.core import trial_group
+
+    ctx = runtime.current()
+    trial_group.begin(ctx.state, rebuild=rebuild)
+    try:
+        applied = entry.set_config(config, None)
+        entry.set_run_id(run_id, store, True, False, token)
+    except BaseException:
+        trial_group.end(ctx.state)
+        raise
+    return {"rank": ctx.rank, "world_size": ctx.world_size, **applied}
+
+
+def end_trial() -> None:
+    """The cluster's world again on this rank (its config comes back with the kernel's next one)."""
+    from dtwork.runtime.core import trial_group
+
+    trial_group.end(runtime.current().state)
+
+
+def end_search() -> None:
+    """The search ended: the world again, and no trial group."""
+    from dtwork.runtime.core import trial_group
+
+    trial_group.end(runtime.current().state)
+    trial_group.forget()
+
+
+def abort_group() -> None:
+    """Shut this rank's trial-group sockets (a peer failed and ranks still wait on this one)."""
+    from dtwork.runtime.core import trial_group
+
+    trial_group.abort()

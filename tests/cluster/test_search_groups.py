@@ -1,0 +1,118 @@
+"""Searches that run several trials at once on rank groups of the warm cluster (issue 48, item 2):
+4 ranks as 2 groups of 2. ONE test on ONE 4-rank cluster (it needs 4 ranks: the shared cluster has 2)
+does every check on that start; the standalone runs it compares against are the shared 2-rank
+cluster's, a genuine 2-rank world."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+CELL = """
+import torch, torch.nn as nn, torch.nn.functional as F
+if ctx.hparams["mode"] == "fail" and ctx.rank == 1:
+    raise ValueError("this trial fails on purpose")
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(5)
+data = torch.utils.data.TensorDataset(torch.randn(256, 4, generator=g), torch.randn(256, 1, generator=g))
+net = ctx.wrap(nn.Linear(4, 1))  # rank 0 of a failing trial waits here for rank 1, which never comes
+opt = torch.optim.SGD(net.parameters(), lr=ctx.hparams["lr"])
+for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=12):
+    loss = F.mse_loss(net(x), y); ctx.backward(loss); ctx.step(opt)
+    ctx.log(val_loss=float(loss))
+params = [p.detach().clone() for p in net.parameters()]
+finals = globals().setdefault("finals", {})
+finals[ctx.hparams["lr"]] = (ctx.rank, ctx.world_size, [p.tolist() for p in params])
+"""
+
+GRID = """
+name: pairs
+global_batch_size: 32
+resources: {slots_per_trial: 2}
+hyperparameters:
+  lr: {type: categorical, vals: [0.01, 0.03, 0.1, 0.3]}
+  mode: ok
+searcher: {name: grid, metric: val_loss, max_concurrent_trials: 2}
+"""
+
+FAILING = """
+name: failing
+global_batch_size: 32
+resources: {slots_per_trial: 2}
+hyperparameters:
+  lr: 0.05
+  mode: {type: categorical, vals: [fail, ok, ok2]}
+searcher: {name: grid, metric: val_loss}
+"""
+
+
+def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return max(a["created_at"], b["created_at"]) < min(a["ended_at"], b["ended_at"])
+
+
+def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(
+    no_cluster: None, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    import dtwork
+
+    (tmp_path / "pairs.yaml").write_text(GRID)
+    (tmp_path / "failing.yaml").write_text(FAILING)
+    c = dtwork.start(n=4, backend="gloo", timeout=60)
+    try:
+        c.session.live = False
+        # slots that do not divide the ranks: one line saying what to do
+        with pytest.raises(dtwork.DtworkError, match=r"slots_per_trial 3 does not divide the cluster's 4 ranks"):
+            dtwork.search(GRID.replace("slots_per_trial: 2", "slots_per_trial: 3"), CELL, quiet=True)
+
+        result = dtwork.search(tmp_path / "pairs.yaml", CELL, quiet=True)
+        trials = result.trials
+        assert [t.status for t in trials] == ["completed"] * 4, result.table()
+        store = c.session.store
+        runs = {t.number: store.get_run(t.run_id) for t in trials}
+        assert len({t.run_id for t in trials}) == 4
+        # two at a time: the first two trials (one per group) ran side by side
+        assert _overlap(runs[1], runs[2]), runs
+        assert not _overlap(runs[1], runs[3]) or not _overlap(runs[2], runs[4])  # never more than 2
+        for t in trials:
+            run = runs[t.number]
+            assert run["world_size"] == 2 and run["status"] == "completed"
+            assert yaml.safe_load(run["config_yaml"])["hyperparameters"] == t.hparams
+            ranks = {row["rank"] for row in store.metrics(t.run_id, "val_loss", rank="all")}
+            assert ranks == {0, 1}, ranks  # the group's own ranks
+            assert t.metric is not None
+        # each group's ranks were the group's world: rank 0 and 1 of 2 (pulled from the 4 ranks)
+        finals = c.pull("finals")
+        assert all(rank == i % 2 and world == 2 for i, f in enumerate(finals) for rank, world, _ in f.values())
+        searched = {lr: p for f in finals[::2] for lr, (_, _, p) in f.items()}
+        assert sorted(searched) == [0.01, 0.03, 0.1, 0.3]
+        assert c.config.hyperparameters == {} and c.run(lambda ctx: ctx.world_size) == [4] * 4
+
+        # a trial that fails (on one rank of its group, the other waiting for it) costs only itself
+        failing = dtwork.search(tmp_path / "failing.yaml", CELL, quiet=True)
+        statuses = [t.status for t in failing.trials]
+        assert statuses == ["failed", "completed", "completed"], failing.table()
+        assert "fails on purpose" in (failing.trials[0].error or "")
+        fruns = [store.get_run(t.run_id) for t in failing.trials]
+        assert fruns[0]["status"] == "failed" and _overlap(fruns[0], fruns[1])
+        # the failed group was made again: its next trial (trial 3) trained there
+        assert failing.trials[2].metric is not None
+        assert c.run(lambda ctx: ctx.rank) == [0, 1, 2, 3]
+    finally:
+        c.stop()
+
+    # the standalone 2-rank runs, on the shared 2-rank cluster, with the same hyperparameters
+    two = request.getfixturevalue("cluster")
+    if two.state != "running":
+        two.restart(force=True)
+    try:
+        for t in trials:
+            two.configure(result.search.configs[t.number - 1])
+            two.run(CELL, quiet=True)
+            (alone,) = {lr: p for lr, (_, _, p) in two.pull("finals")[0].items() if lr == t.hparams["lr"]}.values()
+            for a, b in zip(searched[t.hparams["lr"]], alone, strict=True):
+                assert a == pytest.approx(b, abs=1e-5), (t.hparams, a, b)
+    finally:
+        two.configure(None)
