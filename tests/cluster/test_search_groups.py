@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 CELL = """
@@ -64,7 +65,9 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(
     try:
         c.session.live = False
         # slots that do not divide the ranks: one line saying what to do
-        with pytest.raises(dtwork.DtworkError, match=r"slots_per_trial 3 does not divide the cluster's 4 ranks"):
+        with pytest.raises(
+            dtwork.DtworkError, match=r"slots_per_trial 3 does not divide the cluster's 4 ranks"
+        ):
             dtwork.search(GRID.replace("slots_per_trial: 2", "slots_per_trial: 3"), CELL, quiet=True)
 
         result = dtwork.search(tmp_path / "pairs.yaml", CELL, quiet=True)
@@ -80,12 +83,17 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(
             run = runs[t.number]
             assert run["world_size"] == 2 and run["status"] == "completed"
             assert yaml.safe_load(run["config_yaml"])["hyperparameters"] == t.hparams
-            ranks = {row["rank"] for row in store.metrics(t.run_id, "val_loss", rank="all")}
-            assert ranks == {0, 1}, ranks  # the group's own ranks
+            rows = [
+                r for name in store.metric_names(t.run_id) for r in store.metrics(t.run_id, name, rank="all")
+            ]
+            assert {r["rank"] for r in rows} - {None} == {0, 1}, rows  # the group's own ranks (perf)
+            assert len(store.metrics(t.run_id, "val_loss")) == 12
             assert t.metric is not None
         # each group's ranks were the group's world: rank 0 and 1 of 2 (pulled from the 4 ranks)
         finals = c.pull("finals")
-        assert all(rank == i % 2 and world == 2 for i, f in enumerate(finals) for rank, world, _ in f.values())
+        assert all(
+            rank == i % 2 and world == 2 for i, f in enumerate(finals) for rank, world, _ in f.values()
+        )
         searched = {lr: p for f in finals[::2] for lr, (_, _, p) in f.items()}
         assert sorted(searched) == [0.01, 0.03, 0.1, 0.3]
         assert c.config.hyperparameters == {} and c.run(lambda ctx: ctx.world_size) == [4] * 4
@@ -111,8 +119,9 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(
         for t in trials:
             two.configure(result.search.configs[t.number - 1])
             two.run(CELL, quiet=True)
-            (alone,) = {lr: p for lr, (_, _, p) in two.pull("finals")[0].items() if lr == t.hparams["lr"]}.values()
+            rank, world, alone = two.pull("finals")[0][t.hparams["lr"]]
+            assert (rank, world) == (0, 2)
             for a, b in zip(searched[t.hparams["lr"]], alone, strict=True):
-                assert a == pytest.approx(b, abs=1e-5), (t.hparams, a, b)
+                torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
     finally:
         two.configure(None)
