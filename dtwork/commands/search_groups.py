@@ -96,6 +96,10 @@ def run_in_groups(
 ) -> None:
     """Run the search's work on ``groups`` of ``cluster``'s ranks, several trials at once: ``trials_``
     by number (1-based), ``record`` notes each as it ends."""
+    if cluster.checks_collectives:  # the checking wrapper groups are the world's, not a trial group's
+        raise DtworkError(
+            "a search on rank groups runs with collectives unchecked: %dtrain collectives off first"
+        )
     engines, n = cluster.engines, len(trials_)
     engines.call(trials.make_groups, (groups,), {})  # every rank, every group, in the same order
     free = list(range(concurrency(len(groups), plan.max_concurrent_trials)))

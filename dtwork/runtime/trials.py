@@ -5,7 +5,12 @@ Like ``entry``, this module imports no torch at import time: the kernel imports 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dtwork import runtime
+
+if TYPE_CHECKING:
+    from dtwork.runtime.core.state import RankState
 
 
 def make_groups(groups: list[list[int]]) -> int:
@@ -24,12 +29,12 @@ def begin_trial(
     from dtwork.runtime.core import trial_group
 
     ctx = runtime.current()
-    trial_group.begin(ctx.state, rebuild=rebuild)
+    _as(ctx.state, trial_group.begin(ctx.rank, ctx.world_size, rebuild=rebuild))
     try:
         applied = entry.set_config(config, None)
         entry.set_run_id(run_id, store, True, False, token)
     except BaseException:
-        trial_group.end(ctx.state)
+        _as(ctx.state, trial_group.end())
         raise
     return {"rank": ctx.rank, "world_size": ctx.world_size, **applied}
 
@@ -38,14 +43,14 @@ def end_trial() -> None:
     """The cluster's world again on this rank (its config comes back with the kernel's next one)."""
     from dtwork.runtime.core import trial_group
 
-    trial_group.end(runtime.current().state)
+    _as(runtime.current().state, trial_group.end())
 
 
 def end_search() -> None:
     """The search ended: the world again, and no trial group."""
     from dtwork.runtime.core import trial_group
 
-    trial_group.end(runtime.current().state)
+    _as(runtime.current().state, trial_group.end())
     trial_group.forget()
 
 
@@ -54,3 +59,10 @@ def abort_group() -> None:
     from dtwork.runtime.core import trial_group
 
     trial_group.abort()
+
+
+def _as(state: RankState, seat: tuple[int, int] | None) -> None:
+    """The rank state (and its records) take the rank and world size of the group now in use."""
+    if seat is not None:
+        state.rank, state.world_size = seat
+        state.publisher.rank = state.rank

@@ -5,6 +5,10 @@ cluster's, a genuine 2-rank world."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +25,11 @@ g = torch.Generator().manual_seed(5)
 data = torch.utils.data.TensorDataset(torch.randn(256, 4, generator=g), torch.randn(256, 1, generator=g))
 net = ctx.wrap(nn.Linear(4, 1))  # rank 0 of a failing trial waits here for rank 1, which never comes
 opt = torch.optim.SGD(net.parameters(), lr=ctx.hparams["lr"])
-for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=12):
+for step, (x, y) in ctx.steps(ctx.loader(data), max_steps=ctx.hparams.get("steps", 12)):
     loss = F.mse_loss(net(x), y); ctx.backward(loss); ctx.step(opt)
     ctx.log(val_loss=float(loss))
+    if step == 3 and ctx.rank == 0 and "mark" in ctx.hparams:  # this trial trains: the test may stop it
+        open(f"{ctx.hparams['mark']}-{ctx.hparams['lr']}", "w").close()
 params = [p.detach().clone() for p in net.parameters()]
 finals = globals().setdefault("finals", {})
 finals[ctx.hparams["lr"]] = (ctx.rank, ctx.world_size, [p.tolist() for p in params])
@@ -48,6 +54,31 @@ hyperparameters:
   mode: {type: categorical, vals: [fail, ok, ok2]}
 searcher: {name: grid, metric: val_loss}
 """
+
+LONG = """
+name: long
+resources: {slots_per_trial: 2}
+global_batch_size: 32
+hyperparameters:
+  lr: {type: categorical, vals: [0.01, 0.02, 0.04]}
+  mode: ok
+  steps: 100000
+  mark: MARK
+searcher: {name: grid, metric: val_loss}
+"""
+
+
+def _interrupt_when_both_train(mark: Path) -> None:
+    """Press the stop button (SIGINT to this kernel) once both running trials have trained a few steps."""
+    marks = [Path(f"{mark}-{lr}") for lr in (0.01, 0.02)]
+
+    def wait_and_interrupt() -> None:
+        deadline = time.monotonic() + 120
+        while not all(m.exists() for m in marks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=wait_and_interrupt, daemon=True).start()
 
 
 def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -108,6 +139,15 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(
         # the failed group was made again: its next trial (trial 3) trained there
         assert failing.trials[2].metric is not None
         assert c.run(lambda ctx: ctx.rank) == [0, 1, 2, 3]
+
+        # Ctrl-C stops the search: both running trials stop and are recorded interrupted
+        _interrupt_when_both_train(tmp_path / "mark")
+        stopped = dtwork.search(LONG.replace("MARK", str(tmp_path / "mark")), CELL, quiet=True)
+        assert [t.status for t in stopped.trials] == ["interrupted", "interrupted", "not run"], (
+            stopped.table()
+        )
+        assert [store.get_run(t.run_id)["status"] for t in stopped.trials[:2]] == ["interrupted"] * 2
+        assert c.run(lambda ctx: (ctx.rank, ctx.world_size)) == [(r, 4) for r in range(4)]
     finally:
         c.stop()
 

@@ -11,16 +11,13 @@ once; the other groups train on); the kernel then has the group made again, by i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from dtwork.errors import DtworkError
 from dtwork.runtime.core import group as world_group
-
-if TYPE_CHECKING:
-    from dtwork.runtime.core.state import RankState
 
 
 class _Trials:
@@ -66,29 +63,29 @@ def _new(ranks: list[int], *, local: bool) -> None:
     _trials.sockets = world_group.sockets_since(before)
 
 
-def begin(state: RankState, *, rebuild: bool = False) -> None:
-    """Make the group the rank's world for a trial (``rebuild``: make it again first, after a trial
-    that failed on it left its sockets shut)."""
+def begin(rank: int, world_size: int, *, rebuild: bool = False) -> tuple[int, int]:
+    """Make the group the rank's world for a trial; return the rank and size within it (the rank
+    state takes them). ``rank``, ``world_size``: the world's, given back by ``end``. ``rebuild``: make
+    the group again first, after a trial that failed on it left its sockets shut."""
     if _trials.pg is None:
         raise DtworkError("this rank has no trial group: the search makes them first")
     if rebuild:
         _new(_trials.ranks, local=True)
     pg = _trials.pg
-    _trials.world = (c10d._world.default_pg, state.rank, state.world_size)
+    _trials.world = (c10d._world.default_pg, rank, world_size)
     c10d._world.default_pg = pg
-    state.rank, state.world_size = pg.rank(), pg.size()
-    state.publisher.rank = state.rank
+    return pg.rank(), pg.size()
 
 
-def end(state: RankState) -> None:
-    """The cluster's world again (after a trial, or when the search stops)."""
+def end() -> tuple[int, int] | None:
+    """The cluster's world again (after a trial, or when the search stops); its rank and size, or
+    None when no trial ran."""
     if _trials.world is None:
-        return
+        return None
     default, rank, size = _trials.world
     c10d._world.default_pg = default
-    state.rank, state.world_size = rank, size
-    state.publisher.rank = rank
     _trials.world = None
+    return rank, size
 
 
 def forget() -> None:
