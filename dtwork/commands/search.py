@@ -156,6 +156,7 @@ def _record(cluster: Cluster, plan: Search, trial: Trial, n: int, run_id: int | 
         f"trial {trial.number}/{n} of the {plan.searcher} search {plan.label}: {said(trial.hparams)}",
         {"search": plan.label, "trial": trial.number, "hparams": trial.hparams},
     )
+    session.writer.flush()
     if plan.metric is None:
         return
     session.writer.flush(force=True)

@@ -81,7 +81,7 @@ class _Running:
     cell: TrialCell
 
 
-Record = Callable[["Trial", "int | None"], None]  # note a trial that ended (search._record)
+Record = Callable[["Trial", int], None]  # note a trial that ended, with its run (search._record)
 
 
 def run_in_groups(
@@ -95,54 +95,93 @@ def run_in_groups(
     quiet: bool = False,
 ) -> None:
     """Run the search's work on ``groups`` of ``cluster``'s ranks, several trials at once: ``trials_``
-    by number (1-based), ``record`` notes each as it ends."""
+    by number (1-based), ``record`` notes each as it ends (with its run)."""
     if cluster.checks_collectives:  # the checking wrapper groups are the world's, not a trial group's
         raise DtworkError(
             "a search on rank groups runs with collectives unchecked: %dtrain collectives off first"
         )
-    engines, n = cluster.engines, len(trials_)
-    engines.call(trials.make_groups, (groups,), {})  # every rank, every group, in the same order
-    free = list(range(concurrency(len(groups), plan.max_concurrent_trials)))
-    broken: set[int] = set()  # groups whose sockets a failure shut: made again before their next trial
-    running: list[_Running] = []
-    stopping = False
+    cluster.engines.call(trials.make_groups, (groups,), {})  # every rank, every group, in the same order
+    runner = _Runner(cluster, plan, code, trials_, searcher, groups, record, quiet)
     try:
         with interrupts_as_flags() as pending:
-            while True:
-                while free and not stopping and (work := searcher.next()) is not None:
-                    g = free.pop(0)
-                    now = _start(
-                        cluster, plan, code, trials_[work.trial - 1], work, groups[g], g in broken, n, quiet
-                    )
-                    broken.discard(g)
-                    if isinstance(now, TrialCell):
-                        running.append(_Running(g, work, trials_[work.trial - 1], now))
-                    else:  # it failed before its cell ran: the group is made again for the next
-                        broken.add(g)
-                        free.append(g)
-                        record(trials_[work.trial - 1], now)
-                        searcher.report(work, None, ok=False)
-                if not running:
-                    break
-                running[0].cell.watcher.ar.wait(POLL_SECONDS / len(running))  # type: ignore[union-attr]
-                for r in [r for r in running if r.cell.ended()]:
-                    running.remove(r)
-                    if _end(cluster, r, stopping, quiet):
-                        broken.add(r.group)
-                    free.append(r.group)
-                    record(r.trial, r.cell.run_id)
-                    searcher.report(r.work, r.trial.metric, ok=r.trial.status == "completed")
-                if pending and running:
+            while runner.start_free():
+                runner.poll()
+                if pending:
                     pending.clear()
-                    if not stopping and not quiet:
-                        print(f"dtwork: search stopped: {len(running)} running trial(s) asked to stop")
-                    stopping = True
-                    for r in running:
-                        r.cell.watcher.interrupt()  # type: ignore[union-attr]
-                elif pending:
-                    stopping = True
+                    runner.stop()
     finally:
-        engines.call(trials.end_search, (), {})
+        if runner.lost:  # a rank died: fresh engines, the world's group (the search's are gone)
+            cluster.session.restart("a rank died during a search", force=True)
+        else:
+            cluster.engines.call(trials.end_search, (), {})
+
+
+class _Runner:
+    """The groups, which are free, broken or lost, and the trials running on them."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        plan: Search,
+        code: str,
+        trials_: Sequence[Trial],
+        searcher: Searcher,
+        groups: list[list[int]],
+        record: Record,
+        quiet: bool,
+    ) -> None:
+        self.cluster, self.plan, self.code, self.trials = cluster, plan, code, trials_
+        self.searcher, self.groups, self.record, self.quiet = searcher, groups, record, quiet
+        self.free = list(range(concurrency(len(groups), plan.max_concurrent_trials)))
+        self.broken: set[int] = set()  # a failure shut their sockets: made again before their next trial
+        self.lost: set[int] = set()  # a rank of theirs died: no more trials there
+        self.running: list[_Running] = []
+        self.stopping = False
+
+    def start_free(self) -> bool:
+        """Give each free group the searcher's next work; whether any trial runs now."""
+        while self.free and not self.stopping and (work := self.searcher.next()) is not None:
+            g = self.free.pop(0)
+            trial = self.trials[work.trial - 1]
+            cell = _start(
+                self.cluster, self.plan, self.code, trial, work, self.groups[g], g in self.broken, self.quiet
+            )
+            self.broken.discard(g)
+            if isinstance(cell, TrialCell):
+                self.running.append(_Running(g, work, trial, cell))
+                continue
+            self.broken.add(g)  # it failed before its cell ran: the group is made again for the next
+            self.free.append(g)
+            if cell is not None:
+                self.record(trial, cell)
+            self.searcher.report(work, None, ok=False)
+        return bool(self.running)
+
+    def poll(self) -> None:
+        """One round over the running trials: conclude those whose cell ended, free their groups."""
+        first = self.running[0].cell.watcher
+        assert first is not None  # started
+        first.ar.wait(POLL_SECONDS / len(self.running))
+        for r in [r for r in self.running if r.cell.ended()]:
+            self.running.remove(r)
+            ended = _end(self.cluster, r, self.stopping, self.quiet)
+            if ended == "lost":
+                self.lost.add(r.group)
+            else:
+                self.broken.update([r.group] if ended == "broken" else [])
+                self.free.append(r.group)
+            self.record(r.trial, r.cell.run_id)
+            self.searcher.report(r.work, r.trial.metric, ok=r.trial.status == "completed")
+
+    def stop(self) -> None:
+        """Ctrl-C: no new trial; the running ones stop at a step all their ranks agree on (again:
+        their groups are aborted)."""
+        if not self.stopping and not self.quiet:
+            print(f"dtwork: search stopped: {len(self.running)} running trial(s) asked to stop")
+        self.stopping = True
+        for r in self.running:
+            assert r.cell.watcher is not None  # started
+            r.cell.watcher.interrupt()
 
 
 def _start(
@@ -153,11 +192,10 @@ def _start(
     work: Work,
     ranks: list[int],
     rebuild: bool,
-    n: int,
     quiet: bool,
 ) -> TrialCell | int | None:
     """Start a trial's cell on ``ranks``; the cell, or (it failed to start) its run id if it had one."""
-    note = f"trial {trial.number}/{n} of the {plan.searcher} search {plan.label}"
+    note = f"trial {trial.number}/{len(plan.configs)} of the {plan.searcher} search {plan.label}"
     if not quiet:
         print(f"dtwork: {note} on ranks {ranks[0]}-{ranks[-1]}: {said(trial.hparams)}")
     cell: TrialCell | None = None
@@ -174,17 +212,20 @@ def _start(
         return None if cell is None else cell.run_id
 
 
-def _end(cluster: Cluster, r: _Running, stopping: bool, quiet: bool) -> bool:
-    """Conclude a trial whose cell ended; return whether its group must be made again."""
+def _end(cluster: Cluster, r: _Running, stopping: bool, quiet: bool) -> str:
+    """Conclude a trial whose cell ended; return its group's state: "lost" (a rank died), "broken"
+    (made again before its next trial) or "ok"."""
     watcher = r.cell.watcher
     assert watcher is not None  # started
     result = watcher.finish()
     r.trial.status = r.cell.conclude(result, stopping)
-    failed = bool(result.errors) or r.cell.broken
+    state = "lost" if watcher.dead else "broken" if result.errors or r.cell.broken else "ok"
     if result.errors:
         r.trial.error = error_text(watcher.failure())
         if not quiet and r.trial.status == "failed":
             print(f"dtwork: trial {r.trial.number} failed: {r.trial.error}")
-        cluster.engines.settle([x for x in result.errors if x not in watcher.dead])
+        if watcher.dead:
+            return state
+        cluster.engines.settle(list(result.errors))
     cluster.engines.call(trials.end_trial, (), {}, r.cell.ranks)
-    return failed
+    return state

@@ -1,7 +1,7 @@
 """Searches that run several trials at once on rank groups of the warm cluster (issue 48, item 2):
-4 ranks as 2 groups of 2. ONE test on ONE 4-rank cluster (it needs 4 ranks: the shared cluster has 2)
-does every check on that start; the standalone runs it compares against are the shared 2-rank
-cluster's, a genuine 2-rank world."""
+4 ranks as 2 groups of 2. ONE test on ONE 4-rank cluster of its own (it needs 4 ranks: the shared
+cluster has 2) does every check on that start; the standalone runs it compares against are the
+shared 2-rank cluster's (running beside it), a genuine 2-rank world."""
 
 from __future__ import annotations
 
@@ -85,9 +85,7 @@ def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return max(a["created_at"], b["created_at"]) < min(a["ended_at"], b["ended_at"])
 
 
-def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(
-    no_cluster: None, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
+def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(cluster: Any, tmp_path: Path) -> None:
     import dtwork
 
     (tmp_path / "pairs.yaml").write_text(GRID)
@@ -99,9 +97,11 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(
         with pytest.raises(
             dtwork.DtworkError, match=r"slots_per_trial 3 does not divide the cluster's 4 ranks"
         ):
-            dtwork.search(GRID.replace("slots_per_trial: 2", "slots_per_trial: 3"), CELL, quiet=True)
+            dtwork.search(
+                GRID.replace("slots_per_trial: 2", "slots_per_trial: 3"), CELL, cluster=c, quiet=True
+            )
 
-        result = dtwork.search(tmp_path / "pairs.yaml", CELL, quiet=True)
+        result = dtwork.search(tmp_path / "pairs.yaml", CELL, cluster=c, quiet=True)
         trials = result.trials
         assert [t.status for t in trials] == ["completed"] * 4, result.table()
         store = c.session.store
@@ -130,7 +130,7 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(
         assert c.config.hyperparameters == {} and c.run(lambda ctx: ctx.world_size) == [4] * 4
 
         # a trial that fails (on one rank of its group, the other waiting for it) costs only itself
-        failing = dtwork.search(tmp_path / "failing.yaml", CELL, quiet=True)
+        failing = dtwork.search(tmp_path / "failing.yaml", CELL, cluster=c, quiet=True)
         statuses = [t.status for t in failing.trials]
         assert statuses == ["failed", "completed", "completed"], failing.table()
         assert "fails on purpose" in (failing.trials[0].error or "")
@@ -142,7 +142,7 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(
 
         # Ctrl-C stops the search: both running trials stop and are recorded interrupted
         _interrupt_when_both_train(tmp_path / "mark")
-        stopped = dtwork.search(LONG.replace("MARK", str(tmp_path / "mark")), CELL, quiet=True)
+        stopped = dtwork.search(LONG.replace("MARK", str(tmp_path / "mark")), CELL, cluster=c, quiet=True)
         assert [t.status for t in stopped.trials] == ["interrupted", "interrupted", "not run"], (
             stopped.table()
         )
@@ -152,9 +152,7 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(
         c.stop()
 
     # the standalone 2-rank runs, on the shared 2-rank cluster, with the same hyperparameters
-    two = request.getfixturevalue("cluster")
-    if two.state != "running":
-        two.restart(force=True)
+    two = cluster
     try:
         for t in trials:
             two.configure(result.search.configs[t.number - 1])
