@@ -85,7 +85,7 @@ class TrialCell:
         )
         w = self.session.writer
         if self.seq is not None:
-            w.finish_cell(self.run_id, self.seq, {"ok": "ok"}.get(status, status), err)
+            w.finish_cell(self.run_id, self.seq, status, err)
         if err is not None:
             w.event(self.run_id, "error", f"cell {self.seq}: {err}")
         w.run_status(self.run_id, run_status)

@@ -51,7 +51,7 @@ global_batch_size: 32
 resources: {slots_per_trial: 2}
 hyperparameters:
   lr: 0.05
-  mode: {type: categorical, vals: [fail, ok, ok2]}
+  mode: {type: categorical, vals: [fail, ok, ok2, ok3]}
 searcher: {name: grid, metric: val_loss}
 """
 
@@ -132,12 +132,17 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(cluster: Any, tmp_
         # a trial that fails (on one rank of its group, the other waiting for it) costs only itself
         failing = dtwork.search(tmp_path / "failing.yaml", CELL, cluster=c, quiet=True)
         statuses = [t.status for t in failing.trials]
-        assert statuses == ["failed", "completed", "completed"], failing.table()
+        assert statuses == ["failed", "completed", "completed", "completed"], failing.table()
         assert "fails on purpose" in (failing.trials[0].error or "")
         fruns = [store.get_run(t.run_id) for t in failing.trials]
         assert fruns[0]["status"] == "failed" and _overlap(fruns[0], fruns[1])
-        # the failed group was made again: its next trial (trial 3) trained there
-        assert failing.trials[2].metric is not None
+        # the failed group (ranks 0-1) was made again, by its ranks, and trained a later trial
+        later = [
+            t
+            for t in failing.trials[2:]
+            if "on ranks [0, 1]" in store.events(t.run_id, "start")[0]["message"]
+        ]
+        assert later and all(t.metric is not None for t in later)
         assert c.run(lambda ctx: ctx.rank) == [0, 1, 2, 3]
 
         # Ctrl-C stops the search: both running trials stop and are recorded interrupted
