@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dtwork.commands.search_groups import error_text, layout, run_in_groups, said
+from dtwork.commands.search_groups import Job, error_text, layout, run_in_groups, said
+from dtwork.config import ExperimentConfig
 from dtwork.config.search import Search, load_search
 from dtwork.config.searchers import Work, searcher_for
 from dtwork.errors import DtworkError
@@ -97,17 +98,16 @@ def search(
     searcher = searcher_for(plan)
     n = len(result.trials)
     if groups is not None:
+        job = Job(
+            plan,
+            code,
+            result.trials,
+            lambda work: _config(plan, work),
+            lambda t, run: _record(cluster, plan, result.trials[t.number - 1], n, run),
+            quiet,
+        )
         try:
-            run_in_groups(
-                cluster,
-                plan,
-                code,
-                result.trials,
-                searcher,
-                groups,
-                lambda t, run: _record(cluster, plan, result.trials[t.number - 1], n, run),
-                quiet,
-            )
+            run_in_groups(cluster, job, searcher, groups)
         finally:
             cluster.configure(before)  # the cluster's own config on the whole world again
         if not quiet:
@@ -119,7 +119,7 @@ def search(
             trial = result.trials[work.trial - 1]
             if not quiet:
                 print(f"dtwork: {plan.searcher} search, trial {trial.number}/{n}: {said(trial.hparams)}")
-            cluster.configure(plan.configs[work.trial - 1])  # a new run begins with this trial's config
+            cluster.configure(_config(plan, work))  # a new run begins with this trial's config
             try:
                 cluster.run(code, quiet=quiet)
                 trial.status = "completed"
@@ -141,6 +141,11 @@ def search(
     if not quiet:
         print(result.table())
     return result
+
+
+def _config(plan: Search, work: Work) -> ExperimentConfig:
+    """The config a piece of work trains with: its trial's."""
+    return plan.configs[work.trial - 1]
 
 
 def _record(cluster: Cluster, plan: Search, trial: Trial, n: int, run_id: int | None = None) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dtwork.config import ExperimentConfig
 from dtwork.config.search import Search
 from dtwork.config.searchers import Searcher, Work
 from dtwork.errors import DtworkError
@@ -27,7 +28,7 @@ from dtwork.runtime import trials
 if TYPE_CHECKING:
     from dtwork.cluster import Cluster
 
-__all__ = ["concurrency", "error_text", "layout", "run_in_groups", "said"]
+__all__ = ["Job", "concurrency", "error_text", "layout", "run_in_groups", "said"]
 
 
 class Trial(Protocol):
@@ -84,24 +85,27 @@ class _Running:
 Record = Callable[["Trial", int], None]  # note a trial that ended, with its run (search._record)
 
 
-def run_in_groups(
-    cluster: Cluster,
-    plan: Search,
-    code: str,
-    trials_: Sequence[Trial],
-    searcher: Searcher,
-    groups: list[list[int]],
-    record: Record,
-    quiet: bool = False,
-) -> None:
-    """Run the search's work on ``groups`` of ``cluster``'s ranks, several trials at once: ``trials_``
-    by number (1-based), ``record`` notes each as it ends (with its run)."""
+@dataclass(frozen=True)
+class Job:
+    """A search as its runner needs it: the plan, the cell, the trials by number (1-based), each
+    piece of work's config (the searcher's length in it), and how an ended trial is noted."""
+
+    plan: Search
+    code: str
+    trials: Sequence[Trial]
+    config_for: Callable[[Work], ExperimentConfig]
+    record: Record
+    quiet: bool = False
+
+
+def run_in_groups(cluster: Cluster, job: Job, searcher: Searcher, groups: list[list[int]]) -> None:
+    """Run the searcher's work on ``groups`` of ``cluster``'s ranks, several trials at once."""
     if cluster.checks_collectives:  # the checking wrapper groups are the world's, not a trial group's
         raise DtworkError(
             "a search on rank groups runs with collectives unchecked: %dtrain collectives off first"
         )
     cluster.engines.call(trials.make_groups, (groups,), {})  # every rank, every group, in the same order
-    runner = _Runner(cluster, plan, code, trials_, searcher, groups, record, quiet)
+    runner = _Runner(cluster, job, searcher, groups)
     try:
         with interrupts_as_flags() as pending:
             while runner.start_free():
@@ -119,20 +123,9 @@ def run_in_groups(
 class _Runner:
     """The groups, which are free, broken or lost, and the trials running on them."""
 
-    def __init__(
-        self,
-        cluster: Cluster,
-        plan: Search,
-        code: str,
-        trials_: Sequence[Trial],
-        searcher: Searcher,
-        groups: list[list[int]],
-        record: Record,
-        quiet: bool,
-    ) -> None:
-        self.cluster, self.plan, self.code, self.trials = cluster, plan, code, trials_
-        self.searcher, self.groups, self.record, self.quiet = searcher, groups, record, quiet
-        self.free = list(range(concurrency(len(groups), plan.max_concurrent_trials)))
+    def __init__(self, cluster: Cluster, job: Job, searcher: Searcher, groups: list[list[int]]) -> None:
+        self.cluster, self.job, self.searcher, self.groups = cluster, job, searcher, groups
+        self.free = list(range(concurrency(len(groups), job.plan.max_concurrent_trials)))
         self.broken: set[int] = set()  # a failure shut their sockets: made again before their next trial
         self.lost: set[int] = set()  # a rank of theirs died: no more trials there
         self.running: list[_Running] = []
@@ -142,10 +135,8 @@ class _Runner:
         """Give each free group the searcher's next work; whether any trial runs now."""
         while self.free and not self.stopping and (work := self.searcher.next()) is not None:
             g = self.free.pop(0)
-            trial = self.trials[work.trial - 1]
-            cell = _start(
-                self.cluster, self.plan, self.code, trial, work, self.groups[g], g in self.broken, self.quiet
-            )
+            trial = self.job.trials[work.trial - 1]
+            cell = _start(self.cluster, self.job, work, self.groups[g], g in self.broken)
             self.broken.discard(g)
             if isinstance(cell, TrialCell):
                 self.running.append(_Running(g, work, trial, cell))
@@ -153,7 +144,7 @@ class _Runner:
             self.broken.add(g)  # it failed before its cell ran: the group is made again for the next
             self.free.append(g)
             if cell is not None:
-                self.record(trial, cell)
+                self.job.record(trial, cell)
             self.searcher.report(work, None, ok=False)
         return bool(self.running)
 
@@ -164,19 +155,19 @@ class _Runner:
         first.ar.wait(POLL_SECONDS / len(self.running))
         for r in [r for r in self.running if r.cell.ended()]:
             self.running.remove(r)
-            ended = _end(self.cluster, r, self.stopping, self.quiet)
+            ended = _end(self.cluster, r, self.stopping, self.job.quiet)
             if ended == "lost":
                 self.lost.add(r.group)
             else:
                 self.broken.update([r.group] if ended == "broken" else [])
                 self.free.append(r.group)
-            self.record(r.trial, r.cell.run_id)
+            self.job.record(r.trial, r.cell.run_id)
             self.searcher.report(r.work, r.trial.metric, ok=r.trial.status == "completed")
 
     def stop(self) -> None:
         """Ctrl-C: no new trial; the running ones stop at a step all their ranks agree on (again:
         their groups are aborted)."""
-        if not self.stopping and not self.quiet:
+        if not self.stopping and not self.job.quiet:
             print(f"dtwork: search stopped: {len(self.running)} running trial(s) asked to stop")
         self.stopping = True
         for r in self.running:
@@ -184,30 +175,22 @@ class _Runner:
             r.cell.watcher.interrupt()
 
 
-def _start(
-    cluster: Cluster,
-    plan: Search,
-    code: str,
-    trial: Trial,
-    work: Work,
-    ranks: list[int],
-    rebuild: bool,
-    quiet: bool,
-) -> TrialCell | int | None:
+def _start(cluster: Cluster, job: Job, work: Work, ranks: list[int], rebuild: bool) -> TrialCell | int | None:
     """Start a trial's cell on ``ranks``; the cell, or (it failed to start) its run id if it had one."""
-    note = f"trial {trial.number}/{len(plan.configs)} of the {plan.searcher} search {plan.label}"
-    if not quiet:
+    plan, trial = job.plan, job.trials[work.trial - 1]
+    note = f"trial {trial.number}/{len(job.trials)} of the {plan.searcher} search {plan.label}"
+    if not job.quiet:
         print(f"dtwork: {note} on ranks {ranks[0]}-{ranks[-1]}: {said(trial.hparams)}")
     cell: TrialCell | None = None
     try:
-        cell = TrialCell(cluster.session, ranks, plan.configs[work.trial - 1], note)
-        cell.start(code, rebuild)
+        cell = TrialCell(cluster.session, ranks, job.config_for(work), note)
+        cell.start(job.code, rebuild)
         return cell
     except Exception as exc:
         trial.status, trial.error = "failed", error_text(exc)
         if cell is not None:
             cell.session.writer.run_status(cell.run_id, "failed")
-        if not quiet:
+        if not job.quiet:
             print(f"dtwork: trial {trial.number} did not start: {trial.error}")
         return None if cell is None else cell.run_id
 

@@ -17,6 +17,7 @@ def make_groups(groups: list[list[int]]) -> int:
     """Split the world into the search's trial groups (every rank, once per search); this rank's."""
     from dtwork.runtime.core import trial_group
 
+    _as(runtime.current().state, trial_group.end())  # the world, should a search have been cut short
     return trial_group.make(groups)
 
 

@@ -41,8 +41,6 @@ def active() -> bool:
 def make(groups: list[list[int]]) -> int:
     """Make every trial group (all ranks call it, groups in the same order); return this rank's
     group's index."""
-    if active():
-        raise DtworkError("a trial is still running on this rank's group")
     me, mine = dist.get_rank(), -1
     for i, ranks in enumerate(groups):
         if me in ranks:
@@ -94,6 +92,11 @@ def forget() -> None:
 
 
 def abort() -> None:
-    """Shut this rank's trial-group sockets, so that its peers leave a collective at once."""
+    """Shut this rank's trial-group sockets (NCCL: abort its communicators), so that its peers leave
+    a collective at once."""
+    pg = _trials.pg
+    if pg is not None and dist.get_backend(pg) == "nccl":
+        pg.abort()
+        return
     world_group.shut(_trials.sockets)
     _trials.sockets = set()
