@@ -204,7 +204,7 @@ def _end(cluster: Cluster, r: _Running, stopping: bool, quiet: bool) -> str:
     r.trial.status = r.cell.conclude(result, stopping)
     state = "lost" if watcher.dead else "broken" if result.errors or r.cell.broken else "ok"
     if result.errors:
-        r.trial.error = error_text(watcher.failure())
+        r.trial.error = r.cell.error or r.cell.cause(result)
         if not quiet and r.trial.status == "failed":
             print(f"dtwork: trial {r.trial.number} failed: {r.trial.error}")
         if watcher.dead:

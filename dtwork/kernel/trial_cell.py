@@ -18,7 +18,7 @@ from dtwork.config import ExperimentConfig
 from dtwork.kernel.progress import Progress
 from dtwork.kernel.segments import RunBook, is_segment
 from dtwork.kernel.stacks import RankStacks
-from dtwork.kernel.tracebacks import error_line
+from dtwork.kernel.tracebacks import error_line, left_after_peer
 from dtwork.kernel.watcher import CellResult, CellWatcher
 from dtwork.runtime import trials
 from dtwork.shared import batch
@@ -57,6 +57,7 @@ class TrialCell:
         )
         self.seq: int | None = None
         self.watcher: CellWatcher | None = None
+        self.error: str | None = None  # the failed cell's error line
 
     def start(self, code: str, rebuild: bool) -> None:
         """Make the group the ranks' world with this trial's config and run, then send the cell."""
@@ -78,11 +79,8 @@ class TrialCell:
         """Store how the cell and the run ended; return the run's status."""
         status = "interrupted" if interrupted and result.status in ("ok", "interrupted") else result.status
         run_status = RUN_STATUS.get(status, "failed")
-        err = (
-            error_line(result.errors[min(result.errors)])
-            if result.errors and run_status == "failed"
-            else None
-        )
+        err = self.cause(result) if run_status == "failed" else None
+        self.error = err
         w = self.session.writer
         if self.seq is not None:
             w.finish_cell(self.run_id, self.seq, status, err)
@@ -91,6 +89,14 @@ class TrialCell:
         w.run_status(self.run_id, run_status)
         w.flush(force=True)
         return run_status
+
+    def cause(self, result: CellResult) -> str | None:
+        """The failing cell's error: the rank that failed first's, not a peer's that left with it."""
+        errs, dead = result.errors, self.watcher.dead if self.watcher is not None else {}
+        if not errs:
+            return None
+        first = min(errs, key=lambda r: (r not in dead, left_after_peer(errs[r]), r))
+        return error_line(errs[first])
 
     # -- what the cell watcher asks of its host (watcher.CellHost) --------------------------
 

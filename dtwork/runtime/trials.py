@@ -25,12 +25,16 @@ def begin_trial(
     config: dict[str, object], run_id: int, store: str, token: str, rebuild: bool = False
 ) -> dict[str, object]:
     """Make the rank's group its world for one trial: the trial's config (``ctx.hparams``, the batch
-    over the group's slots, the seed) and its run; ``rebuild``: the group is made again first."""
+    over the group's slots, the seed) and its run (``token``: this trial's, also naming where a
+    failing rank says why); ``rebuild``: the group is made again first."""
     from dtwork.runtime import entry
     from dtwork.runtime.core import trial_group
 
     ctx = runtime.current()
-    _as(ctx.state, trial_group.begin(ctx.rank, ctx.world_size, rebuild=rebuild))
+    _as(
+        ctx.state,
+        trial_group.begin(ctx.rank, ctx.world_size, f"dtwork/failed/trial/{token}", rebuild=rebuild),
+    )
     try:
         applied = entry.set_config(config, None)
         entry.set_run_id(run_id, store, True, False, token)
@@ -56,10 +60,10 @@ def end_search() -> None:
 
 
 def abort_group() -> None:
-    """Shut this rank's trial-group sockets (a peer failed and ranks still wait on this one)."""
-    from dtwork.runtime.core import trial_group
+    """Abort this rank's trial group (a peer failed and ranks still wait on this one)."""
+    from dtwork.runtime.core import group
 
-    trial_group.abort()
+    group.abort("another rank of the trial failed")
 
 
 def _as(state: RankState, seat: tuple[int, int] | None) -> None:

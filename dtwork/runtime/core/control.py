@@ -101,13 +101,10 @@ def _cell_ran(result: object) -> None:
     if error is None:
         return
     _last_error[:] = [error]
-    from dtwork.runtime.core import group, trial_group
+    from dtwork.runtime.core import group
 
     try:  # an error here would be shown as the cell's own
-        if trial_group.active():  # a search's trial: its own group only, the others train on
-            trial_group.abort()
-        else:
-            group.on_cell_error(error, _left_step[0] if _left_step else None)
+        group.on_cell_error(error, _left_step[0] if _left_step else None)
     except Exception as exc:
         print(f"dtwork: could not abort the process group after the error: {exc}", file=sys.stderr)
 

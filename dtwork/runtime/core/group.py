@@ -37,6 +37,7 @@ class _Group:
         self.generation = 0
         self.sockets: set[_Conn] = set()
         self.models: dist.ProcessGroup | None = None  # see models_group
+        self.failed_key: str | None = None  # a search's trial group's own (see scope)
 
 
 _group = _Group()
@@ -96,7 +97,15 @@ def shut(sockets: set[_Conn]) -> None:
 
 
 def _failed_key() -> str:
-    return f"dtwork/failed/{_group.generation}"
+    return _group.failed_key or f"dtwork/failed/{_group.generation}"
+
+
+def scope(failed_key: str | None, sockets: set[_Conn]) -> tuple[str | None, set[_Conn]]:
+    """Make a search's trial group the one a failure aborts (``failed_key``: where its ranks say why,
+    ``sockets``: its own), or the world again (None); return what was in use, to give back."""
+    before = (_group.failed_key, _group.sockets)
+    _group.failed_key, _group.sockets = failed_key, sockets
+    return before
 
 
 def failed() -> str | None:
@@ -124,7 +133,7 @@ def on_cell_error(error: BaseException, step: int | None) -> None:
     """A cell failed on this rank: abort the group unless another rank already did."""
     if _group.spec is None:  # not joined yet
         return
-    rank = _group.spec["rank"]
+    rank = dist.get_rank() if _group.failed_key else _group.spec["rank"]  # a trial's: its group's
     if failed() is not None:
         abort("")  # passes the teardown on to ranks that wait on this one
         return

@@ -5,8 +5,8 @@ every group, in the same order). While a trial runs, its group *is* the rank's w
 group points at it, and the rank state says the rank and size within it, so everything that reads
 the default group (DDP, the loop's all-reduces, checkpoints, ``DistributedSampler``) and everything
 that reads ``ctx.rank`` / ``ctx.world_size`` (sharding, the records' ranks) is the group's. A cell
-that fails on a rank shuts that rank's group sockets only (its peers leave their collectives at
-once; the other groups train on); the kernel then has the group made again, by its ranks alone.
+that fails on a rank aborts that group only (``group.scope``: its peers leave their collectives at
+once, the other groups train on); the kernel then has the group made again, by its ranks alone.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ class _Trials:
         self.ranks: list[int] = []
         self.pg: dist.ProcessGroup | None = None
         self.sockets: set[tuple[int, Any, Any]] = set()
-        self.world: tuple[Any, int, int] | None = None  # while a trial runs: (default group, rank, size)
+        # while a trial runs, the world's: default group, rank, size, failure scope
+        self.world: tuple[Any, int, int, Any] | None = None
 
 
 _trials = _Trials()
@@ -61,16 +62,22 @@ def _new(ranks: list[int], *, local: bool) -> None:
     _trials.sockets = world_group.sockets_since(before)
 
 
-def begin(rank: int, world_size: int, *, rebuild: bool = False) -> tuple[int, int]:
+def begin(rank: int, world_size: int, failed_key: str, *, rebuild: bool = False) -> tuple[int, int]:
     """Make the group the rank's world for a trial; return the rank and size within it (the rank
-    state takes them). ``rank``, ``world_size``: the world's, given back by ``end``. ``rebuild``: make
-    the group again first, after a trial that failed on it left its sockets shut."""
+    state takes them). ``rank``, ``world_size``: the world's, given back by ``end``; ``failed_key``:
+    where a failing rank of this trial says why (its peers leave with that); ``rebuild``: make the
+    group again first, after a trial that failed on it left its sockets shut."""
     if _trials.pg is None:
         raise DtworkError("this rank has no trial group: the search makes them first")
+    if active():
+        raise DtworkError("a trial already runs on this rank's group")
     if rebuild:
         _new(_trials.ranks, local=True)
     pg = _trials.pg
-    _trials.world = (c10d._world.default_pg, rank, world_size)
+    scoped = world_group.scope(failed_key, _trials.sockets)  # a failure aborts this group only
+    _trials.world = (c10d._world.default_pg, rank, world_size, scoped)
+    # torch has no public way to scope the default group, and DDP, every helper's collective and the
+    # user's own ``dist.all_reduce(t)`` read it: pointing it at the group makes them all the group's.
     c10d._world.default_pg = pg
     return pg.rank(), pg.size()
 
@@ -80,23 +87,15 @@ def end() -> tuple[int, int] | None:
     None when no trial ran."""
     if _trials.world is None:
         return None
-    default, rank, size = _trials.world
+    default, rank, size, scoped = _trials.world
     c10d._world.default_pg = default
+    world_group.scope(*scoped)
     _trials.world = None
     return rank, size
 
 
 def forget() -> None:
-    """The search ended: no trial group any more (the groups' objects stay torch's)."""
+    """The search ended: no trial group any more. The groups are not destroyed: a group made again
+    by its ranks alone has a name hashed from them, which destroying would free for the next such
+    group, whose rendezvous would then meet the old one's keys in the store."""
     _trials.pg, _trials.ranks, _trials.sockets = None, [], set()
-
-
-def abort() -> None:
-    """Shut this rank's trial-group sockets (NCCL: abort its communicators), so that its peers leave
-    a collective at once."""
-    pg = _trials.pg
-    if pg is not None and dist.get_backend(pg) == "nccl":
-        pg.abort()
-        return
-    world_group.shut(_trials.sockets)
-    _trials.sockets = set()
