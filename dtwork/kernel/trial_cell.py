@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtwork.config import ExperimentConfig
+from dtwork.kernel import calls
 from dtwork.kernel.progress import Progress
 from dtwork.kernel.segments import RunBook, is_segment
 from dtwork.kernel.stacks import RankStacks
@@ -51,7 +52,10 @@ class TrialCell:
             global_batch_size=batch.effective(config.global_batch_size, n),
             per_slot_batch_size=batch.per_slot(config.global_batch_size, n),
         )
-        store.set_environment(self.run_id, e.environment())
+        # the group's ranks only, as a standalone run of that many ranks records them
+        store.set_environment(
+            self.run_id, calls.environment(e.backend, [e.rank_info[r] for r in ranks], config.seed)
+        )
         store.add_event(
             self.run_id, "start", f"{note}: run started on ranks {ranks} of the cluster ({n} rank(s))"
         )

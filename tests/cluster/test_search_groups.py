@@ -113,6 +113,7 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(cluster: Any, tmp_
         for t in trials:
             run = runs[t.number]
             assert run["world_size"] == 2 and run["status"] == "completed"
+            assert store.environment(t.run_id)["world_size"] == 2
             assert yaml.safe_load(run["config_yaml"])["hyperparameters"] == t.hparams
             rows = [
                 r for name in store.metric_names(t.run_id) for r in store.metrics(t.run_id, name, rank="all")
