@@ -1,6 +1,7 @@
 """``%%dtrain search EXP.yaml`` / ``dtwork.search``: a grid, random or ASHA search on the warm cluster.
 
-The cell is every trial's code. Trials run one after another on the whole cluster, each a run of its
+The cell is every trial's code. Trials run one after another on the whole cluster (or several at
+once on rank groups of ``resources.slots_per_trial`` ranks: ``search_groups``), each a run of its
 own: the cluster is configured with the trial's config (its hyperparameters constants, as
 ``ctx.hparams`` gives them), the cell runs as a training cell does, and the trial's result is the last
 value of ``searcher.metric`` it logged. A trial that fails costs that trial; Ctrl-C stops the search
@@ -19,7 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dtwork.commands.search_groups import Job, error_text, layout, run_in_groups, said
 from dtwork.commands.search_record import close_search, open_search, record_trial
+from dtwork.config import ExperimentConfig
 from dtwork.config.search import Search, load_search
 from dtwork.config.searchers import Searcher, Work, searcher_for
 from dtwork.errors import DtworkError
@@ -73,15 +76,11 @@ class SearchResult:
             value = "" if t.metric is None else f" {name}={t.metric:.6g}"
             run = f"run {t.run_id}" if t.run_id is not None else "no run"
             rung = "" if t.length is None else f", to {t.length}"
-            lines.append(f"  trial {t.number} ({run}, {t.status}{rung}{value}): {_said(t.hparams)}")
+            lines.append(f"  trial {t.number} ({run}, {t.status}{rung}{value}): {said(t.hparams)}")
         best = self.best
         if best is not None:
             lines.append(f"best: trial {best.number} (run {best.run_id}) {name}={best.metric:.6g}")
         return "\n".join(lines)
-
-
-def _said(hp: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in hp.items()) or "no hyperparameters"
 
 
 def search(
@@ -106,52 +105,32 @@ def search(
         )
     if not code.strip():
         raise DtworkError("%%dtrain search runs the cell as every trial's code: the cell is empty")
+    groups = layout(cluster.world_size, plan.slots_per_trial)  # None: each trial on the whole cluster
     before = cluster.config
     result = SearchResult(plan, [Trial(i + 1, hp) for i, hp in enumerate(plan.hparams)])
     searcher = searcher_for(plan)
-    n = len(result.trials)
-    work: Work | None = None
     result.search_id = sid = open_search(cluster, plan, source, code)
     ended = "failed"  # until the search says otherwise: an error out of it fails the search
     try:
-        while (work := searcher.next()) is not None:
-            trial = result.trials[work.trial - 1]
-            rung = searcher.rung(work.trial)
-            if not quiet:
-                at = "" if work.length is None else f", to {work.length.value} {work.length.unit}"
-                print(f"dtwork: {plan.searcher} search, trial {trial.number}/{n}{at}: {_said(trial.hparams)}")
-            config = plan.configs[work.trial - 1]
-            if work.length is not None:  # the searcher's length for this piece (an ASHA rung)
-                config = config.with_path("searcher.max_length", work.length.to_dict())
-            cluster.configure(config)  # a new run begins with this trial's config
-            try:
-                _resume_from(cluster, trial.run_id if work.resume else None)
-                cluster.run(code, quiet=quiet)
-                trial.status, trial.rung = "completed", rung
-                if work.length is not None:
-                    trial.length = f"{work.length.value} {work.length.unit}"
-            except KeyboardInterrupt:
-                trial.status = "interrupted"
-                raise
-            except Exception as exc:  # a failing trial costs that trial: the others go on
-                trial.status, trial.error = "failed", _error_line(exc)
-                if not quiet:
-                    print(f"dtwork: trial {trial.number} failed: {trial.error}")
-            finally:
-                if work.resume:
-                    _resume_from(cluster, None)
-                _record(cluster, result, trial, n)
-                searcher.report(work, trial.metric, ok=trial.status == "completed")
-                if trial.status == "completed" and searcher.stopped(work.trial):
-                    trial.status = "stopped"  # below the top rung, not promoted: it trains no further
-                if result.search_id is not None:
-                    record_trial(cluster, result.search_id, trial)
+        if groups is not None:
+            job = Job(
+                plan,
+                code,
+                result.trials,
+                lambda work: _config(plan, work),
+                lambda work, run: _ended(cluster, result, searcher, work, run),
+                lambda work: result.trials[work.trial - 1].run_id if work.resume else None,
+                quiet,
+            )
+            run_in_groups(cluster, job, searcher, groups)  # Ctrl-C: the running trials stop, recorded
+            if any(t.status == "interrupted" for t in result.trials):
+                raise KeyboardInterrupt
+        else:
+            _one_by_one(cluster, result, searcher, code, quiet)
         _settle(result, searcher)
         ended = "completed"
     except KeyboardInterrupt:
         ended = "interrupted"
-        if not quiet and work is not None:
-            print(f"dtwork: search stopped at trial {work.trial}/{n}; its run is recorded interrupted")
     finally:
         try:
             cluster.configure(before)  # the cluster's own config again; the next cell starts a new run
@@ -160,6 +139,61 @@ def search(
     if not quiet:
         print(result.table())
     return result
+
+
+def _one_by_one(cluster: Cluster, result: SearchResult, searcher: Searcher, code: str, quiet: bool) -> None:
+    """Each piece of work on the whole cluster, one after another; Ctrl-C records the running one
+    interrupted and ends the search."""
+    plan, n = result.search, len(result.trials)
+    while (work := searcher.next()) is not None:
+        trial = result.trials[work.trial - 1]
+        if not quiet:
+            at = "" if work.length is None else f", to {work.length.value} {work.length.unit}"
+            print(f"dtwork: {plan.searcher} search, trial {trial.number}/{n}{at}: {said(trial.hparams)}")
+        cluster.configure(_config(plan, work))  # a new run begins with this trial's config
+        try:
+            _resume_from(cluster, trial.run_id if work.resume else None)
+            cluster.run(code, quiet=quiet)
+            trial.status = "completed"
+        except KeyboardInterrupt:
+            trial.status = "interrupted"
+            if not quiet:
+                print(f"dtwork: search stopped at trial {work.trial}/{n}; its run is recorded interrupted")
+            raise
+        except Exception as exc:  # a failing trial costs that trial: the others go on
+            trial.status, trial.error = "failed", error_text(exc)
+            if not quiet:
+                print(f"dtwork: trial {trial.number} failed: {trial.error}")
+        finally:
+            if work.resume:
+                _resume_from(cluster, None)
+            _ended(cluster, result, searcher, work, cluster.session.run_id)
+
+
+def _ended(
+    cluster: Cluster, result: SearchResult, searcher: Searcher, work: Work, run_id: int | None
+) -> None:
+    """A piece of work ended (its trial's status set) in run ``run_id`` (None: it never began one):
+    note it on its run, read its metric, tell the searcher, write the trial into the search's record."""
+    trial = result.trials[work.trial - 1]
+    if trial.status == "completed":
+        trial.rung = searcher.rung(work.trial)
+        if work.length is not None:
+            trial.length = f"{work.length.value} {work.length.unit}"
+    _record(cluster, result, trial, len(result.trials), run_id)
+    searcher.report(work, trial.metric, ok=trial.status == "completed")
+    if trial.status == "completed" and searcher.stopped(work.trial):
+        trial.status = "stopped"  # below the top rung, not promoted (so far): it trains no further
+    if result.search_id is not None:
+        record_trial(cluster, result.search_id, trial)
+
+
+def _config(plan: Search, work: Work) -> ExperimentConfig:
+    """The config a piece of work trains with: its trial's, to the searcher's length (an ASHA rung)."""
+    config = plan.configs[work.trial - 1]
+    if work.length is not None:
+        config = config.with_path("searcher.max_length", work.length.to_dict())
+    return config
 
 
 def _settle(result: SearchResult, searcher: Searcher) -> None:
@@ -171,12 +205,6 @@ def _settle(result: SearchResult, searcher: Searcher) -> None:
             t.status = "stopped"  # close_search writes it
 
 
-def _error_line(exc: BaseException) -> str:
-    """The error a failed trial ends with: a rank's traceback ends with its exception's line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
-
-
 def _resume_from(cluster: Cluster, run_id: int | None) -> None:
     """Have the ranks' next training loop resume run ``run_id``'s newest checkpoint (None: not)."""
     from dtwork.runtime import entry
@@ -185,17 +213,18 @@ def _resume_from(cluster: Cluster, run_id: int | None) -> None:
         cluster.engines.call(entry.set_auto_resume, (run_id or False,), {})
 
 
-def _record(cluster: Cluster, result: SearchResult, trial: Trial, n: int) -> None:
+def _record(cluster: Cluster, result: SearchResult, trial: Trial, n: int, run: int | None) -> None:
     """Note the trial on its run (an event) and read its metric's last value from the store."""
     plan, session = result.search, cluster.session
-    if session.run_id is None:
+    if run is None:
         return
-    trial.run_id = session.run_id
-    trial.runs.append(trial.run_id)
-    rung = "" if trial.rung is None else f" (rung {trial.rung})"
-    session.event(
+    trial.run_id = run
+    trial.runs.append(run)
+    rung = "" if trial.length is None else f" (to {trial.length})"
+    session.writer.event(
+        run,
         "search",
-        f"trial {trial.number}/{n}{rung} of the {plan.searcher} search {plan.label}: {_said(trial.hparams)}",
+        f"trial {trial.number}/{n}{rung} of the {plan.searcher} search {plan.label}: {said(trial.hparams)}",
         {
             "search": plan.label,
             "search_id": result.search_id,
@@ -204,6 +233,7 @@ def _record(cluster: Cluster, result: SearchResult, trial: Trial, n: int) -> Non
             "rung": trial.rung,
         },
     )
+    session.writer.flush()
     if plan.metric is None:
         return
     session.writer.flush(force=True)

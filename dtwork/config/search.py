@@ -54,6 +54,12 @@ class Search:
     smaller_is_better: bool
     configs: list[ExperimentConfig]  # each trial's config: its hyperparameters constants
     asha: AshaPlan | None = None  # adaptive_asha, async_halving: the brackets and their rungs
+    max_concurrent_trials: int | None = None  # trials at once on rank groups (None: one per group)
+
+    @property
+    def slots_per_trial(self) -> int | None:
+        """Ranks per trial (``resources.slots_per_trial``; None: the whole cluster)."""
+        return self.configs[0].resources.slots_per_trial if self.configs else None
 
     @property
     def hparams(self) -> list[dict[str, Any]]:
@@ -124,6 +130,7 @@ def load_search(source: str | os.PathLike[str] | Mapping[str, Any]) -> Search:
         smaller_is_better=bool(searcher.get("smaller_is_better", True)),
         configs=configs,
         asha=asha,
+        max_concurrent_trials=_max_concurrent(searcher, label),
     )
 
 
@@ -135,6 +142,19 @@ def _asha_trial(trial: dict[str, Any], asha: AshaPlan) -> None:
     saves: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     if not saves.get("every") and trial.get("min_checkpoint_period") is None:
         trial["checkpoint"] = {**saves, "every": _END_ONLY}
+
+
+def _max_concurrent(searcher: Mapping[str, Any], label: str) -> int | None:
+    """``searcher.max_concurrent_trials``: None when absent or 0 (Determined's "no limit")."""
+    n = searcher.get("max_concurrent_trials")
+    if n is None:
+        return None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise error(
+            f"{label}: searcher.max_concurrent_trials must be a whole number >= 0 (0: as many as there "
+            f"are rank groups), got {n!r}"
+        )
+    return n or None
 
 
 def _said(hp: Mapping[str, Any]) -> str:

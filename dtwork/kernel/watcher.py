@@ -123,7 +123,7 @@ def in_notebook() -> bool:
 
 
 @contextlib.contextmanager
-def _interrupts_as_flags() -> Iterator[list[int]]:
+def interrupts_as_flags() -> Iterator[list[int]]:
     """Within the block, SIGINT appends to the yielded list instead of raising (main thread only)."""
     pending: list[int] = []
     if threading.current_thread() is not threading.main_thread():
@@ -217,7 +217,7 @@ class CellWatcher:
         While waiting, SIGINT only sets a flag: a KeyboardInterrupt raised inside
         ipyparallel's client code could leave its message routing half-updated.
         """
-        with _interrupts_as_flags() as pending:
+        with interrupts_as_flags() as pending:
             while True:
                 try:
                     # It returns the moment the cell ends; finish() then takes what is left in one go.

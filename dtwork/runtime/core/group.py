@@ -37,6 +37,7 @@ class _Group:
         self.generation = 0
         self.sockets: set[_Conn] = set()
         self.models: dist.ProcessGroup | None = None  # see models_group
+        self.failed_key: str | None = None  # a search's trial group's own (see scope)
 
 
 _group = _Group()
@@ -65,12 +66,46 @@ def join(store: dist.Store, spec: RankSpec, device: torch.device) -> None:
     dist.all_reduce(probe)
     if int(probe.item()) != spec["world_size"]:
         raise RuntimeError(f"process group check failed: all_reduce gave {probe.item()}")
-    port = int(spec["master_port"])  # the store's own connections are not the group's
-    _group.sockets = {c for c in _connections() - before if port not in (c[1].port, c[2].port)}
+    _group.sockets = sockets_since(before)
+
+
+def connections() -> set[_Conn]:
+    """This process's established TCP connections now (to tell a group's own sockets by difference)."""
+    return _connections()
+
+
+def sockets_since(before: set[_Conn]) -> set[_Conn]:
+    """The connections made since ``before``, less the rendezvous store's own (not a group's)."""
+    spec = _group.spec
+    port = int(spec["master_port"]) if spec is not None else -1
+    return {c for c in _connections() - before if port not in (c[1].port, c[2].port)}
+
+
+def shut(sockets: set[_Conn]) -> None:
+    """Shut the group sockets still open among ``sockets``: peers waiting on them wake at once."""
+    for fd, _, _ in sockets & _connections():  # still the group's: not closed and reused
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:  # gloo closed it meanwhile (the peer went first)
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.detach()  # gloo owns the descriptor
 
 
 def _failed_key() -> str:
-    return f"dtwork/failed/{_group.generation}"
+    return _group.failed_key or f"dtwork/failed/{_group.generation}"
+
+
+def scope(failed_key: str | None, sockets: set[_Conn]) -> tuple[str | None, set[_Conn]]:
+    """Make a search's trial group the one a failure aborts (``failed_key``: where its ranks say why,
+    ``sockets``: its own), or the world again (None); return what was in use, to give back."""
+    before = (_group.failed_key, _group.sockets)
+    _group.failed_key, _group.sockets = failed_key, sockets
+    return before
 
 
 def failed() -> str | None:
@@ -90,17 +125,7 @@ def abort(reason: str) -> None:
     if _group.spec is not None and _group.spec["backend"] == "nccl":
         dist.distributed_c10d._get_default_group().abort()
         return
-    for fd, _, _ in _group.sockets & _connections():  # still the group's: not closed and reused
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:  # gloo closed it meanwhile (the peer went first)
-            continue
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        finally:
-            sock.detach()  # gloo owns the descriptor
+    shut(_group.sockets)
     _group.sockets = set()
 
 
@@ -108,7 +133,7 @@ def on_cell_error(error: BaseException, step: int | None) -> None:
     """A cell failed on this rank: abort the group unless another rank already did."""
     if _group.spec is None:  # not joined yet
         return
-    rank = _group.spec["rank"]
+    rank = dist.get_rank() if _group.failed_key else _group.spec["rank"]  # a trial's: its group's
     if failed() is not None:
         abort("")  # passes the teardown on to ranks that wait on this one
         return

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from dtwork.config import ExperimentConfig
 from dtwork.errors import DtworkError
 from dtwork.runtime.core import control
+from dtwork.runtime.core.group import peer_failure
 from dtwork.runtime.core.payloads import Plain
 from dtwork.runtime.core.publish import Publisher
 
@@ -210,6 +211,9 @@ class RankState:  # the rank's state between cells, one field per thing kept; gr
         try:
             dist.monitored_barrier(timeout=timedelta(seconds=arrive_seconds), wait_all_ranks=True)
         except RuntimeError as exc:
+            peer = peer_failure(exc)  # a rank failed before it reached this: its error is the cause
+            if peer is not None:
+                raise peer from None
             raise DtworkError(
                 f"{what} needs every rank, but not all reached it in {arrive_seconds:.0f} s "
                 f"({str(exc).strip()}): call it on every rank, not under `if ctx.rank == ...`"
