@@ -189,23 +189,27 @@ def _replay(
     for p in found:
         how = _piece_status(p, by_number[p["trial"]])
         timeline.append((p["began"], 1, p, None))
-        if how != "interrupted":  # an end at the same time as a start came first
+        if how != "interrupted":  # ended; on equal stamps an end sorts before another's start
             timeline.append((p["ended"], 0, p, how))
     timeline.sort(key=lambda item: (item[0], item[1]))
     handed: dict[int, Work] = {}
-    cut: dict[int, int] = {}  # trial -> its interrupted run
+    cut: dict[int, int] = {}  # trial -> its run begun and not (yet) ended
+    begun: set[int] = set()  # the runs whose start was replayed
+
+    def never_began(m: int) -> bool:  # it failed before its run began: no piece of it is recorded
+        return by_number[m]["status"] == "failed" and m not in began
+
     for _, _, piece, status in timeline:
-        n, t = piece["trial"], trials[piece["trial"] - 1]
+        n, t, run = piece["trial"], trials[piece["trial"] - 1], piece["run_id"]
+        if run not in begun:  # its start (an end stamped alike with it sorted first: it began first)
+            begun.add(run)
+            cut[n] = run
+            if n not in handed:  # else: a piece resumed, the work its cut run was handed
+                handed[n] = _ask(inner, n, handed, never_began)
         if status is None:
-            cut[n] = piece["run_id"]
-            if n not in handed:
-                handed[n] = _ask(
-                    inner, n, handed, lambda m: by_number[m]["status"] == "failed" and m not in began
-                )
             continue
         cut.pop(n, None)
         work = handed.pop(n)
-        run = piece["run_id"]
         metric = (
             t["metric"] if run == t["run_id"] or plan.metric is None else last_metric(store, run, plan.metric)
         )
