@@ -244,6 +244,7 @@ PARSERS: dict[str, Callable[[], _Parser]] = {
     "attach": lambda: _one_arg("attach", "cluster_id", choices=None),
     "detach": _bare("detach"),
     "report": _report_parser,
+    "search": search_parser,
     "scaling": _scaling_parser,
     "throughput": _throughput_parser,
     "tune": _tune_parser,
