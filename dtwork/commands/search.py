@@ -99,7 +99,7 @@ def search(
     from dtwork.cluster import current
 
     if resume is not None:
-        back = search_resume.resume(cluster or current(), resume, source, code, quiet)
+        back = search_resume.resume(cluster or current(), resume, source, code)
         plan, code = back.plan, back.code
     elif not isinstance(code, str):
         raise DtworkError("dtwork.search runs a cell's source on every rank: pass the code as a string")
@@ -121,7 +121,7 @@ def search(
     before = cluster.config
     if resume is not None:  # the record's trials and a searcher that replayed them
         result = SearchResult(plan, [Trial(**t) for t in back.trials], back.search_id)
-        searcher, sid = back.searcher, back.search_id
+        searcher, sid = back.searcher, search_resume.reopen(cluster, back, quiet)
     else:
         result = SearchResult(plan, [Trial(i + 1, hp) for i, hp in enumerate(plan.hparams)])
         searcher = searcher_for(plan)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from dtwork.cluster import Cluster
     from dtwork.store.runs import RunStore
 
-__all__ = ["Resumed", "restore", "resume"]
+__all__ = ["Resumed", "reopen", "restore", "resume"]
 
 _DONE = ("completed", "stopped")  # a piece that ended with these is reported as ok
 
@@ -79,14 +79,17 @@ def resume(
     search_id: object,
     source: str | os.PathLike[str] | Mapping[str, Any] | None,
     code: str | None,
-    quiet: bool = False,
 ) -> Resumed:
-    """Rebuild search ``search_id`` of ``cluster``'s store and mark it running again, on ``cluster``."""
+    """Search ``search_id`` of ``cluster``'s store, rebuilt (``restore``); ``reopen`` runs it again."""
     from dtwork.launch import registry
 
-    db = cluster.session.store.db
     live = {e["cluster_id"] for e in registry.entries() if e.get("kernel_alive")} - {cluster.cluster_id}
-    back = restore(cluster.session.store, search_id, source, code, live)
+    return restore(cluster.session.store, search_id, source, code, live)
+
+
+def reopen(cluster: Cluster, back: Resumed, quiet: bool = False) -> int:
+    """Mark the rebuilt search running again, on ``cluster``; its id."""
+    db = cluster.session.store.db
     searches.reopen(db, back.search_id, cluster.cluster_id, cluster.world_size, cluster.backend)
     if not quiet:
         ended = sum(t["status"] in ("completed", "stopped", "failed") for t in back.trials)
@@ -94,7 +97,7 @@ def resume(
             f"dtwork: resuming search {back.search_id} ({back.plan.label}): {ended} of "
             f"{len(back.trials)} trials ended, kept with their runs"
         )
-    return back
+    return back.search_id
 
 
 def restore(
