@@ -18,6 +18,7 @@ from typing import Any
 
 from benchmarks import adaptive, kernel_scale, long_run, windows
 from benchmarks import fsdp as fsdp_phase
+from benchmarks import search as search_phase
 from benchmarks import workload as W
 from benchmarks.runners import TORCHRUN, ColdStarts, DtworkRunner, LaunchWorkerRunner, missing
 from benchmarks.runners import RawIpyparallelRunner as Raw
@@ -30,10 +31,10 @@ KINDS = W.KINDS
 OPTIONAL = ("accelerate", "fabric")
 SCRIPT = ROOT / "tests" / "fixtures" / "ddp_tutorial.py"  # the PyTorch DDP tutorial's structure
 PHASES = "cold_start round_trip throughput iteration_latency turns gns_interleaved live_interleaved handloop"
-PHASES += " script_rerun kernel_scale fsdp adaptive long_run"
-OPT_IN = ("adaptive", "long_run")  # long on their own: run only when named (--only adaptive)
+PHASES += " script_rerun kernel_scale fsdp adaptive long_run search"
+OPT_IN = ("adaptive", "long_run", "search")  # long on their own: run only when named (--only adaptive)
 # start their own processes or none: no suite clusters
-CLUSTERLESS = {"cold_start", "kernel_scale", "long_run"}
+CLUSTERLESS = {"cold_start", "kernel_scale", "long_run", "search"}
 
 
 def _kinds(mlp: int, convnet: int) -> Any:
@@ -68,7 +69,8 @@ class Plan:
     adaptive: dict[str, Any] = field(default_factory=lambda: dict(ADAPTIVE))
     fsdp_steps: int = 40  # a small transformer: about 2 s a turn on 2 cores
     fsdp_reps: int = 3
-    long_run: tuple[tuple[float, int], ...] = ((4.0, 8),)  # (hours, ranks) of simulated long runs
+    long_run: tuple[tuple[float, int], ...] = ((24.0, 8), (1.0, 256))  # (hours, ranks): issue 43's two runs
+    search: dict[str, Any] = field(default_factory=lambda: dict(SEARCH))
 
     @classmethod
     def smoke_plan(cls) -> Plan:
@@ -79,6 +81,7 @@ class Plan:
         small |= dict(fsdp_steps=2, fsdp_reps=1, long_run=((0.2, 2),))
         small |= dict.fromkeys(per_kind.split(), {"mlp": 2, "convnet": 1})
         small["adaptive"] = ADAPTIVE | ADAPTIVE_SMOKE
+        small["search"] = SEARCH | SEARCH_SMOKE
         return cls(True, **dict.fromkeys([*once.split(), "rerun_reps"], 1), round_trips=3, **small)
 
 
@@ -122,6 +125,14 @@ ADAPTIVE_SMOKE: dict[str, Any] = dict(
     probe_batch=32,
     timeout_s=300,
 )
+
+
+# issue 48's phase (benchmarks/search.py): 16 trials, 4 ranks as 2 groups of 2 against one after another;
+# ASHA's rungs at 4, 16 and 64 batches (divisor 4), the same global batch on either arm
+SEARCH: dict[str, Any] = dict(
+    ranks=4, slots=2, trials=16, length=64, rungs=3, divisor=4, global_batch=64, samples=8192, reps=2
+)
+SEARCH_SMOKE: dict[str, Any] = dict(trials=4, length=8, rungs=2, divisor=2, samples=512, reps=1)
 
 
 def _guarded(errors: dict[str, str], name: str, measure: Callable[[], Any]) -> Any:
@@ -368,6 +379,9 @@ class Suite:
                 log(f"a {hours:g} h run of {ranks} simulated ranks through the store writer")
                 out.append(long_run.measure(hours, ranks, Path(folder)))
         return out
+
+    def search(self) -> dict[str, Any]:
+        return search_phase.measure(self.plan)
 
     def fsdp(self) -> dict[str, Any]:
         p = self.plan

@@ -314,6 +314,29 @@ def fill(doc: str, generated: dict[str, str]) -> str:
     return doc
 
 
+def search_table(r: dict[str, Any]) -> str:
+    """Issue 48: ASHA on rank groups against the same trials one after another, per arm."""
+    x, rows = r["search"], []
+    for arm, name in (("asha", "adaptive_asha on groups"), ("sequential", "one after another")):
+        for i, run in enumerate(x["arms"][arm]):
+            best = run["best"] or {}
+            hp = ", ".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in best.get("hparams", {}).items()
+            )
+            stopped = sum(s == "stopped" for s in run["statuses"])
+            rows.append([name, i + 1, fmt(run["wall_s"], 1), run["batches"], stopped, fmt(run["to_best_s"], 1),
+                         fmt(best.get("metric"), 4), hp])  # fmt: skip
+    text = table("arm | repetition | wall s | batches trained | stopped | to its best s | best val_loss | best "
+                 "trial's hyperparameters", rows)  # fmt: skip
+    same = "the same" if x.get("same_trials") else "**not** the same"
+    text += f"\n\nBoth arms drew {same} trials. Median wall time ASHA / one after another: "
+    text += f"{fmt(x.get('wall_ratio'), 3)}; time to its best: {fmt(x.get('to_best_ratio'), 3)}."
+    if x.get("errors"):
+        text += " Errors: " + "; ".join(x["errors"])
+    return text
+
+
 def write_doc(out: Path, doc: Path) -> None:
     """The tables of ``doc`` from ``out/results.json`` and, when there, ``out/live.json``."""
     r = json.loads((out / "results.json").read_text())
@@ -321,7 +344,7 @@ def write_doc(out: Path, doc: Path) -> None:
               "iteration_latency": core_table, "turns": turns_table, "live_interleaved": live_table,
               "gns_interleaved": gns_table, "handloop": handloop_table, "script_rerun": script_rerun_table,
               "kernel_scale": kernel_scale_table, "adaptive": adaptive_table, "fsdp": fsdp_table,
-              "long_run": long_run_table}  # fmt: skip
+              "long_run": long_run_table, "search": search_table}  # fmt: skip
     names = {k: make.__name__.removesuffix("_table").replace("_", "-") for k, make in makers.items()}
     generated = {names[k]: make(r) for k, make in makers.items() if k in r}
     if (out / "live.json").exists():

@@ -163,11 +163,13 @@ def test_the_long_run_drives_a_real_kernel_that_imports_the_benchmarks() -> None
     assert counts["stream"] >= 2 and counts["status"] >= 2
 
 
-def test_the_adaptive_phase_runs_both_arms_of_one_script_and_writes_its_table(tmp_path: Path) -> None:
-    """``--only adaptive``: the fixed grid under torchrun, the adaptive arm on warm ranks, the B_simple probe."""
+def test_the_adaptive_and_search_phases_run_both_arms_and_write_their_tables(tmp_path: Path) -> None:
+    """``--only adaptive,search`` (the two opt-in phases with clusters, in one run: one start of the
+    suite). Adaptive: the fixed grid under torchrun, the adaptive arm on warm ranks, the B_simple
+    probe. Search: ASHA on 2 groups of 2 ranks against the same trials one after another."""
     out, doc = tmp_path / "bench", tmp_path / "benchmarks.md"
     shutil.copy(ROOT / "docs" / "benchmarks.md", doc)
-    proc = _run_smoke(out, doc, tmp_path, "--only", "adaptive")
+    proc = _run_smoke(out, doc, tmp_path, "--only", "adaptive,search")
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads((out / "results.json").read_text())
     a, plan = r["adaptive"], r["meta"]["plan"]["adaptive"]
@@ -187,3 +189,19 @@ def test_the_adaptive_phase_runs_both_arms_of_one_script_and_writes_its_table(tm
     page = doc.read_text().split("<!-- generated: adaptive -->")[1].split("<!-- end: adaptive -->")[0]
     assert "| adaptive from 32 (max 64) | 0.003 | 0/1 | not reached |" in page
     assert "| 64 | 0.003 | 0/1 | not reached |" in page and "grows at least 30x" in page
+    # the search phase: both arms drew the same trials; ASHA stopped some and trained fewer batches
+    s, splan = r["search"], r["meta"]["plan"]["search"]
+    assert s["errors"] == [] and s["same_trials"] is True
+    (asha,), (seq,) = s["arms"]["asha"], s["arms"]["sequential"]
+    assert len(asha["statuses"]) == len(seq["statuses"]) == splan["trials"]
+    assert seq["statuses"] == ["completed"] * splan["trials"]
+    assert (
+        "stopped" in asha["statuses"]
+        and asha["batches"] < seq["batches"] == splan["trials"] * splan["length"]
+    )
+    for run in (asha, seq):
+        _positive(run["wall_s"], "a search's wall time")
+        _positive(run["to_best_s"], "time to the best trial")
+        assert run["to_best_s"] <= run["wall_s"]
+    page = doc.read_text().split("<!-- generated: search -->")[1].split("<!-- end: search -->")[0]
+    assert "| adaptive_asha on groups | 1 |" in page and "Both arms drew the same trials" in page
