@@ -10,6 +10,9 @@ after recording the trial it interrupted; the cluster's own config comes back at
 An ASHA search hands out a trial again at a longer length when it promotes it: that piece is a new
 run of the trial whose training loop resumes from the newest checkpoint of the trial's previous run
 (the ranks' ``auto_resume`` names that run), so it goes on from the step its shorter rung ended at.
+
+``resume=ID`` goes on with a stopped search: ``search_resume`` rebuilds its trials and searcher from
+its record, and the same runner hands out what is left.
 """
 
 from __future__ import annotations
