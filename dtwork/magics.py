@@ -298,18 +298,31 @@ class DtrainMagics(Magics):
         ns = PARSERS["stacks"]().parse_args(argv)
         commands.show_stacks(current(), _int_list(ns.ranks) if ns.ranks else None, all_threads=ns.all_threads)
 
+    def _sub_search(self, argv: list[str]) -> None:
+        self._search(argv, None)
+
+    def _search(self, argv: list[str], cell: str | None) -> None:
+        """A search: a new one runs the cell; ``--resume ID`` goes on with a stopped one, with its stored
+        file and code where none (or an empty cell) is given."""
+        from dtwork.commands.search import search
+
+        found = search_parser().parse_args(argv)
+        if found.resume is None and (cell is None or found.path is None):
+            raise DtworkError(
+                "a search is a cell: %%dtrain search EXP.yaml over the trials' code "
+                "(%dtrain search --resume ID goes on with a stopped one)"
+            )
+        code = cell if cell is not None and (cell.strip() or found.resume is None) else None
+        result = search(found.path, code, quiet=found.quiet, resume=found.resume)
+        if found.quiet:  # the cells were quiet; the trials' table is what the magic shows
+            print(result.table())
+
     # -- the cell magic ----------------------------------------------------------------------
 
     def _cell(self, line: str, cell: str) -> None:
         words = _split(line, "%%dtrain")
         if words[:1] == ["search"]:
-            from dtwork.commands.search import search
-
-            found = search_parser().parse_args(words[1:])
-            result = search(found.path, cell, quiet=found.quiet)
-            if found.quiet:  # the cells were quiet; the trials' table is what the magic shows
-                print(result.table())
-            return None
+            return self._search(words[1:], cell)
         ns = cell_parser().parse_args(words)
         ranks = _int_list(ns.ranks) if ns.ranks else None
         cluster = current()

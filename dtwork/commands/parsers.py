@@ -59,6 +59,8 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   debug [RANK]    pdb on a rank's last cell error (first failing rank): p, pp, up, down, l, q
   report [PATH.ipynb] [--run ID|--search ID] [--html] [--verify]
                   export a run (or a search: its trials) as a notebook that re-runs to the same numbers
+  search --resume ID [EXP.yaml]
+                  go on with a stopped search (its stored file and code), as the cell magic below
 
 Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
   Run the cell on every rank (or those named) in a persistent namespace where ``ctx``
@@ -67,12 +69,15 @@ Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
   traceback is shown once, with one status line per other rank. --quiet shows no live view
   and discards the cell's print output and results on every rank (records are still stored).
 
-Cell magic ``%%dtrain search EXP.yaml [--quiet]``:
+Cell magic ``%%dtrain search EXP.yaml [--resume ID] [--quiet]``:
   A search in Determined's vocabulary (searcher.name grid|random|adaptive_asha, searched
   hyperparameters int, double, log, categorical): the cell runs once per trial on the whole
   cluster (adaptive_asha: once per rung reached, a promoted trial resuming from its checkpoint),
   each trial a run with its hyperparameters as ctx.hparams; the trials' searcher.metric and the
-  best are printed. A failing trial costs that trial; Ctrl-C stops the search.
+  best are printed. A failing trial costs that trial; Ctrl-C stops the search. --resume ID goes
+  on with a stopped search where it stopped: its ended trials keep their runs, the interrupted
+  and not-run ones run (the file and cell, when given, must be the ones it ran; an empty cell:
+  its stored code).
 
 The full reference (every option, every ctx helper): docs/reference.md.
 """
@@ -141,7 +146,8 @@ def cell_parser() -> _Parser:
 
 def search_parser() -> _Parser:
     p = _parser("%%dtrain search")
-    p.add_argument("path")
+    p.add_argument("path", nargs="?", default=None)
+    p.add_argument("--resume", default=None, metavar="ID")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -238,6 +244,7 @@ PARSERS: dict[str, Callable[[], _Parser]] = {
     "attach": lambda: _one_arg("attach", "cluster_id", choices=None),
     "detach": _bare("detach"),
     "report": _report_parser,
+    "search": search_parser,
     "scaling": _scaling_parser,
     "throughput": _throughput_parser,
     "tune": _tune_parser,

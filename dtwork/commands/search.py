@@ -10,6 +10,9 @@ after recording the trial it interrupted; the cluster's own config comes back at
 An ASHA search hands out a trial again at a longer length when it promotes it: that piece is a new
 run of the trial whose training loop resumes from the newest checkpoint of the trial's previous run
 (the ranks' ``auto_resume`` names that run), so it goes on from the step its shorter rung ended at.
+
+``resume=ID`` goes on with a stopped search: ``search_resume`` rebuilds its trials and searcher from
+its record, and the same runner hands out what is left.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dtwork.commands import search_resume
 from dtwork.commands.search_groups import Job, error_text, layout, run_in_groups, said
-from dtwork.commands.search_record import close_search, open_search, record_trial
+from dtwork.commands.search_record import close_search, last_metric, open_search, record_trial
 from dtwork.config import ExperimentConfig
 from dtwork.config.search import Search, load_search
 from dtwork.config.searchers import Searcher, Work, searcher_for
@@ -84,19 +88,30 @@ class SearchResult:
 
 
 def search(
-    source: str | os.PathLike[str] | Mapping[str, Any],
-    code: str,
+    source: str | os.PathLike[str] | Mapping[str, Any] | None,
+    code: str | None,
     *,
     cluster: Cluster | None = None,
     quiet: bool = False,
+    resume: int | str | None = None,
 ) -> SearchResult:
     """Run ``code`` (a cell's source) once per trial of the search file ``source`` on ``cluster`` (this
-    kernel's running one by default); the trials, their runs and metrics, and the best."""
+    kernel's running one by default); the trials, their runs and metrics, and the best. ``resume``: the
+    id of a stopped search that goes on where it stopped (``search_resume``; its file and code are
+    the record's when ``source`` and ``code`` are None)."""
     from dtwork.cluster import current
 
-    if not isinstance(code, str):
+    if resume is not None:
+        back = search_resume.resume(cluster or current(), resume, source, code)
+        plan, code = back.plan, back.code
+    elif not isinstance(code, str):
         raise DtworkError("dtwork.search runs a cell's source on every rank: pass the code as a string")
-    plan = load_search(source)  # every trial's config checked before the first runs
+    elif source is None:
+        raise DtworkError(
+            "dtwork.search needs the search file (a path, YAML text or a mapping), or resume=ID"
+        )
+    else:
+        plan = load_search(source)  # every trial's config checked before the first runs
     cluster = cluster or current()
     if plan.metric is None and len(plan.configs) > 1:
         raise DtworkError(
@@ -107,9 +122,14 @@ def search(
         raise DtworkError("%%dtrain search runs the cell as every trial's code: the cell is empty")
     groups = layout(cluster.world_size, plan.slots_per_trial)  # None: each trial on the whole cluster
     before = cluster.config
-    result = SearchResult(plan, [Trial(i + 1, hp) for i, hp in enumerate(plan.hparams)])
-    searcher = searcher_for(plan)
-    result.search_id = sid = open_search(cluster, plan, source, code)
+    if resume is not None:  # the record's trials and a searcher that replayed them
+        result = SearchResult(plan, [Trial(**t) for t in back.trials], back.search_id)
+        searcher, sid = back.searcher, search_resume.reopen(cluster, back, quiet)
+    else:
+        result = SearchResult(plan, [Trial(i + 1, hp) for i, hp in enumerate(plan.hparams)])
+        searcher = searcher_for(plan)
+        assert source is not None  # a new search was given its file (checked above)
+        result.search_id = sid = open_search(cluster, plan, source, code)
     ended = "failed"  # until the search says otherwise: an error out of it fails the search
     try:
         if groups is not None:
@@ -153,7 +173,8 @@ def _one_by_one(cluster: Cluster, result: SearchResult, searcher: Searcher, code
         cluster.configure(_config(plan, work))  # a new run begins with this trial's config
         try:
             _resume_from(cluster, trial.run_id if work.resume else None)
-            cluster.run(code, quiet=quiet)
+            if cluster.run(code, quiet=quiet).status == "interrupted":
+                raise KeyboardInterrupt  # Ctrl-C stopped the ranks at a step: the search ends here
             trial.status = "completed"
         except KeyboardInterrupt:
             trial.status = "interrupted"
@@ -237,7 +258,5 @@ def _record(cluster: Cluster, result: SearchResult, trial: Trial, n: int, run: i
     if plan.metric is None:
         return
     session.writer.flush(force=True)
-    rows = session.store.metrics(trial.run_id, plan.metric, rank="all")
-    if rows:
-        last = max(rows, key=lambda r: (r["step"], r["rank"] is None, -(r["rank"] or 0)))
-        trial.metric = None if last["value"] is None else float(last["value"])
+    value = last_metric(session.store, run, plan.metric)
+    trial.metric = trial.metric if value is None else value  # a piece that logged none keeps the last

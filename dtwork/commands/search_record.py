@@ -15,8 +15,9 @@ from dtwork.store import searches
 if TYPE_CHECKING:
     from dtwork.cluster import Cluster
     from dtwork.config.search import Search
+    from dtwork.store.runs import RunStore
 
-__all__ = ["TrialState", "close_search", "open_search", "record_trial", "search_file_text"]
+__all__ = ["TrialState", "close_search", "last_metric", "open_search", "record_trial", "search_file_text"]
 
 
 class TrialState(Protocol):
@@ -79,3 +80,13 @@ def close_search(cluster: Cluster, search_id: int, trials: Iterable[TrialState],
             if trial.status != "not run":
                 record_trial(cluster, search_id, trial)
         searches.finish(db, search_id, status)
+
+
+def last_metric(store: RunStore, run: int, name: str) -> float | None:
+    """A trial's result: the last value of ``name`` its run logged (its highest step, the value of every
+    rank before one rank's)."""
+    rows = store.metrics(run, name, rank="all")
+    if not rows:
+        return None
+    last = max(rows, key=lambda r: (r["step"], r["rank"] is None, -(r["rank"] or 0)))
+    return None if last["value"] is None else float(last["value"])

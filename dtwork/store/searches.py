@@ -31,6 +31,8 @@ __all__ = [
     "interrupt",
     "list_searches",
     "parse_search_id",
+    "pieces",
+    "reopen",
     "run_ids",
     "set_trial",
     "trials",
@@ -139,6 +141,40 @@ def finish(db: Database, search_id: int, status: str) -> None:
         cur.execute(
             "UPDATE searches SET status = ?, ended_at = ? WHERE id = ?", (status, time.time(), search_id)
         )
+
+
+def reopen(db: Database, search_id: int, cluster_id: str | None, world_size: int, backend: str) -> None:
+    """A resumed search runs again, on ``cluster_id`` now (its start is kept: its trials' runs began
+    since)."""
+    with db.write() as cur:
+        cur.execute(
+            "UPDATE searches SET status = 'running', ended_at = NULL, cluster_id = ?, world_size = ?, "
+            "backend = ? WHERE id = ?",
+            (cluster_id, world_size, backend, search_id),
+        )
+
+
+def pieces(db: Database, search_id: int) -> list[dict[str, Any]]:
+    """Every piece of the search's trials that began a run, in the order they ended: the run, its trial,
+    when it began and ended (its "search" event, written as it ended) and the run's status."""
+    rows = db.query(
+        "SELECT e.run_id, e.time, e.data_json, r.created_at, r.status FROM events e "
+        "JOIN runs r ON r.id = e.run_id WHERE e.kind = 'search' ORDER BY e.id"
+    )
+    out = []
+    for row in rows:
+        data = loads(cast("str | None", row["data_json"]), {})
+        if data.get("search_id") == search_id and isinstance(data.get("trial"), int):
+            out.append(
+                {
+                    "run_id": row["run_id"],
+                    "trial": data["trial"],
+                    "began": row["created_at"],
+                    "ended": row["time"],
+                    "run_status": row["status"],
+                }
+            )
+    return out
 
 
 def interrupt(db: Database, cluster_id: str) -> int:

@@ -19,6 +19,15 @@ EXPECTED: dict[str, list[str | tuple[str, ...]]] = {
         ("a switch needs more than 5%", "no settled GNS interval at the last decision"),
     ],
     "fsdp.ipynb": ["FSDP holds 0.5", "dtwork: memory on rank 0", "exported step 21"],
+    "search.ipynb": [
+        "adaptive_asha search lr-search.yaml (search 1): 4 trials, val_loss",
+        "completed, to 64 batches",
+        "stopped, to 16 batches",
+        "best: trial",
+        "adaptive_asha  completed  val_loss",  # %dtrain runs searches
+        "trial  run  status",  # %dtrain runs list --search 1
+        "wrote search 1's report",
+    ],
 }
 QUICKSTART = ["trained 120 steps", "% scaling efficiency", "test accuracy", "wrote run 1's report"]
 
