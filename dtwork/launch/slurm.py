@@ -153,6 +153,10 @@ class SlurmLauncher(Launcher):
 class DtworkSlurmEngineSetLauncher(SlurmEngineSetLauncher):  # type: ignore[misc]
     """ipyparallel's sbatch launcher that reports sbatch's own error and prints the job id."""
 
+    # How a cluster file names this class: ipyparallel writes "module:Class" for a class without an
+    # entry point, which its own loader cannot import back (attach to a kept cluster failed).
+    entrypoint_name = "dtwork.launch.slurm.DtworkSlurmEngineSetLauncher"
+
     def _run_command(self, command: list[str], **kwargs: Any) -> str:  # ipyparallel's subprocess options
         kwargs.pop("stdin", None)
         proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, **kwargs)
@@ -191,6 +195,7 @@ class DtworkSlurmEngineSetLauncher(SlurmEngineSetLauncher):  # type: ignore[misc
 class SrunEngineSetLauncher(MPIEngineSetLauncher):  # type: ignore[misc]
     """Engines as one ``srun`` job step inside the allocation the notebook already runs in."""
 
+    entrypoint_name = "dtwork.launch.slurm.SrunEngineSetLauncher"  # as DtworkSlurmEngineSetLauncher's
     mpi_cmd = ["srun", "--export=ALL"]
 
     @property

@@ -195,6 +195,8 @@ def shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     store = tmp_path_factory.mktemp("fuzz-store") / "runs.sqlite"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DTWORK_STORE", str(store))
+        # a registry of its own: another worker's kept clusters are not this shell's to attach to
+        mp.setenv("DTWORK_HOME", str(tmp_path_factory.mktemp("fuzz-home")))
         clusters.stop_all()  # the shared cluster too: it restarts for the next test that uses it
         ip = InteractiveShell.instance()
         ip.run_line_magic("load_ext", "dtwork")
@@ -305,6 +307,8 @@ def report_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, 
     cwd = tmp_path_factory.mktemp("fuzz-report-cwd")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DTWORK_STORE", str(store))
+        # a registry of its own: another worker's kept clusters are not this shell's to attach to
+        mp.setenv("DTWORK_HOME", str(tmp_path_factory.mktemp("fuzz-home")))
         clusters.stop_all()
         mp.chdir(cwd)
         ip = InteractiveShell.instance()

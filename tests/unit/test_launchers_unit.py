@@ -55,3 +55,17 @@ def test_a_launch_that_needs_other_hosts_without_an_interface_fails_at_once(monk
     with pytest.raises(DtworkError, match=r"--launcher ssh: --hosts names elsewhere\.example"):
         dtwork.Cluster(2, launcher="ssh", launch_options=LaunchOptions(hosts=away))
     assert time.monotonic() - t0 < 5  # refused before any process starts
+
+
+@pytest.mark.parametrize("name", ["DtworkSlurmEngineSetLauncher", "SrunEngineSetLauncher"])
+def test_a_kept_slurm_clusters_file_names_its_engine_launcher_so_attach_can_load_it(name: str) -> None:
+    """A cluster file records the engines' launcher class as ipyparallel abbreviates it; attaching to a
+    kept cluster (``Cluster.from_file``) sets that string back on a cluster, which must import it."""
+    import ipyparallel as ipp
+    from ipyparallel.cluster.launcher import abbreviate_launcher_class
+
+    cls = getattr(launchers, name)
+    written = abbreviate_launcher_class(cls)
+    cluster = ipp.Cluster(shutdown_atexit=False)
+    cluster.engine_launcher_class = written  # as from_dict does with the file's engines.class
+    assert cluster.engine_launcher_class is cls

@@ -16,7 +16,7 @@ from dtwork.runtime.core.state import RankState
 RUNTIME = Path(__file__).resolve().parents[2] / "dtwork" / "runtime"
 # The kernel calls these by reference (and the package holds the current ctx): they may build a ctx.
 # cell_settings: the hook entry installs, above ctx as entry is
-ABOVE_CONTEXT = {"__init__", "entry", "script", "bench", "context", "cell_settings"}
+ABOVE_CONTEXT = {"__init__", "entry", "script", "bench", "context", "cell_settings", "trials"}
 
 
 def _ctx(global_batch_size: int | None = None, world_size: int = 2) -> Context:
