@@ -22,6 +22,14 @@ CELL = """
 import torch, torch.nn as nn, torch.nn.functional as F
 if ctx.hparams["mode"] == "fail" and ctx.rank == 1:
     raise ValueError("this trial fails on purpose")
+if ctx.hparams.get("hold"):  # trial "ok" keeps its group busy until "ok2" has begun on the other one
+    import os, time
+    held = f"{ctx.hparams['hold']}-ok2"
+    if ctx.hparams["mode"] == "ok2" and ctx.rank == 0:
+        open(held, "w").close()
+    until = time.monotonic() + 120
+    while ctx.hparams["mode"] == "ok" and not os.path.exists(held) and time.monotonic() < until:
+        time.sleep(0.02)
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(5)
 data = torch.utils.data.TensorDataset(torch.randn(256, 4, generator=g), torch.randn(256, 1, generator=g))
@@ -54,6 +62,7 @@ resources: {slots_per_trial: 2}
 hyperparameters:
   lr: 0.05
   mode: {type: categorical, vals: [fail, ok, ok2, ok3]}
+  hold: HOLD
 searcher: {name: grid, metric: val_loss}
 """
 
@@ -120,7 +129,7 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(cluster: Any, tmp_
     import dtwork
 
     (tmp_path / "pairs.yaml").write_text(GRID)
-    (tmp_path / "failing.yaml").write_text(FAILING)
+    (tmp_path / "failing.yaml").write_text(FAILING.replace("HOLD", str(tmp_path / "hold")))
     c = dtwork.start(n=4, backend="gloo", timeout=60)
     try:
         c.session.live = False
@@ -186,13 +195,11 @@ def test_four_ranks_run_trials_two_at_a_time_on_groups_of_two(cluster: Any, tmp_
         assert failing.trials[0].error == "ValueError: this trial fails on purpose"
         fruns = [store.get_run(t.run_id) for t in failing.trials]
         assert fruns[0]["status"] == "failed" and _overlap(fruns[0], fruns[1])
-        # the failed group (ranks 0-1) was made again, by its ranks, and trained a later trial
-        later = [
-            t
-            for t in failing.trials[2:]
-            if "on ranks [0, 1]" in store.events(t.run_id, "start")[0]["message"]
-        ]
-        assert later and all(t.metric is not None for t in later)
+        # the failed group (ranks 0-1) was made again, by its ranks, and trained a later trial: trial 2
+        # holds the other group until trial 3 has begun, so trial 3 can only have run on the failed one
+        third = failing.trials[2]
+        assert "on ranks [0, 1]" in store.events(third.run_id, "start")[0]["message"]
+        assert third.metric is not None
         assert c.run(lambda ctx: ctx.rank) == [0, 1, 2, 3]
 
         # Ctrl-C stops the search: both running trials stop and are recorded interrupted
