@@ -10,6 +10,7 @@ side drive the same searcher.
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass
 
@@ -29,24 +30,25 @@ class Work:
     resume: bool = False  # True: the trial trained before (a shorter length) and goes on from there
 
 
-class Searcher:
+class Searcher(abc.ABC):
     """Hands out work until the search is done; ``report`` tells it how each piece ended."""
 
     def __init__(self, plan: Search) -> None:
         self.plan = plan
         self.running: set[int] = set()
 
+    @abc.abstractmethod
     def next(self) -> Work | None:
         """The next piece that can start now, or None (done, or waiting for a running piece)."""
-        raise NotImplementedError
 
     def report(self, work: Work, metric: float | None, ok: bool) -> None:
         """``work`` ended: ``ok`` False when it failed or was interrupted; ``metric`` its last value."""
         self.running.discard(work.trial)
 
     @property
+    @abc.abstractmethod
     def finished(self) -> bool:
-        raise NotImplementedError
+        """Whether every piece has been handed out and has ended."""
 
     def rung(self, trial: int) -> int | None:
         """The rung (0-based) ``trial`` trains to now, or trained to last, for a searcher with rungs."""
