@@ -204,11 +204,11 @@ class EngineGroup:
         joined.probes = probes
         self._register()
         iface = rendezvous.choose_interface(probes, self.interface)
-        rank0 = joined.ranks[0]
-        joined.master_addr = rendezvous.master_address(probes[rank0.engine_id], iface)
+        rank0 = client[joined.ranks[0].engine_id]
+        joined.master_addr = rendezvous.master_address(probes[joined.ranks[0].engine_id], iface)
         if len({p["hostname"] for p in probes.values()}) > 1 or iface:
             calls.check_routes(client, joined.ranks, joined.master_addr, iface)
-        joined.master_port = client[rank0.engine_id].apply_sync(entry.free_port, joined.master_addr)
+        joined.master_port = rank0.apply_sync(entry.reserve_port, joined.master_addr, len(joined.ranks))
         shared = {
             "backend": self.backend,
             "master_addr": joined.master_addr,

@@ -132,11 +132,23 @@ def _torch_cuda(found: EngineProbe) -> None:
     found["torch"], found["torch_cuda"] = torch.__version__, bool(torch.backends.cuda.is_built())
 
 
-def free_port(address: str) -> int:
-    """Return a TCP port that is free on ``address`` right now (chosen by the OS)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
+_listener: socket.socket | None = None  # rank 0's store socket, from reserve_port to the next join
+
+
+def reserve_port(address: str, world_size: int) -> int:
+    """Bind and listen on a port of ``address`` chosen by the OS, and keep it for this rank's store.
+
+    The port stays held from here to the join (``_rendezvous_store`` takes the socket), so no
+    other process on the host can take it in between, as it could with a port found free and let go.
+    """
+    global _listener
+    if _listener is not None:
+        _listener.close()
+    _listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    _listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _listener.bind((address, 0))
+    _listener.listen(max(16, world_size))
+    return int(_listener.getsockname()[1])
 
 
 def check_route(address: str, port: int, timeout: float = 5.0) -> str | None:
@@ -262,27 +274,21 @@ def _warnings_for_the_kernel() -> Iterator[list[str]]:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
-_listener: socket.socket | None = None
-
-
 def _rendezvous_store(spec: RankSpec, timeout: timedelta) -> dist.TCPStore:
     """The process group's TCPStore, listening on the master address only (not every interface).
 
     ``init_method="tcp://..."`` would make rank 0 listen on all interfaces; here rank 0 binds
-    the socket itself to ``master_addr`` and hands it to the store.
+    the socket itself to ``master_addr`` (``reserve_port``, before the join) and hands it to the store.
     """
-    global _listener
     import torch.distributed as dist
 
     addr, port, world = spec["master_addr"], int(spec["master_port"]), spec["world_size"]
     if spec["rank"] != 0:
         return dist.TCPStore(addr, port, world, False, timeout)
-    if _listener is not None:
-        _listener.close()
-    _listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    _listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _listener.bind((addr, port))
-    _listener.listen(max(16, world))
+    if _listener is None or _listener.getsockname()[1] != port:
+        raise RuntimeError(
+            f"rank 0 holds no listening socket on {addr}:{port} (reserve_port reserves it before the join)"
+        )
     return dist.TCPStore(addr, port, world, True, timeout, master_listen_fd=_listener.fileno())
 
 
