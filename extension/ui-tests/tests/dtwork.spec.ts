@@ -6,6 +6,7 @@
 import { expect, test } from '@jupyterlab/galata';
 import type { Page, Response } from '@playwright/test';
 import * as fs from 'fs';
+import { addCode } from './cells';
 
 const PANEL = '#dtwork-panel';
 const PANEL_TAB = '.jp-SideBar .lm-TabBar-tab[data-id="dtwork-panel"]';
@@ -142,9 +143,8 @@ test.describe('dtwork sidebar', () => {
     const steps = 150;
     const pauses = [40, 80, 120];
     const flags = fs.mkdtempSync('/tmp/dtwork-live-');
-    await page.notebook.addCell(
-      'code',
-      // every line of the loop's body at one indentation: the editor re-indents typed nested blocks
+    await addCode(
+      page,
       `%%dtrain\nimport os, time\nflag = lambda s: os.path.exists(f"${flags}/{s}")\n` +
         `for step, _ in ctx.steps(range(${steps}), max_steps=${steps}):\n` +
         '    until = time.time() + 120\n' +

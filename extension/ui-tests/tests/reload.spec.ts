@@ -6,6 +6,7 @@
  */
 import { expect, type IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import * as fs from 'fs';
+import { addCode } from './cells';
 
 const NOTEBOOK = 'reload.ipynb';
 const STEPS = 60;
@@ -55,9 +56,8 @@ test('a notebook reloaded mid-training shows the live view again, then the finis
   await page.notebook.createNew(NOTEBOOK);
   await page.notebook.setCell(0, 'code', '%load_ext dtwork\n%dtrain start -n 2');
   await page.notebook.runCell(0, { inplace: true });
-  await page.notebook.addCell(
-    'code',
-    // every line of the loop's body at one indentation: the editor re-indents typed nested blocks
+  await addCode(
+    page,
     `%%dtrain\nimport os, time\nflag = lambda s: os.path.exists(f"${flags}/{s}")\n` +
       `for step, _ in ctx.steps(range(${STEPS}), max_steps=${STEPS}):\n` +
       '    until = time.time() + 240\n' +

@@ -7,6 +7,7 @@
 import { expect, test } from '@jupyterlab/galata';
 import type { Locator, Page, Response } from '@playwright/test';
 import * as path from 'path';
+import { addCode } from './cells';
 
 const PANEL = '#dtwork-panel';
 const PANEL_TAB = '.jp-SideBar .lm-TabBar-tab[data-id="dtwork-panel"]';
@@ -43,9 +44,8 @@ test.describe('dtwork dashboard on screen', () => {
     await page.notebook.createNew(); // no name: no rename to race with
     await page.notebook.setCell(0, 'code', '%load_ext dtwork\n%dtrain start -n 2');
     await page.notebook.runCell(0, { inplace: true });
-    await page.notebook.addCell(
-      'code',
-      // every line of the loop's body at one indentation: the editor re-indents typed nested blocks
+    await addCode(
+      page,
       '%%dtrain\nimport math, time\nfor step, _ in ctx.steps(range(80), max_steps=80):\n' +
         '    time.sleep(0.15)\n    ctx.log(loss=2.5 * math.exp(-step / 15) + 0.1, accuracy=1 - math.exp(-step / 20))'
     );
