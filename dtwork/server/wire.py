@@ -50,7 +50,7 @@ class RankInfo(TypedDict):
     engine_id: int | None
 
 
-class ClusterInfo(TypedDict):
+class ClusterInfo(TypedDict):  # one field per fact the panel shows of a cluster (IClusterInfo)
     """One registered cluster (IClusterInfo)."""
 
     id: str
