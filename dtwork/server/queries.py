@@ -15,14 +15,15 @@ import os
 import re
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import ExitStack, contextmanager
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from dtwork.errors import DtworkError
 from dtwork.plots.palette import metric_colour
 
 # The clusters' and GPUs' answers and the wire's errors and hygiene, by their former names here.
+from dtwork.server import stores
 from dtwork.server.machines import CLUSTER_ID as CLUSTER_ID
 from dtwork.server.machines import CPU_MODE_REASON as CPU_MODE_REASON
 from dtwork.server.machines import find_cluster as find_cluster
@@ -83,9 +84,10 @@ LOSS_NAME = "loss"
 
 
 @contextmanager
-def open_store(root_dir: str) -> Iterator[RunStore | None]:
-    """The store opened read-only, or None when there is none yet (or it holds no runs)."""
-    path = default_store_path(root_dir)
+def open_store(root_dir: str, key: str = "", fallback: bool = False) -> Iterator[RunStore | None]:
+    """The store ``key`` names (:func:`dtwork.server.stores.resolve`) opened read-only, or None when
+    there is none yet (or it holds no runs)."""
+    path = stores.resolve(root_dir, key, fallback)
     store = None
     if path.is_file():
         try:
@@ -94,7 +96,7 @@ def open_store(root_dir: str) -> Iterator[RunStore | None]:
             pass
         except STORE_ERRORS as exc:
             if path.is_file():  # not just removed meanwhile
-                raise _unavailable(exc, root_dir) from None
+                raise _unavailable(exc, root_dir, path) from None
     if store is None:
         yield None
         return
@@ -102,11 +104,11 @@ def open_store(root_dir: str) -> Iterator[RunStore | None]:
         try:
             yield store
         except (sqlite3.Error, OSError) as exc:  # pages damaged past the header, a lock
-            raise _unavailable(exc, root_dir) from None
+            raise _unavailable(exc, root_dir, path) from None
 
 
-def _unavailable(exc: BaseException, root_dir: str) -> StoreUnavailable:
-    shown = display_path(str(default_store_path(root_dir)), root_dir)
+def _unavailable(exc: BaseException, root_dir: str, path: Path | None = None) -> StoreUnavailable:
+    shown = display_path(str(path or default_store_path(root_dir)), root_dir)
     return StoreUnavailable(scrub(store_problem(exc, shown or "of this server")))
 
 
@@ -202,12 +204,14 @@ def _cached(store: RunStore, row: RunRow, what: str, compute: Callable[[], T]) -
     return cast(T, _cache[key])
 
 
-def _run_summary(store: RunStore, row: RunRow, root_dir: str, n_points: int) -> RunSummary:
-    """One run as the panel lists it (matches RunSummary in extension/src/types.ts)."""
+def _run_summary(store: RunStore, row: RunRow, root_dir: str, n_points: int, key: str = "") -> RunSummary:
+    """One run as the panel lists it (matches RunSummary in extension/src/types.ts); ``key``: its
+    store's (:mod:`dtwork.server.stores`)."""
     last = _cached(store, row, "last", lambda: store.last_metrics(row["id"]))
     spark = _cached(store, row, f"loss{n_points}", lambda: loss_points(store, row["id"], n_points))
     return {
         "id": row["id"],
+        "store": key,
         "name": row.get("name"),
         "status": row.get("status"),
         "created_at": row.get("created_at"),
@@ -231,28 +235,48 @@ def _run_summary(store: RunStore, row: RunRow, root_dir: str, n_points: int) -> 
     }
 
 
-def list_runs(root_dir: str, limit: int = DEFAULT_RUNS) -> RunsReply:
-    """GET /dtwork/runs: the newest ``limit`` runs first; ``total`` counts them all."""
-    with open_store(root_dir) as store:
-        if store is None:
-            exists = default_store_path(root_dir).is_file()
-            return {"store_exists": exists, "total": 0, "runs": [], "searches": []}
-        rows = store.list_runs()
-        runs = [_run_summary(store, row, root_dir, SPARKLINE_POINTS) for row in rows[:limit]]
+def list_runs(root_dir: str, limit: int = DEFAULT_RUNS, rescan: bool = False) -> RunsReply:
+    """GET /dtwork/runs: the newest ``limit`` runs of every store under the root first (a run's
+    ``store`` says whose); ``total`` counts them all. A damaged default store answers 503; another
+    damaged store is left out with a note, so one folder's broken file does not hide the rest."""
+    scan = stores.stores(root_dir, rescan)
+    notes = [scan.note] if scan.note else []
+    rows: list[tuple[RunStore, str, RunRow]] = []
+    groups: list[SearchGroup] = []
+    exists = False
+    with ExitStack() as opened:
+        for key, path in scan.stores:
+            try:
+                store = opened.enter_context(open_store(root_dir, key))
+            except StoreUnavailable as exc:
+                if not key:
+                    raise
+                notes.append(str(exc))
+                continue
+            except NotFound:  # a folder's store removed since the walk
+                continue
+            exists = exists or path.is_file()
+            if store is not None:
+                rows += [(store, key, row) for row in store.list_runs()]
+                groups += _searches(store, key)
+        rows.sort(key=lambda r: (r[2].get("created_at") or 0.0, r[2]["id"]), reverse=True)
+        runs = [_run_summary(store, row, root_dir, SPARKLINE_POINTS, key) for store, key, row in rows[:limit]]
         reply: RunsReply = {
-            "store_exists": True,
+            "store_exists": exists,
             "total": len(rows),
             "runs": runs,
-            "searches": _searches(store),
+            "searches": groups,
+            "notes": notes,
         }
         return json_safe(reply)
 
 
-def _searches(store: RunStore) -> list[SearchGroup]:
+def _searches(store: RunStore, key: str) -> list[SearchGroup]:
     """The newest searches with their tallies and their trials' runs, for the panel to group."""
     return [
         {
             "id": s["id"],
+            "store": key,
             "label": s["label"],
             "searcher": s["searcher"],
             "status": s["status"],
@@ -269,13 +293,13 @@ def _searches(store: RunStore) -> list[SearchGroup]:
     ]
 
 
-def get_run(root_dir: str, run_id: int) -> RunReply:
-    """GET /dtwork/runs/<id>: the summary, every metric's latest value, the loss curve."""
-    with open_store(root_dir) as store:
+def get_run(root_dir: str, run_id: int, key: str = "") -> RunReply:
+    """GET /dtwork/runs/<id>[?store=KEY]: the summary, every metric's latest value, the loss curve."""
+    with open_store(root_dir, key) as store:
         row = _require_run(store, run_id)
         assert store is not None
         run: RunDetail = {
-            **_run_summary(store, row, root_dir, DETAIL_POINTS),
+            **_run_summary(store, row, root_dir, DETAIL_POINTS, key),
             "last_metrics": store.last_metrics(run_id),
             "metric_names": store.metric_names(run_id),
             "per_slot_batch_size": row.get("per_slot_batch_size"),
@@ -300,11 +324,11 @@ def diverged_text(store: RunStore, run_id: int) -> str | None:
     return None if d is None else divergence_text(d)
 
 
-def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> MetricsReply:
+def run_metrics(root_dir: str, run_id: int, name: str, max_points: int, key: str = "") -> MetricsReply:
     """GET /dtwork/runs/<id>/metrics?name=NAME: the aggregated series of one metric."""
     if not METRIC_NAME.fullmatch(name):
         raise NotFound(f"malformed metric name {name[:40]!r}")
-    with open_store(root_dir) as store:
+    with open_store(root_dir, key) as store:
         _require_run(store, run_id)
         assert store is not None
         names = store.metric_names(run_id)
@@ -324,12 +348,13 @@ def run_metrics(root_dir: str, run_id: int, name: str, max_points: int) -> Metri
         return json_safe(reply)
 
 
-def cell_live(root_dir: str, run_id: int, seq: int) -> CellView:
+def cell_live(root_dir: str, run_id: int, seq: int, key: str = "") -> CellView:
     """GET /dtwork/runs/<id>/cells/<seq>: the cell's status, last step and figure so far (the view
-    of a notebook reopened while the cell trains, and of its finished figures after)."""
+    of a notebook reopened while the cell trains, and of its finished figures after). ``key``: the
+    notebook's folder, whose store holds the run (the default store when that folder has none)."""
     from dtwork.plots.cell_view import cell_view  # plotly: loaded by the first reopened view only
 
-    with open_store(root_dir) as store:
+    with open_store(root_dir, key, fallback=True) as store:
         _require_run(store, run_id)
         assert store is not None
         try:
@@ -340,8 +365,8 @@ def cell_live(root_dir: str, run_id: int, seq: int) -> CellView:
             ) from None
 
 
-def require_run(root_dir: str, run_id: int) -> None:
-    with open_store(root_dir) as store:
+def require_run(root_dir: str, run_id: int, key: str = "") -> None:
+    with open_store(root_dir, key) as store:
         _require_run(store, run_id)
 
 
@@ -381,14 +406,17 @@ def report_environ(body: bytes) -> dict[str, str]:
     return environ
 
 
-def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = None) -> ReportReply:
-    """POST /dtwork/runs/<id>/report: ``dtwork.report.export`` into ``<root>/reports/``.
+def export_report(
+    root_dir: str, run_id: int, environ: dict[str, str] | None = None, key: str = ""
+) -> ReportReply:
+    """POST /dtwork/runs/<id>/report[?store=KEY]: ``dtwork.report.export`` into ``<root>/reports/``
+    (a folder's store's run: into ``<root>/<folder>/reports/``, beside its notebook).
 
     Secrets are scrubbed with the kernel's ``environ`` (sent by the client) and the server's own:
     the server's alone would miss what only the kernel holds.
     Returns the notebook's path relative to the server root, for the panel to open.
     """
-    require_run(root_dir, run_id)
+    require_run(root_dir, run_id, key)
     try:
         module = importlib.import_module("dtwork.report")
         export = module.export
@@ -396,14 +424,14 @@ def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = N
         raise ReportUnavailable(
             f"report export is not available in this dtwork install ({type(exc).__name__}: {scrub(str(exc))})"
         ) from None
-    target = Path(root_dir) / "reports" / f"run-{run_id}.ipynb"
+    target = Path(root_dir, *PurePosixPath(key).parts) / "reports" / f"run-{run_id}.ipynb"
     kwargs: dict[str, Any] = {}
     try:
         params = set(inspect.signature(export).parameters)
     except (TypeError, ValueError):
         params = set()
     if "store" in params:
-        kwargs["store"] = default_store_path(root_dir)
+        kwargs["store"] = stores.resolve(root_dir, key)
     if "environ" in params:
         kwargs["environ"] = {**os.environ, **(environ or {})}
     try:
@@ -411,7 +439,7 @@ def export_report(root_dir: str, run_id: int, environ: dict[str, str] | None = N
     except DtworkError as exc:
         raise ReportFailed(f"run {run_id} cannot be exported: {scrub(str(exc))}", status=409) from exc
     except (sqlite3.Error, OSError) as exc:  # the store broke while the report read it
-        raise _unavailable(exc, root_dir) from exc
+        raise _unavailable(exc, root_dir, stores.resolve(root_dir, key)) from exc
     except Exception as exc:
         raise ReportFailed(f"exporting run {run_id} failed: {type(exc).__name__}: {scrub(str(exc))}") from exc
     written = getattr(result, "path", result)

@@ -5,14 +5,18 @@ Routes (the wire types are mirrored in ``extension/src/types.ts``):
   GET  /dtwork/health                     version and whether a run store exists
   GET  /dtwork/clusters                   registered clusters
   POST /dtwork/clusters/<id>/stop         kill a registered cluster's processes
-  GET  /dtwork/runs[?limit=50]            runs, newest first, with a loss sparkline each (and an
-                                          adaptive run's batch trajectory); the newest searches,
-                                          each with its tally and its trials' run ids
+  GET  /dtwork/runs[?limit=50&rescan=1]   runs of every store under the root, newest first, with a
+                                          loss sparkline each (and an adaptive run's batch
+                                          trajectory); the newest searches, each with its tally and
+                                          its trials' run ids; rescan: look for stores now
   GET  /dtwork/runs/<id>                  one run: summary, latest metrics, loss curve
   GET  /dtwork/runs/<id>/metrics?name=N   one metric's aggregated series
   GET  /dtwork/runs/<id>/cells/<seq>     one cell's status, last step and figure (plotly JSON)
   POST /dtwork/runs/<id>/report           export the run as a notebook (dtwork.report); the body
                                           may send the kernel's {"environ": {...}} to scrub
+
+The routes of one run take ``?store=KEY``, the run's ``store`` as GET /dtwork/runs lists it (run ids
+are per store); without it, the server's default store. The cell route takes the notebook's folder.
   GET  /dtwork/gpus                       NVML inventory and telemetry (CPU mode without)
 
 Errors answer ``{"error": "..."}``: 404 for malformed or unknown ids (and unknown routes
@@ -51,6 +55,11 @@ class DtworkHandler(APIHandler):
     @property
     def root_dir(self) -> str:
         return str(self.settings["dtwork_root_dir"])
+
+    @property
+    def store(self) -> str:
+        """The ``?store=`` key of a run's routes (server/stores.py), "" for the default store."""
+        return self.get_query_argument("store", "")
 
     def reply(self, payload: Mapping[str, object], status: int = 200) -> None:
         self.set_status(status)
@@ -97,7 +106,8 @@ class ClustersHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        await self.answer(machines.list_clusters, self.root_dir)
+        sessions = await machines.session_notebooks(self.settings)
+        await self.answer(machines.list_clusters, self.root_dir, sessions)
 
 
 class ClusterStopHandler(DtworkHandler):
@@ -116,14 +126,15 @@ class RunsHandler(DtworkHandler):
         except ValueError:
             self.reply({"error": "limit must be a whole number"}, 400)
             return
-        await self.answer(queries.list_runs, self.root_dir, min(max(limit, 1), queries.MAX_RUNS))
+        rescan = self.get_query_argument("rescan", "") not in ("", "0")
+        await self.answer(queries.list_runs, self.root_dir, min(max(limit, 1), queries.MAX_RUNS), rescan)
 
 
 class RunHandler(DtworkHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, run_id: str) -> None:
-        await self.answer(lambda: queries.get_run(self.root_dir, queries.parse_run_id(run_id)))
+        await self.answer(lambda: queries.get_run(self.root_dir, queries.parse_run_id(run_id), self.store))
 
 
 class RunMetricsHandler(DtworkHandler):
@@ -144,7 +155,7 @@ class RunMetricsHandler(DtworkHandler):
         except ValueError:
             self.reply({"error": "max_points must be a whole number"}, 400)
             return
-        await self.answer(lambda: queries.run_metrics(self.root_dir, rid, name, max_points))
+        await self.answer(lambda: queries.run_metrics(self.root_dir, rid, name, max_points, self.store))
 
 
 class CellHandler(DtworkHandler):
@@ -153,7 +164,7 @@ class CellHandler(DtworkHandler):
     async def get(self, run_id: str, seq: str) -> None:
         await self.answer(
             lambda: queries.cell_live(
-                self.root_dir, queries.parse_run_id(run_id), queries.parse_cell_seq(seq)
+                self.root_dir, queries.parse_run_id(run_id), queries.parse_cell_seq(seq), self.store
             )
         )
 
@@ -167,7 +178,9 @@ class RunReportHandler(DtworkHandler):
         except ValueError as exc:
             self.reply({"error": str(exc)}, 400)
             return
-        await self.answer(lambda: queries.export_report(self.root_dir, queries.parse_run_id(run_id), environ))
+        await self.answer(
+            lambda: queries.export_report(self.root_dir, queries.parse_run_id(run_id), environ, self.store)
+        )
 
 
 class GpusHandler(DtworkHandler):

@@ -50,7 +50,7 @@ class RankInfo(TypedDict):
     engine_id: int | None
 
 
-class ClusterInfo(TypedDict):
+class ClusterInfo(TypedDict):  # one field per fact the panel shows of a cluster (IClusterInfo)
     """One registered cluster (IClusterInfo)."""
 
     id: str
@@ -62,7 +62,9 @@ class ClusterInfo(TypedDict):
     kernel_pid: int | None
     kernel_host: str | None
     kernel_alive: bool
-    notebook: str | None
+    notebook: str | None  # its kernel's notebook as the server's session names it now (after renames)
+    origin: str  # "notebook", or "script": started by a program outside any notebook
+    program: str | None  # a script's file (or executable) name, when the kernel runs on this host
     started_at: float | None
     ranks: list[RankInfo]
     pids: list[int]
@@ -96,6 +98,7 @@ class RunSummary(TypedDict):  # one field per column of the panel's runs table (
     """One run as the panel lists it (IRunSummary)."""
 
     id: int
+    store: str  # its store's key: "" the server's default store, else its folder (server/stores.py)
     name: str | None
     status: str | None
     created_at: float | None
@@ -139,6 +142,7 @@ class SearchGroup(TypedDict):  # one field per fact the panel's search header sh
     """A search as the panel groups its trial runs under it (ISearchGroup)."""
 
     id: int
+    store: str  # its store's key, as its runs'
     label: str
     searcher: str
     status: str
@@ -153,12 +157,15 @@ class SearchGroup(TypedDict):  # one field per fact the panel's search header sh
 
 
 class RunsReply(TypedDict):
-    """GET /dtwork/runs; ``searches``: the newest searches, each grouping its trials' runs."""
+    """GET /dtwork/runs: the runs of every store under the root; ``searches``: each store's newest
+    searches, each grouping its trials' runs; ``notes``: where else to look (a walk stopped at its
+    bounds, a store that cannot be read)."""
 
     store_exists: bool
     total: int
     runs: list[RunSummary]
     searches: list[SearchGroup]
+    notes: list[str]
 
 
 class RunReply(TypedDict):

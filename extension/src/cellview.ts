@@ -9,11 +9,13 @@
  * else the same figure read from the run store through the server, redrawn while the cell trains
  * and left as the finished figure once it ends.
  */
+import { PathExt } from '@jupyterlab/coreutils';
 import type { NotebookPanel } from '@jupyterlab/notebook';
 import type { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { PanelLayout, Widget } from '@lumino/widgets';
 
 import { DATA_POLL_MS } from './constants';
+import { runRoute } from './model';
 import { Poller } from './poller';
 import { requestAPI } from './request';
 
@@ -69,6 +71,12 @@ export class CellView extends Widget implements IRenderMime.IRenderer {
     this._poller = new Poller(() => this._refresh(), DATA_POLL_MS);
   }
 
+  /** The notebook's folder: its kernel records in the store there (the server falls back to its
+   * default store when that folder has none). */
+  private _store(): string {
+    return PathExt.dirname(this._panel?.context.path ?? '');
+  }
+
   /** A renderer of the notebook's for `mime`, or null when no extension renders it. */
   private _renderer(mime: string): IRenderMime.IRenderer | null {
     const rendermime: Registry | undefined = this._panel?.content.rendermime;
@@ -105,7 +113,9 @@ export class CellView extends Widget implements IRenderMime.IRenderer {
     }
     let live: ICellLive;
     try {
-      live = await requestAPI<ICellLive>(`runs/${cell.run_id}/cells/${cell.seq}`);
+      live = await requestAPI<ICellLive>(
+        runRoute({ id: cell.run_id, store: this._store() }, `/cells/${cell.seq}`)
+      );
     } catch (error) {
       this._header.node.textContent = `run ${cell.run_id}, cell ${cell.seq}: ${String((error as Error).message ?? error)}`;
       this._poller.stop();

@@ -200,15 +200,24 @@ export function duration(seconds: number): string {
   return said.slice(0, 2).join(' ') || '0 s';
 }
 
-/** "notebook train.ipynb · kernel 1234" (with "(gone)" when the kernel died; a kept cluster's time). */
+/** Whether a cluster was started by a program outside any notebook (a script's dtwork.start()). */
+export function isScript(cluster: IClusterInfo): boolean {
+  return cluster.origin === 'script';
+}
+
+/** "notebook train.ipynb · kernel 1234" (with "(gone)" when the kernel died; a kept cluster's time);
+ * a script's: "script train.py · process 1234". */
 export function clusterOwner(cluster: IClusterInfo): string {
   const parts: string[] = [];
   if (cluster.notebook) {
     parts.push(`notebook ${cluster.notebook}`);
+  } else if (isScript(cluster)) {
+    parts.push(`script ${cluster.program ?? '(no notebook)'}`);
   }
   if (cluster.kernel_pid !== null) {
     const host = cluster.kernel_host ? ` on ${cluster.kernel_host}` : '';
-    parts.push(`kernel ${cluster.kernel_pid}${host}${cluster.kernel_alive ? '' : ' (gone)'}`);
+    const what = isScript(cluster) ? 'process' : 'kernel';
+    parts.push(`${what} ${cluster.kernel_pid}${host}${cluster.kernel_alive ? '' : ' (gone)'}`);
   }
   if (cluster.keep) {
     parts.push(
@@ -218,6 +227,25 @@ export function clusterOwner(cluster: IClusterInfo): string {
     );
   }
   return parts.length ? parts.join(' · ') : 'owner unknown';
+}
+
+/** The route of one run (`suffix`: '/metrics', '/report', ...), naming its store when not the default. */
+export function runRoute(run: { id: number; store?: string }, suffix = ''): string {
+  const store = run.store ? `?store=${encodeURIComponent(run.store)}` : '';
+  return `runs/${run.id}${suffix}${store}`;
+}
+
+/** One run across stores: its store's key and its id. */
+export function runKey(run: { id: number; store?: string }): string {
+  return `${run.store ?? ''}#${run.id}`;
+}
+
+/** "notebook sub/train.ipynb", or where a run without a notebook was recorded. */
+export function runOrigin(run: { notebook: string | null; store?: string }): string {
+  if (run.notebook) {
+    return `notebook ${run.notebook}`;
+  }
+  return run.store ? `no notebook · store in ${run.store}/` : 'no notebook (a script)';
 }
 
 /** A CSS modifier for a run or cluster state: running, completed, failed, ... */

@@ -7,7 +7,7 @@ import { Widget } from '@lumino/widgets';
 
 import { DATA_POLL_MS, GPU_POLL_MS, PANEL_ID, PANEL_TITLE } from './constants';
 import { el } from './dom';
-import { describeFailure, Problem } from './model';
+import { describeFailure, isScript, Problem, runRoute } from './model';
 import { Poller } from './poller';
 import { renderClusters, renderGpus, renderProblem, renderRuns } from './render';
 import { requestAPI } from './request';
@@ -39,6 +39,8 @@ export class DtworkPanel extends Widget {
   private readonly _gpus = new Section('gpus', 'GPUs');
   private readonly _dataPoller = new Poller(() => this.refreshData(), DATA_POLL_MS);
   private readonly _gpuPoller = new Poller(() => this.refreshGpus(), GPU_POLL_MS);
+  /** Ask the server to look for run stores again at the next read (the panel was just shown). */
+  private _rescan = true;
 
   constructor(private readonly _options: IPanelOptions) {
     super();
@@ -67,9 +69,10 @@ export class DtworkPanel extends Widget {
   async refreshData(): Promise<void> {
     const [clusters, runs, health] = await Promise.allSettled([
       requestAPI<IClustersReply>('clusters'),
-      requestAPI<IRunsReply>('runs'),
+      requestAPI<IRunsReply>(this._rescan ? 'runs?rescan=1' : 'runs'),
       this._version.textContent ? Promise.resolve(null) : requestAPI<IHealth>('health')
     ]);
+    this._rescan = false;
     const problems: Problem[] = [];
     if (clusters.status === 'fulfilled') {
       this._clusters.show(JSON.stringify(clusters.value), () =>
@@ -114,9 +117,13 @@ export class DtworkPanel extends Widget {
   }
 
   private async _stop(cluster: IClusterInfo): Promise<void> {
+    const engines = `The ${cluster.ranks.length || (cluster.n ?? '')} engine(s) and the controller of ${cluster.id} will be killed.`;
+    const script = isScript(cluster);
     const result = await showDialog({
-      title: 'Stop this cluster?',
-      body: `The ${cluster.ranks.length || (cluster.n ?? '')} engine(s) and the controller of ${cluster.id} will be killed. The notebook's kernel keeps running; its cluster will need %dtrain start again.`,
+      title: script ? "Stop a script's cluster?" : 'Stop this cluster?',
+      body: script
+        ? `${cluster.id} was started by a script (${cluster.program ?? 'a program'}, process ${cluster.kernel_pid ?? '?'}), not by a notebook. ${engines} The script's training fails with it.`
+        : `${engines} The notebook's kernel keeps running; its cluster will need %dtrain start again.`,
       buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop' })]
     });
     if (!result.button.accept) {
@@ -138,7 +145,7 @@ export class DtworkPanel extends Widget {
   private async _report(run: IRunSummary): Promise<void> {
     const id = Notification.emit(`Exporting run #${run.id}…`, 'in-progress', { autoClose: false });
     try {
-      const reply = await requestAPI<IReportReply>(`runs/${run.id}/report`, { method: 'POST' });
+      const reply = await requestAPI<IReportReply>(runRoute(run, '/report'), { method: 'POST' });
       Notification.update({
         id,
         message: `Run #${run.id} exported to ${reply.path}`,
@@ -154,6 +161,7 @@ export class DtworkPanel extends Widget {
 
   protected override onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
+    this._rescan = true;
     this._dataPoller.start();
     this._gpuPoller.start();
   }

@@ -17,9 +17,12 @@ import {
   formatThroughput,
   formatUnit,
   gpuAbsentMessage,
+  isScript,
   NO_CLUSTERS,
   noRunsMessage,
   Problem,
+  runKey,
+  runOrigin,
   searchTally,
   sparklinePoints,
   stateClass
@@ -66,18 +69,28 @@ function rankRow(rank: IClusterInfo['ranks'][number]): HTMLElement {
   );
 }
 
+/** A notebook's cluster: a Stop button. A script's: marked "script", and a quieter "Stop…" whose
+ * dialog says the script's training fails (panel.ts): it is another program's, not a notebook's. */
+function stopButton(cluster: IClusterInfo, onStop: (c: IClusterInfo) => void): HTMLElement {
+  const script = isScript(cluster);
+  return el('button', {
+    className: `jp-Button jp-mod-styled ${script ? 'dtwork-mod-script' : 'jp-mod-warn'} dtwork-StopButton`,
+    text: script ? 'Stop…' : 'Stop',
+    title: script
+      ? `Cluster ${cluster.id} was started by a script, not a notebook: stopping it ends the script's training`
+      : `Stop cluster ${cluster.id}: kill its engines and controller`,
+    onClick: () => onStop(cluster)
+  });
+}
+
 function clusterCard(cluster: IClusterInfo, onStop: (c: IClusterInfo) => void): HTMLElement {
   const head = el(
     'div',
     { className: 'dtwork-Card-head' },
     badge(cluster.state),
+    isScript(cluster) ? el('span', { className: 'dtwork-Tag dtwork-mod-script', text: 'script' }) : null,
     el('span', { className: 'dtwork-Card-title', text: clusterHeadline(cluster) }),
-    el('button', {
-      className: 'jp-Button jp-mod-styled jp-mod-warn dtwork-StopButton',
-      text: 'Stop',
-      title: `Stop cluster ${cluster.id}: kill its engines and controller`,
-      onClick: () => onStop(cluster)
-    })
+    stopButton(cluster, onStop)
   );
   const table = el(
     'table',
@@ -98,7 +111,10 @@ function clusterCard(cluster: IClusterInfo, onStop: (c: IClusterInfo) => void): 
   );
   return el(
     'div',
-    { className: 'dtwork-Card dtwork-Cluster', data: { clusterId: cluster.id } },
+    {
+      className: `dtwork-Card dtwork-Cluster${isScript(cluster) ? ' dtwork-mod-script' : ''}`,
+      data: { clusterId: cluster.id, origin: cluster.origin ?? 'notebook' }
+    },
     head,
     el('div', { className: 'dtwork-Meta', text: clusterOwner(cluster) }),
     el('div', { className: 'dtwork-Meta dtwork-Id', text: cluster.id }),
@@ -158,7 +174,7 @@ function runCard(run: IRunSummary, onReport: (r: IRunSummary) => void): HTMLElem
   const adaptive = run.adaptive_batch?.changes.length ? run.adaptive_batch : null;
   return el(
     'div',
-    { className: 'dtwork-Card dtwork-Run', data: { runId: String(run.id) } },
+    { className: 'dtwork-Card dtwork-Run', data: { runId: String(run.id), store: run.store ?? '' } },
     el(
       'div',
       { className: 'dtwork-Card-head' },
@@ -175,6 +191,7 @@ function runCard(run: IRunSummary, onReport: (r: IRunSummary) => void): HTMLElem
         }
       })
     ),
+    el('div', { className: 'dtwork-Meta dtwork-Notebook', text: runOrigin(run) }),
     el(
       'div',
       { className: 'dtwork-Stats' },
@@ -201,7 +218,7 @@ function searchGroup(
 ): HTMLElement {
   return el(
     'div',
-    { className: 'dtwork-Search', data: { searchId: String(group.id) } },
+    { className: 'dtwork-Search', data: { searchId: String(group.id), store: group.store ?? '' } },
     el(
       'div',
       { className: 'dtwork-Card-head' },
@@ -222,19 +239,21 @@ function grouped(
   searches: ISearchGroup[],
   onReport: (r: IRunSummary) => void
 ): HTMLElement[] {
-  const searchOf = new Map<number, ISearchGroup>();
+  // run and search ids are per store: each is known by its store's key with its id
+  const searchOf = new Map<string, ISearchGroup>();
   for (const group of searches) {
-    group.run_ids.forEach(id => searchOf.set(id, group));
+    group.run_ids.forEach(id => searchOf.set(runKey({ id, store: group.store }), group));
   }
   const out: HTMLElement[] = [];
-  const placed = new Set<number>();
+  const placed = new Set<ISearchGroup>();
   for (const run of runs) {
-    const group = searchOf.get(run.id);
+    const group = searchOf.get(runKey(run));
     if (!group) {
       out.push(runCard(run, onReport));
-    } else if (!placed.has(group.id)) {
-      placed.add(group.id);
-      const trials = group.run_ids.flatMap(id => runs.filter(r => r.id === id));
+    } else if (!placed.has(group)) {
+      placed.add(group);
+      const inStore = runs.filter(r => (r.store ?? '') === (group.store ?? ''));
+      const trials = group.run_ids.flatMap(id => inStore.filter(r => r.id === id));
       out.push(searchGroup(group, trials, onReport));
     }
   }
@@ -242,8 +261,12 @@ function grouped(
 }
 
 export function renderRuns(reply: IRunsReply, onReport: (run: IRunSummary) => void): HTMLElement {
+  const notes = (reply.notes ?? []).map(note =>
+    el('p', { className: 'dtwork-Meta dtwork-Note', text: note })
+  );
   if (!reply.runs.length) {
-    return emptyState(noRunsMessage(reply));
+    const empty = emptyState(noRunsMessage(reply));
+    return notes.length ? el('div', { className: 'dtwork-List' }, empty, ...notes) : empty;
   }
   const shown = reply.runs.slice(0, MAX_RUNS_SHOWN);
   const more = reply.total - shown.length;
@@ -251,6 +274,7 @@ export function renderRuns(reply: IRunsReply, onReport: (run: IRunSummary) => vo
     'div',
     { className: 'dtwork-List' },
     ...grouped(shown, reply.searches ?? [], onReport),
+    ...notes,
     more > 0
       ? el('p', { className: 'dtwork-Meta', text: `${more} older run(s): %dtrain runs lists them all` })
       : null

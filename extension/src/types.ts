@@ -32,7 +32,12 @@ export interface IClusterInfo {
   kernel_pid: number | null;
   kernel_host: string | null;
   kernel_alive: boolean;
+  /** its kernel's notebook as the server's session names it now (it follows renames) */
   notebook: string | null;
+  /** 'notebook', or 'script': started by a program outside any notebook (older servers: absent) */
+  origin?: string;
+  /** a script's file name (train.py), when its process runs on the server's host */
+  program?: string | null;
   started_at: number | null;
   ranks: IRankInfo[];
   pids: number[];
@@ -70,7 +75,10 @@ export interface IAdaptiveBatch {
 
 /** one run as listed; part of GET /dtwork/runs */
 export interface IRunSummary {
+  /** run ids are per store: with its store's key they name one run */
   id: number;
+  /** its store's key: '' the server's default store, else the folder holding .dtwork/ */
+  store?: string;
   name: string | null;
   status: string | null;
   created_at: number | null;
@@ -101,6 +109,8 @@ export interface IRunSummary {
 /** a search grouping its trials' runs; part of GET /dtwork/runs (SearchGroup in wire.py) */
 export interface ISearchGroup {
   id: number;
+  /** its store's key, as its runs' */
+  store?: string;
   label: string;
   searcher: string;
   status: string;
@@ -123,6 +133,8 @@ export interface IRunsReply {
   runs: IRunSummary[];
   /** the newest searches (a server without searches sends none) */
   searches?: ISearchGroup[];
+  /** where else to look: a search for stores cut short, a store that cannot be read */
+  notes?: string[];
 }
 
 /** matches GET /dtwork/runs/<id> */

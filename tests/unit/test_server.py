@@ -200,7 +200,8 @@ async def test_unknown_route_is_json_404(jp_fetch: Any) -> None:
 
 @in_loop
 async def test_runs_without_store_are_empty(jp_fetch: Any) -> None:
-    assert await get_json(jp_fetch, "runs") == {"store_exists": False, "total": 0, "runs": [], "searches": []}
+    empty = {"store_exists": False, "total": 0, "runs": [], "searches": [], "notes": []}
+    assert await get_json(jp_fetch, "runs") == empty
     assert "store is empty" in await error_of(jp_fetch, "runs", "1")
 
 

@@ -15,6 +15,7 @@ import {
   formatThroughput,
   gpuAbsentMessage,
   noRunsMessage,
+  runRoute,
   sparklinePoints,
   stateClass
 } from '../model';
@@ -223,6 +224,12 @@ describe('clusters', () => {
     expect(clusterOwner({ ...cluster, keep: 7200, keep_left: 3690, kernel_alive: false })).toBe(
       'notebook train.ipynb · kernel 4242 on host-a (gone) · kept: 1 h 1 min left for %dtrain attach'
     );
+  });
+
+  it("names a run's route with its store, the default store's without", () => {
+    expect(runRoute({ id: 3 }, '/report')).toBe('runs/3/report');
+    expect(runRoute({ id: 3, store: '' })).toBe('runs/3');
+    expect(runRoute({ id: 3, store: 'a b/c' }, '/cells/2')).toBe('runs/3/cells/2?store=a%20b%2Fc');
   });
 
   it('maps states to CSS modifiers', () => {

@@ -218,6 +218,81 @@ describe('rendering', () => {
     expect(onStop).toHaveBeenCalledOnce();
   });
 
+  it('names the notebook of each run, and keeps runs of two stores with the same id apart', () => {
+    const group = {
+      id: 1,
+      store: 'sub',
+      label: 'sweep.yaml',
+      searcher: 'grid',
+      status: 'running',
+      metric: 'loss',
+      best: null,
+      trials: 2,
+      running: 1,
+      stopped: 0,
+      done: 0,
+      failed: 0,
+      run_ids: [1]
+    };
+    const node = renderRuns(
+      {
+        store_exists: true,
+        total: 2,
+        runs: [run(1, { store: 'sub', notebook: 'sub/mnist.ipynb' }), run(1, { store: '' })],
+        searches: [group],
+        notes: ['the search for run stores stopped after 2000 folders']
+      },
+      vi.fn()
+    );
+    const search = node.querySelector('[data-search-id="1"][data-store="sub"]');
+    expect(search?.querySelector('.dtwork-Notebook')?.textContent).toBe('notebook sub/mnist.ipynb');
+    // the default store's run 1 is not the search's trial
+    const apart = node.querySelector(':scope > [data-run-id="1"][data-store=""]');
+    expect(apart?.querySelector('.dtwork-Notebook')?.textContent).toBe('no notebook (a script)');
+    expect(node.querySelector('.dtwork-Note')?.textContent).toMatch(/stopped after 2000 folders/);
+  });
+
+  it("marks a script's cluster and offers a quieter Stop… than a notebook's", () => {
+    const cluster = {
+      id: 'dtwork-9-script',
+      state: 'running',
+      n: 2,
+      backend: 'gloo',
+      profile: null,
+      master: null,
+      kernel_pid: 77,
+      kernel_host: 'h',
+      kernel_alive: true,
+      notebook: null,
+      origin: 'script',
+      program: 'train.py',
+      started_at: null,
+      ranks: [],
+      pids: [],
+      keep: null,
+      keep_left: null
+    };
+    const mine = {
+      ...cluster,
+      id: 'dtwork-8-nbook',
+      notebook: 'mnist.ipynb',
+      origin: 'notebook',
+      program: null
+    };
+    const node = renderClusters({ clusters: [cluster, mine] }, vi.fn());
+    const script = node.querySelector('[data-cluster-id="dtwork-9-script"]');
+    expect(script?.getAttribute('data-origin')).toBe('script');
+    expect(script?.querySelector('.dtwork-Tag')?.textContent).toBe('script');
+    expect(script?.querySelector('.dtwork-Meta')?.textContent).toBe('script train.py · process 77 on h');
+    const stop = script?.querySelector('.dtwork-StopButton') as HTMLElement;
+    expect(stop.textContent).toBe('Stop…');
+    expect(stop.classList.contains('jp-mod-warn')).toBe(false);
+    const own = node.querySelector('[data-cluster-id="dtwork-8-nbook"]');
+    expect(own?.querySelector('.dtwork-Tag')).toBeNull();
+    expect(own?.querySelector('.dtwork-StopButton')?.textContent).toBe('Stop');
+    expect(own?.querySelector('.dtwork-Meta')?.textContent).toBe('notebook mnist.ipynb · kernel 77 on h');
+  });
+
   it('renders GPU telemetry', () => {
     const node = renderGpus({
       available: true,

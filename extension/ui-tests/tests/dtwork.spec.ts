@@ -114,7 +114,7 @@ test.describe('dtwork sidebar', () => {
     await expect(cluster).toHaveCount(1, { timeout: 90_000 });
     await expect(cluster.locator('tbody tr')).toHaveCount(2);
     await expect(cluster).toContainText('2 ranks');
-    // the owning notebook (as the kernel was started: galata renames it after) and kernel
+    // the owning notebook (as its session names it now: renames followed) and kernel
     await expect(cluster.locator('.dtwork-Meta').first()).toContainText(/notebook \S+\.ipynb · kernel \d+/);
 
     const listed = (await (await request.get('/dtwork/clusters')).json()) as { clusters: IClusterWire[] };
