@@ -128,3 +128,15 @@ def test_a_wide_runs_raw_window_is_that_of_raw_ranks_ranks_in_all(tmp_path: Path
     window = rollups.raw_rows(256)
     assert rollups.RAW_ROWS <= kept[2] <= rollups.RAW_ROWS + rollups.PRUNE_EVERY
     assert window <= kept[256] <= window + window // 4 + 500  # a batch of 500 lands before a trim
+
+
+def test_a_report_converts_its_embedded_rows_once() -> None:
+    """A 256-rank run embeds a few hundred thousand rows; the summary, the advice and the figures
+    each asked for them, and each conversion took a second."""
+    from dtwork.report import helpers
+
+    data = {"columns": ["step", "name", "rank", "value"], "rows": [[1, "loss", None, 0.5]]}
+    first = helpers.rows(data)  # type: ignore[arg-type]
+    assert helpers.rows(data) is first  # type: ignore[arg-type]
+    other = {**data, "rows": [[2, "loss", None, 0.25]]}
+    assert helpers.rows(other)[0]["step"] == 2  # type: ignore[arg-type]
