@@ -78,9 +78,17 @@ class Recorded(TypedDict):
     rows: list[list[object]]  # one list per row, in ``columns``' order
 
 
+_made: list[tuple[list[list[object]], list[Row]]] = []  # the last rows made, with the lists they came from
+
+
 def rows(data: Recorded) -> list[Row]:
-    """The embedded metric rows as :mod:`dtwork.plots` takes them."""
-    return [cast("Row", dict(zip(data["columns"], r, strict=True))) for r in data["rows"]]
+    """The embedded metric rows as :mod:`dtwork.plots` takes them (read only: a report asks for them
+    several times, and a 256-rank run embeds a few hundred thousand, so the last ones are kept)."""
+    if _made and _made[0][0] is data["rows"]:  # the same list, held here: its id cannot be reused
+        return _made[0][1]
+    made = [cast("Row", dict(zip(data["columns"], r, strict=True))) for r in data["rows"]]
+    _made[:] = [(data["rows"], made)]
+    return made
 
 
 def _last(data: Recorded, name: str) -> float | None:

@@ -153,13 +153,8 @@ def loss_points(store: RunStore, run_id: int, n: int) -> list[list[float]]:
 
 def world_throughput(store: RunStore, run_id: int) -> float | None:
     """Samples/s over all ranks: the sum of each rank's latest ``samples_per_s`` (as plots.py)."""
-    latest = [
-        v
-        for s in store.series(run_id)
-        if s["name"] == RANK_THROUGHPUT
-        and s["rank"] is not None
-        and (v := finite(s["last_value"])) is not None
-    ]
+    # the ranks' summaries of one name by the key's prefix: not every series of a 256-rank run
+    latest = [v for x in store.rank_last_values(run_id, RANK_THROUGHPUT) if (v := finite(x)) is not None]
     return sum(latest) if latest else None
 
 

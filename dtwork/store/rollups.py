@@ -10,8 +10,12 @@ Three things are maintained incrementally, in the transaction that inserts a bat
   value). A level is kept while the run spans at most ``KEEP_BUCKETS`` of its buckets, the coarsest
   always, so a figure of any range reads at most a screen's width of buckets with every spike.
 * The raw window: ``perf`` and ``gpu`` rows (the ranks' timings and GPU telemetry) are kept at full
-  resolution for each series' last ``RAW_ROWS`` rows only; older ones live on in the rollups. User
-  metrics (``ctx.log``, GNS, adaptive decisions, scaling estimates) are kept at every step, always.
+  resolution for each series' last ``raw_rows(world_size)`` rows only; older ones live on in the
+  rollups. Up to ``RAW_RANKS`` ranks that is ``RAW_ROWS``; past it the run's window in all stays that
+  of ``RAW_RANKS`` ranks (``RAW_ROWS * RAW_RANKS / world_size`` a series, at least ``MIN_RAW_ROWS``),
+  so a 256-rank hour keeps about 375 rows a series, not 3,000 (the store's size was mostly these
+  rows). User metrics (``ctx.log``, GNS, adaptive decisions, scaling estimates) are kept at every
+  step, always.
 
 A run with fewer rows than these bounds reads exactly the raw rows it always did.
 """
@@ -30,17 +34,21 @@ __all__ = [
     "KEEP_BUCKETS",
     "LEVELS",
     "PRUNED_KINDS",
+    "RAW_RANKS",
     "RAW_ROWS",
     "Bucket",
     "MemoryRollups",
     "fold",
+    "raw_rows",
     "width",
 ]
 
 LEVELS = (1, 2, 3, 4)  # bucket widths 10, 100, 1000 and 10000 steps
 KEEP_BUCKETS = 2000  # a level is kept while the run spans at most this many of its buckets
-RAW_ROWS = 3000  # perf and gpu rows kept at full resolution, per series
-PRUNE_EVERY = 500  # a series' raw window is trimmed each time it grows by this many rows
+RAW_ROWS = 3000  # perf and gpu rows kept at full resolution, per series, up to RAW_RANKS ranks
+RAW_RANKS = 32  # past this many ranks a run's raw window in all is that of RAW_RANKS ranks
+MIN_RAW_ROWS = 300  # the least raw window of a series, however many ranks
+PRUNE_EVERY = 500  # a series' raw window is trimmed each time it grows by this many rows (or a quarter)
 PRUNED_KINDS = ("perf", "gpu")
 AGGREGATED_RANK = -1  # rank NULL (aggregated over ranks) as the rollup and series keys store it
 NO_CELL = 0  # cell_seq NULL as the rollup key stores it (cells are numbered from 1)
@@ -52,6 +60,14 @@ InsertedRow = tuple[int, "int | None", str, int, "int | None", str, "float | str
 def width(level: int) -> int:
     """Steps per bucket at ``level``."""
     return int(10**level)
+
+
+def raw_rows(world_size: int | None) -> int:
+    """The perf and gpu rows kept at full resolution per series of a run of ``world_size`` ranks (the
+    one rule: a wide run's window in all is that of ``RAW_RANKS`` ranks)."""
+    if world_size is None or world_size <= RAW_RANKS:
+        return RAW_ROWS
+    return max(MIN_RAW_ROWS, RAW_ROWS * RAW_RANKS // world_size)
 
 
 def active_levels(span: int) -> list[int]:
@@ -253,9 +269,12 @@ def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow]) -> None:
         if LEVELS[0] in levels:
             buckets[(name, LEVELS[0], cell, rank, b10)] = agg
     cur.executemany(_ROLLUP_UPSERT, [(run_id, *k, *v.row()) for k, v in buckets.items()])
+    found = cur.execute("SELECT world_size FROM runs WHERE id = ?", (run_id,)).fetchone()
+    keep = raw_rows(None if found is None else found[0])
+    every = min(PRUNE_EVERY, max(1, keep // 4))
     for (name, rank), s in touched.items():
-        if s.kind in PRUNED_KINDS and s.n > RAW_ROWS and s.n // PRUNE_EVERY > s.n0 // PRUNE_EVERY:
-            s.raw_from = _trim(cur, run_id, name, rank, s.raw_from)
+        if s.kind in PRUNED_KINDS and s.n > keep and s.n // every > s.n0 // every:
+            s.raw_from = _trim(cur, run_id, name, rank, s.raw_from, keep)
     cur.executemany(
         _SERIES_UPSERT,
         [
@@ -360,12 +379,12 @@ class MemoryRollups:
         return sum(len(kept) for kept in self._kept.values())
 
 
-def _trim(cur: sqlite3.Cursor, run_id: int, name: str, rank: int, raw_from: int) -> int:
-    """Delete the series' raw rows before its last ``RAW_ROWS``; return the first step kept."""
+def _trim(cur: sqlite3.Cursor, run_id: int, name: str, rank: int, raw_from: int, keep: int) -> int:
+    """Delete the series' raw rows before its last ``keep``; return the first step kept."""
     row = cur.execute(
         "SELECT step FROM metrics WHERE run_id = ? AND name = ? AND rank = ? "
         "ORDER BY step DESC LIMIT 1 OFFSET ?",
-        (run_id, name, rank, RAW_ROWS - 1),
+        (run_id, name, rank, keep - 1),
     ).fetchone()
     if row is None or int(row[0]) <= raw_from:
         return raw_from

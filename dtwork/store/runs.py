@@ -398,6 +398,10 @@ class RunStore:
         and greatest value; a few rows however long the run."""
         return views.summaries(self._db, parse_run_id(run_id))
 
+    def rank_last_values(self, run_id: int | str, name: str) -> list[float | None]:
+        """Each rank's last value of ``name`` (the ranks' series only): a read of as many rows as ranks."""
+        return views.rank_last_values(self._db, parse_run_id(run_id), name)
+
     def metric_points(
         self, run_id: int | str, name: str, *, rank: int | None = None, most: int = views.FIGURE_BUCKETS
     ) -> tuple[int, list[tuple[int, float | None, float | None]]]:

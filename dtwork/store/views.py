@@ -25,6 +25,7 @@ __all__ = [
     "figure_rows",
     "last_step",
     "points",
+    "rank_last_values",
     "reads_raw",
     "summaries",
 ]
@@ -33,7 +34,9 @@ FULL_READ_ROWS = 20_000  # up to this many rows a reader takes the raw rows
 FIGURE_BUCKETS = 500  # buckets per series in a figure: each gives two points, its min and its max
 FIGURE_ROWS = 12_000  # rows of a figure in all, ranks' series included
 MIN_BUCKETS = 50
-JOIN = 4  # a figure reads up to this many buckets per one it draws
+JOIN = 4  # a figure reads up to this many buckets per one it draws, while READ_ROWS allows
+READ_ROWS = 4 * FIGURE_ROWS  # bucket rows a figure reads when JOIN applies: many series read one per drawn
+POINT_JOIN = 4  # a series' points are its raw rows while at most this many per point asked for
 
 
 class SeriesSummary(TypedDict):
@@ -63,6 +66,15 @@ def summaries(db: Database, run_id: int) -> list[SeriesSummary]:
         row["rank"] = None if row["rank"] == AGGREGATED_RANK else row["rank"]
         row["last_value"] = stored_float(row["last_value"])
     return cast("list[SeriesSummary]", rows)
+
+
+def rank_last_values(db: Database, run_id: int, name: str) -> list[float | None]:
+    """The last value of each rank's series ``name`` (NaN and None as stored): one indexed read of
+    the ranks' summaries, however many other series the run has."""
+    rows = db.tuples(
+        "SELECT last_value FROM series WHERE run_id = ? AND name = ? AND rank >= 0", [run_id, name]
+    )
+    return [stored_float(r[0]) for r in rows]
 
 
 def _buckets(
@@ -144,7 +156,8 @@ def points(
         return 0, []
     s = found[0]
     total = int(cast(int, s["n"]))
-    if total <= FULL_READ_ROWS and not s["raw_from"]:
+    # the raw rows while few for what is asked (a sparkline of a long run reads its rollups)
+    if total <= min(FULL_READ_ROWS, most * POINT_JOIN) and not s["raw_from"]:
         rows = metric_rows.select(db, run_id, name, rank="aggregated" if rank is None else rank)
         return total, [(r["step"], r["value"], r["time"]) for r in rows]
     span = int(cast(int, s["last_step"])) - int(cast(int, s["first_step"]))
@@ -219,7 +232,9 @@ def figure_rows(
     if reads_raw(total, longest):
         raw = metric_rows.select(db, run_id, rank=rank, cell=cell)
         # an older cell's perf and gpu rows may be trimmed by the later cells' (its buckets remain)
-        if cell is None or sum(1 for r in raw if finite(r["value"]) is not None) == total:
+        # a wide run's raw window is shorter than RAW_ROWS (rollups.raw_rows): a trimmed series says so
+        whole = cell is None and not any(s["raw_from"] for s in series)
+        if whole or sum(1 for r in raw if finite(r["value"]) is not None) == total:
             return raw
 
     def read(level: int) -> list[Bucket]:
@@ -248,7 +263,10 @@ def bucket_rows(
     # the steps drawn: from the earliest extreme of the first buckets to the last step (near enough)
     span = max(b.last_step for b in coarse) - min(min(b.lo_step, b.hi_step) for b in coarse)
     most = max(MIN_BUCKETS, min(most, FIGURE_ROWS // (2 * max(1, series))))  # many ranks: fewer each
-    level = _level(span, run_span, most * JOIN)
+    # Up to JOIN buckets read per one drawn while their rows fit READ_ROWS; many ranks' series read a
+    # level at most ``most`` buckets wide, so what is read stays bounded by series x most.
+    join = max(1, min(JOIN, READ_ROWS // (max(1, series) * most)))
+    level = _level(span, run_span, most * join)
     k = -(-(span // width(level) + 1) // most)  # neighbours joined: the levels are 10x apart
     w = width(level) * k
     buckets = _merged(read(level), k)
