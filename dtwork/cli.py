@@ -409,6 +409,7 @@ def cli_parser(prog: str = "dtwork") -> argparse.ArgumentParser:
     doctor = top.add_parser("doctor", help="check this installation end to end (--gpu: the GPU path too)")
     doctor.add_argument("--gpu", action="store_true", help="also check NCCL, AMP and throughput on the GPUs")
     doctor.add_argument("-n", type=int, default=2, help="CPU ranks for the CPU checks (default 2)")
+    top.add_parser("help", help="where the reference is; TOPIC: one section").add_argument("topic", nargs="?")
     return parser
 
 
@@ -474,6 +475,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "dtwork") -> int:
         return _runs(ns)
     if ns.command == "clusters":
         return _clusters(parser, ns)
+    if ns.command == "help":
+        from dtwork.commands.reference import help_text
+
+        try:
+            print(printable(help_text(ns.topic)))
+        except DtworkError as exc:
+            print(printable(f"dtwork: {exc}"), file=sys.stderr)
+            return 1
+        return 0
     if ns.command == "doctor":
         from dtwork.commands.doctor import main as run_doctor
 

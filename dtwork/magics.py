@@ -168,6 +168,12 @@ class DtrainMagics(Magics):
             ) from None
         return None
 
+    def _sub_help(self, argv: list[str]) -> None:
+        from dtwork.commands.reference import help_text
+
+        print(help_text(PARSERS["help"]().parse_args(argv).topic))
+        return None
+
     def _sub_run(self, argv: list[str]) -> None:
         if not argv or argv[0].startswith("-"):
             raise DtworkError("%dtrain run needs a script: %dtrain run SCRIPT.py [ARGS...]")

@@ -79,7 +79,8 @@ Cell magic ``%%dtrain search EXP.yaml [--resume ID] [--quiet]``:
   and not-run ones run (the file and cell, when given, must be the ones it ran; an empty cell:
   its stored code).
 
-The full reference (every option, every ctx helper): docs/reference.md.
+The full reference (every option, every ctx helper): ``%dtrain help`` says where it is installed,
+``%dtrain help TOPIC`` prints one section (``%dtrain help ctx.loader``).
 """
 
 
@@ -252,6 +253,7 @@ PARSERS: dict[str, Callable[[], _Parser]] = {
     "stacks": _stacks_parser,
     "collectives": lambda: _one_arg("collectives"),
     "debug": lambda: _one_arg("debug", "rank", type=int, choices=None),
+    "help": lambda: _one_arg("help", "topic", choices=None),
 }
 
 

@@ -178,7 +178,7 @@ def test_python_m_dtwork_takes_the_same_parser(notebook_dir: Path) -> None:
     ]
     assert helps[0].startswith("usage: python -m dtwork ") and helps[1].startswith("usage: dtwork ")
     assert helps[0].split("\n", 1)[1] == helps[1].split("\n", 1)[1]  # the same commands and options
-    assert "{runs,run,script,clusters,doctor}" in helps[1]
+    assert "{runs,run,script,clusters,doctor,help}" in helps[1]
 
 
 HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\r\b\t\x7f\x9b\u202e\u2028"  # clear, title, clipboard
