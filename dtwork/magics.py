@@ -332,7 +332,13 @@ class DtrainMagics(Magics):
         ns = cell_parser().parse_args(words)
         ranks = _int_list(ns.ranks) if ns.ranks else None
         cluster = current()
-        cluster.run(cell, ranks=ranks, rank0=ns.rank0, bg=ns.bg, quiet=ns.quiet)
+        if ns.name is not None and ns.bg:
+            raise DtworkError("%%dtrain --name waits for the cell: drop --bg, or name the run after it")
+        try:
+            cluster.run(cell, ranks=ranks, rank0=ns.rank0, bg=ns.bg, quiet=ns.quiet)
+        finally:  # a failed cell's run is named too: it is the one to find
+            if ns.name is not None:
+                cluster.name_run(ns.name)
         if ns.bg:
             print("dtwork: training in the background; %dtrain wait (or attach) brings it back")
         return None

@@ -1,5 +1,5 @@
 """Runs told apart (issue 45) on the shared ranks: a config's name labels the run it was loaded for,
-not the next model's; the list says what changed (the lr ``ctx.optimizer`` made); ``ctx.loader`` with no batch set takes the default."""
+not the next model's; ``%%dtrain --name`` names a cell's run; the list says what changed (the lr ``ctx.optimizer`` made); ``ctx.loader`` with no batch set takes the default."""
 
 from __future__ import annotations
 
@@ -36,3 +36,14 @@ def test_a_configs_name_labels_its_run_and_the_list_says_what_changed(fresh_run:
     lines = runs_table(c.session.store_file).splitlines()
     row = {line.split()[0]: line for line in lines[2:]}
     assert row[str(named)].endswith("  lr=0.05") and row[str(later)].endswith("  lr=0.2")
+    assert c.name_run("wide") == later and store.get_run(later)["name"] == "wide"  # a name of its own
+
+
+def test_dtrain_name_names_the_run_its_cell_trained_in(fresh_run: Any, ip: Any) -> None:
+    c = fresh_run
+    c.configure({"global_batch_size": 16})
+    c.run(DATA, quiet=True)
+    ip.run_cell_magic("dtrain", "--quiet --name first", TRAIN.format(lr=0.1))
+    ip.run_cell_magic("dtrain", "--quiet --name second", TRAIN.format(lr=0.1))  # a new model: its own run
+    store, run = c.session.store, c.session.run_id
+    assert [store.get_run(r)["name"] for r in (run - 1, run)] == ["first", "second"]
