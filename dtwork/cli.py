@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dtwork.commands.run_labels import changed, hparams_text
 from dtwork.commands.searches import searches_text, trials_text
 from dtwork.errors import DtworkError, did_you_mean
 from dtwork.shared.records import DIVERGED, Kind, divergence_text, is_own, segment_text
@@ -115,6 +116,7 @@ def _list_text(store: RunStore) -> str:
     runs = store.list_runs()
     if not runs:
         return _no_runs(store.path)
+    differ = changed(store, runs)  # what tells the listed runs apart: lr, optimizer, ctx.hparams, ...
     rows = [
         [
             str(run["id"]),
@@ -125,10 +127,11 @@ def _list_text(store: RunStore) -> str:
             _num(run.get("last_step")),
             _result_text(run_result(store, run)),
             _when(run.get("created_at")),
+            differ[run["id"]][:60],
         ]
         for run in runs
     ]
-    header = ("id", "name", "status", "ranks", "batch", "steps", "result", "started")
+    header = ("id", "name", "status", "ranks", "batch", "steps", "result", "started", "changed")
     return f"{store.path}\n" + _table(header, rows, right={0, 3, 4, 5})
 
 
@@ -164,6 +167,7 @@ def _cmd_show(store: RunStore, ns: argparse.Namespace) -> str:
         f"  ranks     {_num(s['world_size'])} ({s['backend'] or '-'}), global batch {_num(s['global_batch_size'])}"
         f" = {_num(s['per_slot_batch_size'])} per slot",
         f"  cells     {_num(s['cells'])}, steps {_num(s['steps'])}, events {s['events']}",
+        f"  hparams   {hparams_text(store, store.get_run(s['id']))}",
         f"  result    {_result_text(s['result'])}",
     ]
     if (measured := _measured_text(s["measured"])) is not None:
@@ -409,6 +413,7 @@ def cli_parser(prog: str = "dtwork") -> argparse.ArgumentParser:
     doctor = top.add_parser("doctor", help="check this installation end to end (--gpu: the GPU path too)")
     doctor.add_argument("--gpu", action="store_true", help="also check NCCL, AMP and throughput on the GPUs")
     doctor.add_argument("-n", type=int, default=2, help="CPU ranks for the CPU checks (default 2)")
+    top.add_parser("help", help="where the reference is; TOPIC: one section").add_argument("topic", nargs="?")
     return parser
 
 
@@ -474,6 +479,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "dtwork") -> int:
         return _runs(ns)
     if ns.command == "clusters":
         return _clusters(parser, ns)
+    if ns.command == "help":
+        from dtwork.commands.reference import help_text
+
+        try:
+            print(printable(help_text(ns.topic)))
+        except DtworkError as exc:
+            print(printable(f"dtwork: {exc}"), file=sys.stderr)
+            return 1
+        return 0
     if ns.command == "doctor":
         from dtwork.commands.doctor import main as run_doctor
 

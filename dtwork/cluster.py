@@ -154,6 +154,14 @@ class Cluster:
         """Call ``fn(cluster)`` on every change of state."""
         self.engines.on_change(lambda state: fn(self))
 
+    def name_run(self, name: str | None, run: int | None = None) -> int:
+        """Name the current run (the one the last cell trained in), or ``run``; returns its id."""
+        target = self.session.run_id if run is None else run
+        if target is None:
+            raise DtworkError("no run to name yet: run a training cell first")
+        self.session.store.set_run_name(target, name)
+        return target
+
     def configure(self, config: ConfigSource) -> ExperimentConfig:
         """Load an experiment config (YAML path, text, dict) on every rank as ``ctx.config``.
 

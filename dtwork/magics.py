@@ -168,6 +168,12 @@ class DtrainMagics(Magics):
             ) from None
         return None
 
+    def _sub_help(self, argv: list[str]) -> None:
+        from dtwork.commands.reference import help_text
+
+        print(help_text(PARSERS["help"]().parse_args(argv).topic))
+        return None
+
     def _sub_run(self, argv: list[str]) -> None:
         if not argv or argv[0].startswith("-"):
             raise DtworkError("%dtrain run needs a script: %dtrain run SCRIPT.py [ARGS...]")
@@ -326,7 +332,13 @@ class DtrainMagics(Magics):
         ns = cell_parser().parse_args(words)
         ranks = _int_list(ns.ranks) if ns.ranks else None
         cluster = current()
-        cluster.run(cell, ranks=ranks, rank0=ns.rank0, bg=ns.bg, quiet=ns.quiet)
+        if ns.name is not None and ns.bg:
+            raise DtworkError("%%dtrain --name waits for the cell: drop --bg, or name the run after it")
+        try:
+            cluster.run(cell, ranks=ranks, rank0=ns.rank0, bg=ns.bg, quiet=ns.quiet)
+        finally:  # a failed cell's run is named too: it is the one to find
+            if ns.name is not None:
+                cluster.name_run(ns.name)
         if ns.bg:
             print("dtwork: training in the background; %dtrain wait (or attach) brings it back")
         return None

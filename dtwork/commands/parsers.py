@@ -62,12 +62,13 @@ Line magic ``%dtrain SUBCOMMAND [options]``:
   search --resume ID [EXP.yaml]
                   go on with a stopped search (its stored file and code), as the cell magic below
 
-Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet]``:
+Cell magic ``%%dtrain [--rank0] [--ranks 0,1] [--bg] [--quiet] [--name NAME]``:
   Run the cell on every rank (or those named) in a persistent namespace where ``ctx``
   is defined. Output is grouped by rank (--rank0: rank 0's only). --bg returns at once
   and trains in the background. When some ranks raise, the first failing rank's
   traceback is shown once, with one status line per other rank. --quiet shows no live view
   and discards the cell's print output and results on every rank (records are still stored).
+  --name names the run the cell trained in (dtwork runs list shows it).
 
 Cell magic ``%%dtrain search EXP.yaml [--resume ID] [--quiet]``:
   A search in Determined's vocabulary (searcher.name grid|random|adaptive_asha, searched
@@ -79,7 +80,8 @@ Cell magic ``%%dtrain search EXP.yaml [--resume ID] [--quiet]``:
   and not-run ones run (the file and cell, when given, must be the ones it ran; an empty cell:
   its stored code).
 
-The full reference (every option, every ctx helper): docs/reference.md.
+The full reference (every option, every ctx helper): ``%dtrain help`` says where it is installed,
+``%dtrain help TOPIC`` prints one section (``%dtrain help ctx.loader``).
 """
 
 
@@ -141,6 +143,7 @@ def cell_parser() -> _Parser:
     p.add_argument("--ranks", type=str, default=None)
     p.add_argument("--bg", action="store_true")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--name", default=None)
     return p
 
 
@@ -252,6 +255,7 @@ PARSERS: dict[str, Callable[[], _Parser]] = {
     "stacks": _stacks_parser,
     "collectives": lambda: _one_arg("collectives"),
     "debug": lambda: _one_arg("debug", "rank", type=int, choices=None),
+    "help": lambda: _one_arg("help", "topic", choices=None),
 }
 
 

@@ -64,6 +64,9 @@ class RunBook:
         # measured step, a script), not a later cell that merely ran while it was current.
         self.trained: set[int] = set()  # the runs the running cell trained in
         self.outcome: dict[int, str] = {}  # run -> how the last cell that trained in it ended
+        # A config's name labels the run made next after it is loaded (start --config, %dtrain
+        # config), not every later run: later runs differ and are told apart by what changed.
+        self.config_named = False
 
     def begin_cell(self, source: str) -> None:
         self.source, self.moved, self.trained = source, {}, set()

@@ -110,8 +110,9 @@ class Session:
         """The current run, made now if there is none (with id ``wanted`` when that is still free)."""
         if self.run_id is None:
             e = self.engines
+            name, self.book.config_named = (None if self.book.config_named else e.config.name), True
             self.run_id = self.store.create_run(
-                name=e.config.name,
+                name=name,
                 world_size=e.world_size,
                 backend=e.backend,
                 cluster_id=e.cluster_id,
@@ -141,6 +142,7 @@ class Session:
             self.writer.flush(force=True)
         self.run_id = None
         self.replay.restarts_used = 0
+        self.book.config_named = False  # a config was just loaded: its name goes to the next run
 
     def persist(
         self,

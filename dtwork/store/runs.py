@@ -208,6 +208,10 @@ class RunStore:
             )
             return int(cur.lastrowid or 0)
 
+    def set_run_name(self, run_id: int | str, name: str | None) -> None:
+        """Name the run (``%%dtrain --name``, ``Cluster.name_run``); None takes the name away."""
+        self._update_run(run_id, "UPDATE runs SET name = ? WHERE id = ?", (name,))
+
     def set_run_status(self, run_id: int | str, status: str, *, ended: bool = False) -> None:
         """Set the run's status (one of RUN_STATUSES); ``ended=True`` also stamps ended_at."""
         if status not in RUN_STATUSES:

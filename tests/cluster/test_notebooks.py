@@ -94,3 +94,29 @@ def test_quickstart_main_command_writes_the_executed_copy_and_its_report(tmp_pat
     report = nbformat.read(tmp_path / "reports" / "quickstart-report.ipynb", as_version=4)
     summary = "\n".join(cell.source for cell in report.cells)
     assert re.search(r"\| scaling efficiency \| \d+% \|", summary), summary[:3000]
+
+
+def test_the_readmes_opening_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's first two code blocks, each a cell as a user types them, in a fresh kernel (its own
+    2-rank cluster: a notebook's kernel cannot share the test process's)."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    readme = (NOTEBOOKS.parent / "README.md").read_text(encoding="utf-8")
+    cells = re.findall(r"```python\n(.*?)```", readme, flags=re.S)[:2]
+    assert cells[0].startswith("%load_ext dtwork") and cells[1].startswith("%%dtrain")  # one magic a cell
+    monkeypatch.setenv("DTWORK_STORE", str(tmp_path / "runs.sqlite"))
+    monkeypatch.setenv("DTWORK_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(c) for c in [*cells, "%dtrain runs\n%dtrain stop"]]
+    )
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as exc:
+        pytest.fail(f"the README's example failed: {str(exc)[-2000:]}")
+    assert re.search(r"\n +1 +- +running +2 +64 +200 ", _text(nb)), _text(nb)[
+        -3000:
+    ]  # run 1 trained its steps

@@ -66,10 +66,21 @@ def test_list_finds_the_store_beside_the_notebook(notebook_dir: Path) -> None:
     out = dtwork("runs", "list", cwd=notebook_dir).stdout
     lines = out.splitlines()
     assert lines[0] == str(notebook_dir / ".dtwork" / "runs.sqlite")
-    assert lines[1].split() == ["id", "name", "status", "ranks", "batch", "steps", "result", "started"]
+    assert lines[1].split() == [
+        "id",
+        "name",
+        "status",
+        "ranks",
+        "batch",
+        "steps",
+        "result",
+        "started",
+        "changed",
+    ]
     assert lines[2].split()[:7] == ["2", "lr-0.4", "failed", "2", "64", "19", "validation_loss"]
     assert lines[2].split()[7:9] == ["1", "@9"]  # the best (smallest) validation loss and its step
     assert lines[3].split()[:3] == ["1", "lr-0.1", "completed"]
+    assert lines[2].endswith("  lr=0.4") and lines[3].endswith("  lr=0.1")  # what differs, nothing else
     other = notebook_dir.parent / f"{notebook_dir.name}-elsewhere"
     other.mkdir()
     assert dtwork("runs", "--store", str(notebook_dir / "train.ipynb"), "list", cwd=other).stdout == out
@@ -87,6 +98,7 @@ def test_show_summarises_one_run(notebook_dir: Path) -> None:
     out = dtwork("runs", "show", "1", cwd=notebook_dir).stdout
     assert out.splitlines()[0].split() == ["run", "1", "lr-0.1", "completed"]
     assert "global batch 64 = 32 per slot" in out
+    assert "hparams   optimizer=sgd lr=0.1\n" in out  # the config's optimizer and ctx.hparams
     assert "result    validation_loss 0.5 @9" in out
     loss = next(line for line in out.splitlines() if line.startswith("loss"))
     assert loss.split() == ["loss", "20", "0.05", "19", "0.05", "1"]
@@ -178,7 +190,7 @@ def test_python_m_dtwork_takes_the_same_parser(notebook_dir: Path) -> None:
     ]
     assert helps[0].startswith("usage: python -m dtwork ") and helps[1].startswith("usage: dtwork ")
     assert helps[0].split("\n", 1)[1] == helps[1].split("\n", 1)[1]  # the same commands and options
-    assert "{runs,run,script,clusters,doctor}" in helps[1]
+    assert "{runs,run,script,clusters,doctor,help}" in helps[1]
 
 
 HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\r\b\t\x7f\x9b\u202e\u2028"  # clear, title, clipboard

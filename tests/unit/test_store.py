@@ -560,12 +560,23 @@ def test_runs_table(store: RunStore) -> None:
     store.set_run_status(r1, "completed", ended=True)
     lines = runs_table(store.path).splitlines()
     assert len(lines) == 4 and lines[0] == str(store.path)
-    assert lines[1].split() == ["id", "name", "status", "ranks", "batch", "steps", "result", "started"]
+    assert lines[1].split() == [
+        "id",
+        "name",
+        "status",
+        "ranks",
+        "batch",
+        "steps",
+        "result",
+        "started",
+        "changed",
+    ]
     row2, row1 = lines[2].split(), lines[3].split()
     assert row2[:7] == [str(r2), "-", "running", "2", "-", "-", "-"]
     assert row1[:7] == [str(r1), "baseline", "completed", "8", "256", "1200", "-"]
     started = time.strftime("%Y-%m-%d", time.localtime(store.get_run(r1)["created_at"]))
     assert row1[7] == started
+    assert row1[-1] == row2[-1] == "-"  # no config stored: nothing differs
     # columns line up: every 'status' cell starts where the header's does
     col = lines[1].index("status")
     assert lines[2][col:].startswith("running") and lines[3][col:].startswith("completed")

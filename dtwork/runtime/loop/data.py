@@ -69,12 +69,7 @@ def make_loader(
     **kwargs: Any,
 ) -> DataLoader[object]:
     """A DataLoader over this rank's shard (DistributedSampler), with the per-slot batch size."""
-    bs = batch_size or state.per_slot_batch_size
-    if bs is None:
-        raise DtworkError(
-            "ctx.loader needs a batch size: set a global batch (%dtrain start --global-batch-size G, "
-            "or global_batch_size in the config) or pass batch_size="
-        )
+    bs = batch_size or state.per_slot_batch_size or _default_batch(state)
     sampler: DistributedSampler[object] = DistributedSampler(
         dataset,
         num_replicas=state.world_size,
@@ -97,6 +92,20 @@ def make_loader(
     loader = DataLoader(dataset, batch_size=bs, sampler=sampler, **kwargs)
     _made[loader] = made
     return loader
+
+
+DEFAULT_PER_SLOT = 32  # examples per rank when neither the cell, the start nor the config set a batch
+
+
+def _default_batch(state: RankState) -> int:
+    """The default per-slot batch, said once in one line on rank 0 so the user knows how to change it."""
+    if state.rank == 0:
+        print(
+            f"dtwork: no global batch set; ctx.loader uses {DEFAULT_PER_SLOT} per rank "
+            f"(global {DEFAULT_PER_SLOT * state.world_size}); choose with %dtrain start --global-batch-size G "
+            "or ctx.loader(ds, batch_size=B)"
+        )
+    return DEFAULT_PER_SLOT
 
 
 @dataclass
