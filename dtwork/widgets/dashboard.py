@@ -218,6 +218,11 @@ class Dashboard(widgets.VBox):
         return self._pacer.next_draw
 
     @property
+    def drawer_busy(self) -> bool:
+        """Whether its drawer found every core busy (a wake came late) and left idle priority."""
+        return self._drawer.busy
+
+    @property
     def drawing(self) -> bool:
         """Whether its drawer thread runs."""
         return self._drawer.running
@@ -290,7 +295,8 @@ class Dashboard(widgets.VBox):
         At idle priority it runs when a core has nothing else to run: on a CPU machine whose cores
         the ranks fill, in their waits for each other at every step, instead of taking a core from a
         rank that every other rank would then wait for. Where every core stays busy it still gets
-        its share at the scheduler's ticks: the view is late, never stopped. :meth:`finish` and
+        its share at the scheduler's ticks, seconds late: once a wake comes ``DRAWER_LATE`` late the
+        drawer goes back to the normal policy, niced, for the rest of the cell. :meth:`finish` and
         :meth:`close` stop it."""
         self._drawer.start(idle)
 

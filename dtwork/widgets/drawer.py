@@ -4,7 +4,8 @@ A :class:`Pacer` says when the next redraw is due: ``min_interval`` after the la
 flow, longer when a redraw costs more than ``draw_share`` of a core over the interval. A
 :class:`Drawer` is a thread of the dashboard's own, at the OS's idle priority, that wakes the
 dashboard when a redraw may be due, so that the view takes the CPU that ranks leave idle instead of a
-core that one rank (and through it every rank) waits for.
+core that one rank (and through it every rank) waits for; where every core stays busy (its wakes come
+``DRAWER_LATE`` late) it goes back to the normal policy, niced, so that the view still moves.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["DRAWER_IDLE_CHECK", "DRAWER_JOIN_SECONDS", "Drawer", "Pacer", "idle_priority"]
+__all__ = ["DRAWER_IDLE_CHECK", "DRAWER_JOIN_SECONDS", "DRAWER_LATE", "Drawer", "Pacer", "idle_priority"]
 
 DRAWER_IDLE_CHECK = 0.1  # seconds: how soon a drawer that found nothing new looks again
 DRAWER_JOIN_SECONDS = 5.0  # the most a finishing cell waits for its drawer's last redraw
+DRAWER_LATE = 1.0  # seconds a wake may come late before the drawer leaves idle priority
+BUSY_NICE = 10  # the drawer's niceness once every core stays busy: a small share, never none
 
 
 def idle_priority() -> bool:
@@ -29,6 +32,20 @@ def idle_priority() -> bool:
         return False
     try:
         os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread (a Linux thread is a task)
+    except OSError:
+        return False
+    return True
+
+
+def busy_priority() -> bool:
+    """Put the calling thread back at the OS's normal scheduling policy, niced (``BUSY_NICE``):
+    where every core stays busy an idle-priority thread waits seconds for each wake, while a niced
+    one still gets a small share at once. Return whether it could."""
+    if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_OTHER"):
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BUSY_NICE)  # this thread only
     except OSError:
         return False
     return True
@@ -77,6 +94,7 @@ class Drawer:
     until ``wake`` returns False."""
 
     def __init__(self, wake: Callable[[], bool], pacer: Pacer) -> None:
+        self.busy = False  # it found every core busy (a wake came late) and left idle priority
         self._wake = wake
         self._pacer = pacer
         self._thread: threading.Thread | None = None
@@ -112,10 +130,20 @@ class Drawer:
             idle_priority()
         pacer = self._pacer
         next_check = pacer.clock()
-        while not self._stop.wait(max(0.01, next_check - pacer.clock())):
-            drawn = pacer.redraws
+        while True:
+            wait = max(0.01, next_check - pacer.clock())
+            target = pacer.clock() + wait
+            if self._stop.wait(wait):
+                return
+            drawn, cpu = pacer.redraws, time.thread_time()
             if not self._wake():
                 return
+            # an idle-priority thread runs only when a core has nothing else to run: a wake that
+            # waited this long beyond the CPU it used says every core stays busy, and the view
+            # would wait for the cell's end
+            waited = pacer.clock() - target - (time.thread_time() - cpu)
+            if idle and not self.busy and waited > DRAWER_LATE:
+                self.busy = busy_priority()
             next_check = pacer.next_draw
             if pacer.redraws == drawn:  # nothing new yet: look again soon, not at once
                 next_check = max(next_check, pacer.clock() + DRAWER_IDLE_CHECK)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -542,3 +543,30 @@ def _plain_json(fig: go.Figure) -> Any:
     for t in spec["data"]:
         t.pop("uid", None)
     return spec
+
+
+def test_a_drawer_whose_wakes_come_late_leaves_idle_priority_for_a_niced_normal_one() -> None:
+    """Where every core stays busy an idle-priority drawer waits seconds for each wake (the figure
+    stayed empty for a whole cell): once a wake comes ``DRAWER_LATE`` beyond the CPU it used, the
+    drawer goes back to the normal policy, niced. The clock here runs 2 s a reading: every wake late."""
+    if not sys.platform.startswith("linux"):
+        return
+    ticks = itertools.count()
+    dash = Dashboard(1, [0], min_interval=0.05, draw_share=None, clock=lambda: 2.0 * next(ticks))
+    policies: list[int] = []
+    draw = dash.redraw
+
+    def spy() -> None:
+        policies.append(os.sched_getscheduler(0))
+        draw()
+
+    dash.redraw = spy  # type: ignore[method-assign]
+    dash.start_drawer()
+    try:
+        dash.feed([log(0, loss=0.0)])
+        assert wait_until(lambda: dash.drawer_busy and len(policies) == 1)
+        dash.feed([log(1, loss=1.0)])  # drawn after the drawer left idle priority
+        assert wait_until(lambda: len(policies) >= 2)
+        assert policies[0] == os.SCHED_IDLE and policies[-1] == os.SCHED_OTHER
+    finally:
+        dash.close()
