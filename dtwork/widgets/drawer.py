@@ -16,11 +16,22 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["DRAWER_IDLE_CHECK", "DRAWER_JOIN_SECONDS", "DRAWER_LATE", "Drawer", "Pacer", "idle_priority"]
+__all__ = [
+    "DRAWER_IDLE_CHECK",
+    "DRAWER_JOIN_SECONDS",
+    "DRAWER_LATE",
+    "MAX_INTERVAL",
+    "MAX_SHARE",
+    "Drawer",
+    "Pacer",
+    "idle_priority",
+]
 
 DRAWER_IDLE_CHECK = 0.1  # seconds: how soon a drawer that found nothing new looks again
 DRAWER_JOIN_SECONDS = 5.0  # the most a finishing cell waits for its drawer's last redraw
 DRAWER_LATE = 1.0  # seconds a wake may come late before the drawer leaves idle priority
+MAX_INTERVAL = 2.0  # seconds: the view moves at least this often while a redraw fits MAX_SHARE
+MAX_SHARE = 0.05  # of a core: past it the interval grows again, however long it gets
 BUSY_NICE = 10  # the drawer's niceness once every core stays busy: a small share, never none
 
 
@@ -55,8 +66,9 @@ class Pacer:
     """When the next redraw is due, and how many there were.
 
     ``min_interval`` is the least time between two redraws; with ``draw_share`` (None: no budget) the
-    interval stretches to the last redraw's CPU time divided by that share of a core. ``clock`` is
-    for tests.
+    interval stretches to the last redraw's CPU time divided by that share of a core, but no further
+    than ``MAX_INTERVAL`` while that costs at most ``MAX_SHARE`` of a core (a costly redraw on a busy
+    machine still moves every couple of seconds). ``clock`` is for tests.
     """
 
     def __init__(self, min_interval: float, draw_share: float | None, clock: Callable[[], float]) -> None:
@@ -86,7 +98,10 @@ class Pacer:
         self.last_draw = due if 0 <= start - due < self.interval else start
         # a redraw that built widgets (the first, a new figure) pays once for what later ones reuse
         if self.draw_share and self.redraws > 1 and not added:
-            self.interval = max(self.min_interval, (time.thread_time() - cpu) / self.draw_share)
+            spent = time.thread_time() - cpu
+            # the budget, but never a view still for more than MAX_INTERVAL while it costs under MAX_SHARE
+            budgeted = min(spent / self.draw_share, max(MAX_INTERVAL, spent / MAX_SHARE))
+            self.interval = max(self.min_interval, budgeted)
 
 
 class Drawer:
