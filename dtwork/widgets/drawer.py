@@ -66,9 +66,10 @@ class Pacer:
     """When the next redraw is due, and how many there were.
 
     ``min_interval`` is the least time between two redraws; with ``draw_share`` (None: no budget) the
-    interval stretches to the last redraw's CPU time divided by that share of a core, but no further
-    than ``MAX_INTERVAL`` while that costs at most ``MAX_SHARE`` of a core (a costly redraw on a busy
-    machine still moves every couple of seconds). ``clock`` is for tests.
+    interval stretches to the last redraw's CPU time divided by that share of a core; once ``busy``
+    (the drawer found every core busy) no further than ``MAX_INTERVAL`` while that costs at most
+    ``MAX_SHARE`` of a core, so that a busy machine's costly redraws still move every couple of
+    seconds, while a quiet kernel keeps its smaller budget. ``clock`` is for tests.
     """
 
     def __init__(self, min_interval: float, draw_share: float | None, clock: Callable[[], float]) -> None:
@@ -78,6 +79,7 @@ class Pacer:
         self.redraws = 0
         self.clock = clock
         self.last_draw = -math.inf  # when the last redraw was due (or happened, after a pause)
+        self.busy = False  # every core stays busy: the interval stops at MAX_INTERVAL (within MAX_SHARE)
 
     @property
     def next_draw(self) -> float:
@@ -99,8 +101,9 @@ class Pacer:
         # a redraw that built widgets (the first, a new figure) pays once for what later ones reuse
         if self.draw_share and self.redraws > 1 and not added:
             spent = time.thread_time() - cpu
-            # the budget, but never a view still for more than MAX_INTERVAL while it costs under MAX_SHARE
-            budgeted = min(spent / self.draw_share, max(MAX_INTERVAL, spent / MAX_SHARE))
+            budgeted = spent / self.draw_share
+            if self.busy:  # never a view still for more than MAX_INTERVAL while it costs under MAX_SHARE
+                budgeted = min(budgeted, max(MAX_INTERVAL, spent / MAX_SHARE))
             self.interval = max(self.min_interval, budgeted)
 
 
@@ -109,7 +112,6 @@ class Drawer:
     until ``wake`` returns False."""
 
     def __init__(self, wake: Callable[[], bool], pacer: Pacer) -> None:
-        self.busy = False  # it found every core busy (a wake came late) and left idle priority
         self._wake = wake
         self._pacer = pacer
         self._thread: threading.Thread | None = None
@@ -119,6 +121,11 @@ class Drawer:
     def running(self) -> bool:
         """Whether the thread was started and not stopped since."""
         return self._thread is not None
+
+    @property
+    def busy(self) -> bool:
+        """Whether it found every core busy (a wake came late) and left idle priority where it could."""
+        return self._pacer.busy
 
     @property
     def stopping(self) -> bool:
@@ -157,8 +164,9 @@ class Drawer:
             # waited this long beyond the CPU it used says every core stays busy, and the view
             # would wait for the cell's end
             waited = pacer.clock() - target - (time.thread_time() - cpu)
-            if idle and not self.busy and waited > DRAWER_LATE:
-                self.busy = busy_priority()
+            if idle and not pacer.busy and waited > DRAWER_LATE:
+                pacer.busy = True
+                busy_priority()
             next_check = pacer.next_draw
             if pacer.redraws == drawn:  # nothing new yet: look again soon, not at once
                 next_check = max(next_check, pacer.clock() + DRAWER_IDLE_CHECK)

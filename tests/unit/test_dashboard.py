@@ -200,8 +200,9 @@ def test_late_wakes_do_not_slow_the_redraws_and_a_pause_does_not_bunch_them() ->
 
 
 def test_a_costly_redraw_still_comes_every_couple_of_seconds_within_a_larger_share() -> None:
-    """Past ``draw_share`` the interval stops at MAX_INTERVAL while a redraw costs at most MAX_SHARE of a
-    core over it (a busy machine's costly redraws: issue 45); past that it grows to keep MAX_SHARE."""
+    """On a busy machine (the drawer found every core busy), past ``draw_share`` the interval stops at
+    MAX_INTERVAL while a redraw costs at most MAX_SHARE of a core over it (issue 45); past that it grows to
+    keep MAX_SHARE. A quiet kernel keeps the budget alone."""
     pacer = Pacer(0.5, 0.01, clock=lambda: 0.0)
 
     def redraw_costing(seconds: float) -> float:
@@ -209,6 +210,8 @@ def test_a_costly_redraw_still_comes_every_couple_of_seconds_within_a_larger_sha
         return pacer.interval
 
     redraw_costing(1.0)  # the first redraw builds the widgets: not budgeted
+    assert redraw_costing(0.044) == pytest.approx(4.4, rel=0.01)  # quiet: the 1% budget
+    pacer.busy = True
     assert redraw_costing(0.003) == 0.5  # 0.3 s by the budget: the least interval
     assert redraw_costing(0.044) == pytest.approx(MAX_INTERVAL)  # 4.4 s by the budget alone
     assert redraw_costing(0.150) == pytest.approx(0.150 / MAX_SHARE, rel=0.01)  # 3 s: the larger share
@@ -227,9 +230,7 @@ def test_costly_redraws_come_less_often() -> None:
         if s == 0:
             assert costly.interval == 0.1  # the first redraw's one-time cost sets nothing
         clock.now += 0.2
-    assert (
-        cheap.interval == 0.1 and costly.interval == MAX_INTERVAL
-    )  # over budget: as long as the cap lets it
+    assert cheap.interval == 0.1 and costly.interval > 1000  # any redraw costs more than 1 us
     for dash in (cheap, costly):
         dash.feed([log(2, loss=0.25)])
         dash.wake()
@@ -286,7 +287,10 @@ def test_a_drawer_reads_and_draws_what_is_fed_in_its_own_thread_at_idle_priority
     assert wait_until(lambda: dash.rows_fed == 40 * 5 and dash.redraws >= 1)
     assert {name for name, _ in drawn_in} == {"dtwork-dashboard"}  # never in the feeding thread
     if sys.platform.startswith("linux"):
-        assert {policy for _, policy in drawn_in} == {os.SCHED_IDLE}
+        policies = [policy for _, policy in drawn_in]
+        assert policies[0] == os.SCHED_IDLE and set(policies) <= {os.SCHED_IDLE, os.SCHED_OTHER}
+        # a busy machine (this test beside others) may make a wake late: then, and only then, niced normal
+        assert dash.drawer_busy or set(policies) == {os.SCHED_IDLE}
     dash.feed([log(40, loss=40.0)])
     dash.finish(
         CellResult(seq=1, ranks=[0], status="ok", seconds=1.0)
