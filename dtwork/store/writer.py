@@ -28,13 +28,18 @@ from dtwork.store.runs import store_problem
 if TYPE_CHECKING:
     from dtwork.store.runs import RunStore
 
-__all__ = ["StoreWriter"]
+__all__ = ["ROWS_MAX_SECONDS", "ROWS_SHARE", "ROWS_SECONDS", "StoreWriter", "paced"]
 
 RETRY_SECONDS = 1.0  # a refusing store is tried again at most this often (each try may wait 5 s)
 # Metric rows alone are written at most this often: a write's cost is mostly per series it touches
 # (its summary and rollups), not per row, so at many ranks one write a second costs a tenth of one
 # a poll. Anything else queued (an event, a cell's end, a status) writes everything at once.
 ROWS_SECONDS = 1.0
+# A write of rows that costs more than this share of a core over ROWS_SECONDS (hundreds of ranks'
+# series) makes the next rows wait longer, up to ROWS_MAX_SECONDS: fewer, larger writes touch each
+# series once for more rows, and the ranks' batches stay theirs to resend until stored.
+ROWS_SHARE = 0.03
+ROWS_MAX_SECONDS = 10.0
 
 
 _Place = tuple[int, int | None, int]  # where a rank's stream was stored last: run, cell, seq
@@ -49,6 +54,15 @@ class _Write:
     args: tuple[Any, ...]
     records: int = 1
     rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def paced(every: float, spent: float) -> float:
+    """Seconds rows alone wait after a write that took ``spent`` seconds of CPU: ``every``, or as
+    long as keeps writes within ``ROWS_SHARE`` of a core, at most ``ROWS_MAX_SECONDS`` (``every`` 0:
+    every flush writes)."""
+    if every <= 0:
+        return every
+    return max(every, min(ROWS_MAX_SECONDS, spent / ROWS_SHARE))
 
 
 def _say(line: str) -> None:
@@ -74,6 +88,7 @@ class StoreWriter:
         self.problem: str | None = None  # the line the user was told, while the store refuses writes
         self._failed_at = 0.0
         self._wrote_at = 0.0  # when the queue was last written out (monotonic)
+        self.rows_interval = rows_every  # seconds rows alone wait now: rows_every, longer for costly writes
         self._warned: set[str] = set()
         self._marks: dict[tuple[int, str], _Place] = {}  # the queued batches' last seq by (rank, stream)
         # Held while a batch's records and its mark are queued: no flush in between stores one alone.
@@ -161,7 +176,7 @@ class StoreWriter:
     def flush(self, *, force: bool = False, rows_now: bool = False) -> bool:
         """Write what waits, in order; return True when nothing is left.
 
-        Unless ``force``: metric rows alone wait until ``rows_every`` seconds after the last write
+        Unless ``force``: metric rows alone wait until ``rows_interval`` seconds after the last write
         (unless ``rows_now``: a cell ended), and after a refusal the store is tried again only after
         ``RETRY_SECONDS``.
         """
@@ -171,10 +186,10 @@ class StoreWriter:
             now = time.monotonic()
             if not force and self.problem is not None and now - self._failed_at < RETRY_SECONDS:
                 return False
-            rows_wait = not (force or rows_now) and now - self._wrote_at < self.rows_every
+            rows_wait = not (force or rows_now) and now - self._wrote_at < self.rows_interval
             if rows_wait and all(w.what == "rows" for w in self._queue):
                 return False
-            self._wrote_at = now
+            self._wrote_at, cpu = now, time.thread_time()
             try:
                 self._write_all()
             except (sqlite3.Error, OSError, DtworkError) as exc:  # DtworkError: the store did not open
@@ -186,6 +201,7 @@ class StoreWriter:
                         f"dtwork: {self.problem}; {waiting} records are kept and written when it works again"
                     )
                 return False
+            self.rows_interval = paced(self.rows_every, time.thread_time() - cpu)
             if self.problem is not None:
                 self.problem = None
                 self._say(f"dtwork: the run store {self.path} takes writes again: every kept record is saved")

@@ -12,7 +12,7 @@ import pytest
 
 from dtwork.errors import DtworkError
 from dtwork.store.runs import RunStore, store_problem
-from dtwork.store.writer import StoreWriter
+from dtwork.store.writer import ROWS_MAX_SECONDS, ROWS_SHARE, StoreWriter, paced
 
 
 def test_malformed_records_and_writes_are_dropped_with_one_warning_each(tmp_path) -> None:
@@ -152,3 +152,26 @@ def test_metric_rows_alone_wait_for_the_next_write_and_anything_else_writes_them
         writer.records(run, None, [rec | {"step": 4}])
         assert not writer.flush() and writer.flush(rows_now=True)  # a cell ended: its rows go now
         assert [r["step"] for r in store.metrics(run, "loss")] == [0, 1, 2, 3, 4]
+
+
+def test_rows_wait_longer_after_a_write_that_cost_more_than_its_share_of_a_core(tmp_path) -> None:
+    """The writer's CPU stays within ROWS_SHARE of a core: a write of a thousand ranks' series (each
+    one's summary and rollups) makes the next rows alone wait past ``rows_every``; a small write
+    brings the wait back; ``rows_every`` 0 (every flush writes) stays 0."""
+    assert paced(1.0, 0.003) == 1.0 and paced(1.0, 0.15) == pytest.approx(0.15 / ROWS_SHARE)
+    assert paced(1.0, 60.0) == ROWS_MAX_SECONDS and paced(0.0, 60.0) == 0.0
+    with RunStore(tmp_path / "s.sqlite") as store:
+        run = store.create_run(name="wide", world_size=1024, backend="nccl")
+        writer = StoreWriter(lambda: store, store.path, rows_every=1.0)
+        values = {f"v{i}": float(i) for i in range(5)}
+        writer.records(
+            run,
+            None,
+            [{"kind": "perf", "step": 1, "rank": r, "time": 1.0, "values": values} for r in range(1024)],
+        )
+        assert writer.flush() and writer.rows_interval > 1.0  # 5,120 series' rows cost far over 30 ms
+        writer.records(
+            run, None, [{"kind": "log", "step": 1, "rank": 0, "time": 1.0, "values": {"loss": 1.0}}]
+        )
+        assert not writer.flush() and writer.flush(force=True)
+        assert writer.rows_interval == 1.0  # one row: a write far under the share
