@@ -106,15 +106,18 @@ def measure(n: int, seconds: float, folder: Path, perf: float | None = None) -> 
         stop.set()
         dash.close()
         session.close()
-    (w0, c0, r0, b0), (w1, c1, r1, b1) = marks
+    (w0, c0, r0, b0, f0), (w1, c1, r1, b1, f1) = marks
     wall = w1 - w0
     out = dict(ranks=n, seconds=wall, cpu_share=(c1 - c0) / wall, redraw_interval_s=wall / max(1, r1 - r0))
+    # a long cell's figures drawn again from its rollups (none while the cell keeps every row)
+    out["figure_interval_s"] = wall / (f1 - f0) if f1 > f0 else None
     out["chosen_interval_s"] = dash.interval  # what the drawer's CPU budget allows
     return out | {"store_mb_per_hour": (b1 - b0) / wall * 3600 / 1e6}
 
 
-def _reading(dash: Any, path: Path) -> tuple[float, float, int, int]:
-    """(wall, process CPU, redraws, store bytes): the store's size as SQLite counts it, WAL included."""
+def _reading(dash: Any, path: Path) -> tuple[float, float, int, int, int]:
+    """(wall, process CPU, redraws, store bytes, long-cell figure drawings): the store's size as SQLite
+    counts it, WAL included."""
     with sqlite3.connect(path) as db:
         size = db.execute("PRAGMA page_count").fetchone()[0] * db.execute("PRAGMA page_size").fetchone()[0]
-    return time.monotonic(), time.process_time(), dash.redraws, size
+    return time.monotonic(), time.process_time(), dash.redraws, size, dash.rebuilds

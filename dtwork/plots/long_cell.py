@@ -35,6 +35,7 @@ class LongCell:
         self.recent = recent
         self.rollups = MemoryRollups(cell_seq)
         self.version = 0  # bumped by every add that took a row
+        self._long = False  # drawn from the rollups (set once: rows only grow)
         self.rates: dict[int, tuple[int, float]] = {}  # rank -> (its highest step, samples/s there)
         self.step_times: dict[int, deque[float]] = {}  # rank -> its last step times, in arrival order
 
@@ -56,10 +57,13 @@ class LongCell:
 
     @property
     def long(self) -> bool:
-        """Whether a reader of the store draws the cell from its rollups (and so does the live view)."""
-        r = self.rollups
-        pruned = [n for key, n in r.counts.items() if r.series[key] in PRUNED_KINDS]
-        return not reads_raw(r.rows, max(pruned, default=0))
+        """Whether a reader of the store draws the cell from its rollups (and so does the live view):
+        once long, always (its rows only grow)."""
+        if not self._long:
+            r = self.rollups
+            pruned = [n for key, n in r.counts.items() if r.series[key] in PRUNED_KINDS]
+            self._long = not reads_raw(r.rows, max(pruned, default=0))
+        return self._long
 
     def latest(self) -> dict[int, float]:
         """{rank: samples/s at the rank's highest step}."""

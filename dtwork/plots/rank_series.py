@@ -216,14 +216,18 @@ class GpuSeries(Series):
         if rank is None or name not in table:
             return False
         series = table[name].setdefault(rank, RankSeries())
+        at = series.at.get(row["step"])
+        replaced = None if at is None else series.values[at]
         fresh = series.set(row["step"], value)
         if not fresh and name in self._bands:
             self._bands[name].reset()
         if name == "memory_total_mb":
-            if fresh:
-                self._total = value if self._total is None else max(self._total, value)
-            else:  # a replaced value may have been the largest
+            # only the largest replaced by less needs every value again (a long cell's buckets
+            # replace values thousands of times a drawing)
+            if replaced is not None and replaced == self._total and value < replaced:
                 self._total = max(max(s.values) for s in self._totals.values())
+            else:
+                self._total = value if self._total is None else max(self._total, value)
         elif name == "memory_used_mb":
             step = row["step"]
             lo, hi = self._memory_steps or (step, step)

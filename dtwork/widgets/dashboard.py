@@ -213,6 +213,11 @@ class Dashboard(widgets.VBox):
         return self._pacer.redraws
 
     @property
+    def rebuilds(self) -> int:
+        """How often a long cell's figures were drawn again from its rollups."""
+        return self._intake.builds
+
+    @property
     def next_draw(self) -> float:
         """When the next redraw is due, on the dashboard's clock."""
         return self._pacer.next_draw
@@ -325,4 +330,5 @@ class Dashboard(widgets.VBox):
             self._header.draw(
                 snap.progress, snap.rates, snap.etas, snap.total, intake.efficiency, intake.last_step
             )
-            self._pacer.drew(start, cpu, added)
+            # a long cell's figures drawn again are paced by their own share (intake.BUILD_SHARE)
+            self._pacer.drew(start, cpu + snap.build_cpu, added)

@@ -10,6 +10,7 @@ drawn from the rollups kept beside them, as a fresh reader of the store draws it
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, cast
 
@@ -19,9 +20,13 @@ from dtwork.shared.records import Row, to_rows
 from dtwork.store.perf_thinner import PerfThinner
 from dtwork.widgets.header import RankProgress
 
-__all__ = ["ETA_WINDOW", "Changed", "Intake", "Snapshot"]
+__all__ = ["BUILD_SHARE", "ETA_WINDOW", "Changed", "Intake", "Snapshot"]
 
 ETA_WINDOW = 20  # recent steps averaged for a rank's seconds per step
+# A long cell's figures are drawn again from its rollups at most as often as keeps that within this
+# share of a core (hundreds of ranks' series: a tenth of a second each), however often the header
+# and the bars redraw.
+BUILD_SHARE = 0.03
 
 
 class Changed(NamedTuple):
@@ -40,16 +45,21 @@ class Snapshot(NamedTuple):
     rates: dict[int, float]  # samples/s by rank
     total: float | None  # global samples/s
     etas: dict[int, float | None]  # seconds left by rank
+    build_cpu: float  # seconds of CPU the long cell's figures took to draw again (0: not drawn again)
 
 
 class Intake:
     """The cell's series and the ranks' progress, fed from any thread, read by the drawer."""
 
+    clock = staticmethod(time.monotonic)  # when a long cell's figures may be drawn again (tests set it)
+
     def __init__(self, ranks: int, global_batch: int | None, max_points: int) -> None:
         self.series = plots.cell_series(global_batch)
         # every row as rollups too: the series are drawn from them once the cell is long
         self.long = LongCell(global_batch, ETA_WINDOW)
-        self._built = 0  # the long cell's version its series were last drawn from
+        # the long cell's version its series were last drawn from, and when they may be drawn again
+        self._built: tuple[int, float] = (0, 0.0)
+        self.builds = 0  # how often the long cell's series were drawn again
         self.max_points = max_points  # per trace drawn: a redraw costs what is on screen
         self.rows_fed = 0
         self.efficiency: float | None = None  # the session's live scaling-efficiency estimate
@@ -105,7 +115,7 @@ class Intake:
                     for key in plots.KIND_SERIES.get(kind, ()):
                         self.series[key].add(kind_rows)
                 if self.long.long:  # too long to keep every row: let go of them
-                    self._build()
+                    self._build(force=True)
             self.rows_fed += len(rows)
             for row in rows:
                 if row["kind"] == "scaling" and row["name"] == plots.EFFICIENCY_NAME:
@@ -113,12 +123,19 @@ class Intake:
             self.last_step = rows[-1]["step"]
             self.dirty = True
 
-    def _build(self) -> None:
-        """Draw the long cell's series again from its rollups, if rows came since (caller holds the lock);
-        in place, so that whoever holds ``series`` reads the new ones."""
-        if self.long.long and self._built != self.long.version:
-            self.series.update(bump(self.series, self.long.series()))
-            self._built = self.long.version
+    def _build(self, force: bool = False) -> float:
+        """Draw the long cell's series again from its rollups, if rows came since and (unless ``force``)
+        the last drawing's cost within ``BUILD_SHARE`` allows (caller holds the lock); in place, so that
+        whoever holds ``series`` reads the new ones. Return the CPU seconds it took."""
+        version, due = self._built
+        if not self.long.long or version == self.long.version or not (force or self.clock() >= due):
+            return 0.0
+        cpu = time.thread_time()
+        self.series.update(bump(self.series, self.long.series()))
+        spent = time.thread_time() - cpu
+        self._built = (self.long.version, self.clock() + spent / BUILD_SHARE)
+        self.builds += 1
+        return spent
 
     def drawn(self, key: str, version: int) -> None:
         """Note that the figure ``key`` was drawn at its series' ``version``."""
@@ -129,7 +146,7 @@ class Intake:
         by ``max_points``), the progress, the rates and the ETAs."""
         with self._lock:
             self.dirty = False
-            self._build()
+            build_cpu = self._build()
             figures = {}
             for key, series in self.series.items():
                 if series.version != self._drawn.get(key, 0):
@@ -145,6 +162,7 @@ class Intake:
                 rates,
                 sum(rates.values()) if self.long.long and rates else throughput.total(),
                 {r: self._eta(r, p) for r, p in progress.items()},
+                build_cpu,
             )
 
     def static_parts(
@@ -153,7 +171,7 @@ class Intake:
         """The series of ``keys`` with their traces (as plain lists), and the progress: what a
         finished cell's static figure is drawn from."""
         with self._lock:
-            self._build()
+            self._build(force=True)
             parts = [
                 (self.series[key], [_as_lists(t) for t in self.series[key].traces(self.max_points)])
                 for key in keys

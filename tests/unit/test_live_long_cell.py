@@ -8,6 +8,7 @@ rows per series cross what a day of training would.
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from dtwork.plots.training import drawn_series
 from dtwork.store import rollups, views
 from dtwork.store.runs import RunStore
 from dtwork.store.writer import StoreWriter
-from dtwork.widgets.intake import ETA_WINDOW, Intake
+from dtwork.widgets.intake import BUILD_SHARE, ETA_WINDOW, Intake
 
 RANKS = 8
 CHUNKS = 5  # the cell's records come in this many parts, a redraw after each
@@ -62,6 +63,7 @@ def _drawn(series: dict[str, plots.Series]) -> dict[str, list[tuple]]:
 def test_a_long_cells_live_view_is_bounded_and_draws_the_stores_figure(tmp_path: Path, small: None) -> None:
     rng = random.Random(3)
     intake = Intake(RANKS, None, MAX_POINTS)
+    intake.clock = lambda: math.inf  # every redraw draws the figures again (their pacing: below)
     sizes, fed = [], []
     with RunStore(tmp_path / "runs.sqlite") as store:
         run = store.create_run(world_size=RANKS, backend="gloo")
@@ -141,3 +143,30 @@ def test_a_cell_reads_its_raw_rows_while_they_are_few_and_all_there(
         assert len(trimmed) < 60  # the raw window let the first cell's rows go
         first = store.figure_rows(run, cell=1)
         assert first != trimmed and max(r["value"] for r in first) == 29 + 1 + 0.5
+
+
+def test_a_long_cells_figures_are_drawn_again_within_their_share_of_a_core(small: None) -> None:
+    """Drawing a long cell's figures from its rollups costs per series (a tenth of a second at
+    hundreds of ranks): a redraw draws them again only once the last drawing's CPU time over
+    BUILD_SHARE has passed, while the header moves at every redraw; the cell's end draws them."""
+    now = [0.0]
+    intake = Intake(RANKS, None, MAX_POINTS)
+    intake.clock = lambda: now[0]
+    rng = random.Random(5)
+    intake.add(_records(0, 200_000, rng), thin=False)
+    assert intake.long.long and intake.builds == 1  # drawn once as the cell turned long
+    loss = intake.series["metrics"]
+    intake.add(_records(200_000, 400_000, rng), thin=False)
+    snap = intake.snapshot()
+    assert intake.builds == 1 and snap.build_cpu == 0.0 and intake.series["metrics"] is loss
+    intake.progress({0: {"step": 400_000, "total": 10**6, "time": 2.0}})
+    assert intake.snapshot().progress[0]["step"] == 400_000  # the header still moves
+    now[0] = 1e6  # far past the last drawing's cost over BUILD_SHARE
+    snap = intake.snapshot()
+    assert intake.builds == 2 and snap.build_cpu > 0.0 and intake.series["metrics"] is not loss
+    assert max(intake.series["metrics"].traces(None)[0].x) > 200_000
+    intake.add(_records(400_000, 600_000, rng), thin=False)
+    assert intake.snapshot().build_cpu == 0.0  # not due again yet
+    ((series, traces),) = intake.static_parts(["metrics"])[0]
+    assert intake.builds == 3 and max(traces[0].x) > 400_000  # the cell's end draws the latest
+    assert BUILD_SHARE <= 0.05

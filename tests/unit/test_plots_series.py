@@ -269,3 +269,44 @@ def test_figure_functions_keep_plain_lists() -> None:
     for fig in (plots.throughput_figure(rows), plots.step_time_figure(rows), plots.gpu_figure(rows)):
         for t in fig.data:
             assert isinstance(t.x, tuple | list) and all(isinstance(v, int) for v in t.x)
+
+
+def test_the_memory_total_follows_replaced_values_both_ways() -> None:
+    """The dashed memory total is the largest total: a replaced largest value falls back to the next
+    largest, a smaller one replaced leaves it, a larger one raises it."""
+    gpu = plots.GpuSeries()
+
+    def total(rank: int, step: int, value: float) -> float | None:
+        gpu.add(
+            [
+                {
+                    "kind": "gpu",
+                    "step": step,
+                    "rank": rank,
+                    "name": "memory_total_mb",
+                    "value": value,
+                    "time": 1.0,
+                    "run_id": 1,
+                    "cell_seq": 1,
+                }
+            ]
+        )
+        gpu.add(
+            [
+                {
+                    "kind": "gpu",
+                    "step": step,
+                    "rank": rank,
+                    "name": "memory_used_mb",
+                    "value": 1.0,
+                    "time": 1.0,
+                    "run_id": 1,
+                    "cell_seq": 1,
+                }
+            ]
+        )
+        return gpu.traces(None)[-1].y[0]
+
+    assert total(0, 1, 80.0) == 80.0 and total(1, 1, 40.0) == 80.0
+    assert total(0, 1, 20.0) == 40.0  # the largest replaced by less: the next largest
+    assert total(1, 1, 30.0) == 30.0 and total(1, 1, 90.0) == 90.0
