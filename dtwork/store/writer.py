@@ -37,7 +37,7 @@ RETRY_SECONDS = 1.0  # a refusing store is tried again at most this often (each 
 ROWS_SECONDS = 1.0
 # A write of rows that costs more than this share of a core over ROWS_SECONDS (hundreds of ranks'
 # series) makes the next rows wait longer, up to ROWS_MAX_SECONDS: fewer, larger writes touch each
-# series once for more rows, and the ranks' batches stay theirs to resend until stored.
+# series once for more rows (a kept cluster's ranks keep their batches for a kernel that attaches).
 ROWS_SHARE = 0.03
 ROWS_MAX_SECONDS = 10.0
 
