@@ -143,7 +143,9 @@ class StepMeans:
         """Add a value; return True when ``step`` is new for this name."""
         if self.low is None or step < self.low:
             self.low = step
-        series = self.by_rank.setdefault(rank, RankSeries())
+        series = self.by_rank.get(rank)
+        if series is None:  # not setdefault: a long cell's drawing adds a million rows
+            series = self.by_rank[rank] = RankSeries()
         i = series.at.get(step)
         total = self.sums.get(step)
         if i is not None and total is not None:  # a rank's step reported again: replace it

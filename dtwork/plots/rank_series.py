@@ -215,7 +215,9 @@ class GpuSeries(Series):
         table = {"utilization": self._util, "memory_used_mb": self._memory, "memory_total_mb": self._totals}
         if rank is None or name not in table:
             return False
-        series = table[name].setdefault(rank, RankSeries())
+        series = table[name].get(rank)
+        if series is None:
+            series = table[name][rank] = RankSeries()
         at = series.at.get(row["step"])
         replaced = None if at is None else series.values[at]
         fresh = series.set(row["step"], value)
