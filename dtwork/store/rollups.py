@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from dtwork.store.schema import NAN_TEXT
@@ -219,25 +219,25 @@ ON CONFLICT (run_id, name, level, cell_seq, rank, bucket) DO UPDATE SET
 """
 
 
-def _span(series: Iterable[_Series]) -> int:
-    firsts = [s.first for s in series if s.first is not None]
-    lasts = [s.last_step for s in series if s.last_step is not None]
-    return (max(lasts) - min(firsts)) if firsts else 0
-
-
 def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow]) -> None:
     """Bring the run's series, rollups and raw window up to date with ``rows`` (just inserted),
     inside the caller's write transaction."""
     if not rows:
         return
+    # Only the summaries of the names in the batch are read, and the run's span by aggregate: a
+    # write of one name's rows in a run of thousands of series reads a few.
+    names = sorted({row[5] for row in rows})
     known: dict[tuple[str, int], _Series] = {}
     for row in cur.execute(
         "SELECT name, rank, kind, n, first_step, last_step, last_value, last_time, lo, hi, raw_from "
-        "FROM series WHERE run_id = ?",
-        (run_id,),
+        f"FROM series WHERE run_id = ? AND name IN ({', '.join('?' * len(names))})",
+        (run_id, *names),
     ).fetchall():
         known[(row["name"], row["rank"])] = _Series(row["kind"], row)
-    span_before = _span(known.values())
+    first, last = cur.execute(
+        "SELECT MIN(first_step), MAX(last_step) FROM series WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    span_before = 0 if first is None else int(last) - int(first)
     fine: dict[tuple[str, int, int, int], _Agg] = {}  # by the finest buckets first: one update a row
     touched: dict[tuple[str, int], _Series] = {}
     levels = active_levels(span_before)
@@ -295,7 +295,11 @@ def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow]) -> None:
             for (name, rank), s in touched.items()
         ],
     )
-    for lv in set(levels) - set(active_levels(_span(known.values()))):
+    lo = min([s.first for s in touched.values() if s.first is not None] + ([] if first is None else [first]))
+    hi = max(
+        [s.last_step for s in touched.values() if s.last_step is not None] + ([] if last is None else [last])
+    )
+    for lv in set(levels) - set(active_levels(hi - lo)):
         cur.execute("DELETE FROM rollups WHERE run_id = ? AND level = ?", (run_id, lv))
 
 

@@ -140,3 +140,22 @@ def test_a_report_converts_its_embedded_rows_once() -> None:
     assert helpers.rows(data) is first  # type: ignore[arg-type]
     other = {**data, "rows": [[2, "loss", None, 0.25]]}
     assert helpers.rows(other)[0]["step"] == 2  # type: ignore[arg-type]
+
+
+def test_a_write_of_one_series_reads_its_summary_not_every_series_of_a_wide_run(tmp_path: Path) -> None:
+    """Each write folds its rows into the summaries of the series it touches: in a run of 256 ranks'
+    2,560 series, a write of the loss reads the loss's summary and the run's span (one aggregate in
+    SQLite, about a tick per summary), not every summary into Python (the kernel's writes of a wide
+    run each did: about two ticks per summary in SQLite, and most of a write's Python time)."""
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        costs = []
+        for ranks in (1, 256):
+            run = store.create_run(world_size=ranks, backend="gloo")
+            values = {f"v{i}": 1.0 for i in range(10)}
+            rows = [{"kind": "perf", "step": 1, "rank": r, "name": n, "value": v}
+                    for r in range(ranks) for n, v in values.items()]  # fmt: skip
+            store.add_metrics(run, rows)
+            loss = [{"kind": "log", "step": 2, "rank": 0, "name": "loss", "value": 0.5}]
+            costs.append(_cost(store, lambda run=run, loss=loss: store.add_metrics(run, loss)))
+        assert store.metrics(run, "loss", rank=0)[0]["value"] == 0.5
+    assert costs[1] < costs[0] + 1.2 * 2560, costs
