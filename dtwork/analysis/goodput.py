@@ -262,7 +262,7 @@ def fit_throughput(
     comm = np.array([_comm_time(c, d, o.world_size) for o in obs])
     cap = int(max_extrapolation * max(o.per_slot for o in obs))
     # the global batch too: accumulation that was never measured rests on the fit's split of the step
-    # into compute and communication, which a straggling rank's wait (counted as communication) skews
+    # into compute and communication, which noise in the measured communication skews
     global_cap = int(max_extrapolation * max(o.per_slot * o.accumulation * o.world_size for o in obs))
     micro = _invert_micro(step, comm, k, GAMMAS[:, None])
     best: tuple[float, ThroughputModel] | None = None

@@ -8,7 +8,8 @@ its r-th slice. The last ``len(dataset) % world_size`` samples of an epoch's ord
 so every rank takes the same number of steps (a different few each epoch, when shuffled).
 
 The loader's :class:`AdaptiveBatch` takes the decisions: every ``decide_every`` optimizer steps
-the ranks all-reduce their measured step and communication times, rank 0 fits the throughput
+the ranks all-reduce their measured step and communication times (the slowest step, the least
+communication: a rank's wait for a straggler is the straggler's compute), rank 0 fits the throughput
 model and runs :func:`dtwork.analysis.goodput.decide` on the settled GNS interval, and broadcasts
 the split it chose. The learning rate is the schedule at the *progress* (samples trained over the
 starting global batch) times the LR rule's factor, so a schedule written for the starting batch
@@ -249,15 +250,20 @@ class AdaptiveBatch:
     def _decide(self, max_accumulation: int) -> bool:
         state = self.state
         window, self._window = self._window, []
+        # one MAX all-reduce of (step, -comm, -measured): the slowest rank's step, the least exposed
+        # communication of any rank, and -1 only when every rank measured. A fast rank's exposed
+        # communication includes its wait for the slowest rank's compute; counted as communication,
+        # that wait would be fixed cost in the fit and make growing look cheap on a busy machine.
+        # The rank that waited least was the straggler: its exposed time is communication proper.
         measured = torch.zeros(3, dtype=torch.float64)
         if window:  # the median step of the window: a checkpoint or an evaluation moves nothing
             measured[0] = float(sorted(w[0] for w in window)[len(window) // 2])
-            measured[1] = float(sorted(w[1] for w in window)[len(window) // 2])
-            measured[2] = 1.0
+            measured[1] = -float(sorted(w[1] for w in window)[len(window) // 2])
+            measured[2] = -1.0
         if state.world_size > 1:
-            dist.all_reduce(measured)
-        if measured[2] == state.world_size:  # every rank measured: their mean
-            step_s, comm_s = float(measured[0]) / state.world_size, float(measured[1]) / state.world_size
+            dist.all_reduce(measured, op=dist.ReduceOp.MAX)
+        if measured[2] == -1.0:  # every rank measured
+            step_s, comm_s = float(measured[0]), -float(measured[1])
             sp = self.split
             seen = goodput.StepObservation(sp.per_slot, sp.accumulation, sp.slots, step_s, comm_s)
             self.profile = goodput.condense([*self.profile, seen])  # a split tried again: their median
