@@ -151,3 +151,22 @@ def test_a_failed_re_run_names_the_cell_and_the_ranks_error_under_it() -> None:
         "code cell 2 (model = make_model()): RankFailure: dtwork: the cell failed on rank 0 "
         "(NameError: name 'make_model' is not defined)"
     )
+
+
+def test_an_export_reads_every_metric_row_only_to_verify(
+    small_store: tuple[Path, int, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every recorded value is read for the re-run to match; an export without it reads the figures'
+    rows only, so that a day-long run's export costs what the report shows (issue 43)."""
+    store, rid, _ = small_store
+    real, calls = RunStore.metrics, []
+
+    def counted(self: RunStore, *args: object, **kwargs: object) -> object:
+        calls.append((args, kwargs))
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RunStore, "metrics", counted)
+    rep = export(rid, tmp_path / "r.ipynb", store=store)
+    assert rep.path.exists() and calls == []
+    nb = nbformat.read(rep.path, as_version=4)
+    assert any('\\"loss\\"' in c.source or '"loss"' in c.source for c in nb.cells)  # its data still there
