@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -88,7 +89,11 @@ def store_path(named: str | os.PathLike[str] | None = None) -> Path:
     if named is None or not str(named).strip():
         return default_store_path()
     path = Path(named).expanduser().absolute()
-    if path.is_dir():
+    try:
+        folder = path.is_dir()
+    except OSError as exc:  # a name too long for the filesystem, a folder not readable
+        raise DtworkError(f"the run store {named!r} cannot be used ({exc.strerror}): name another") from None
+    if folder:
         return path / ".dtwork" / "runs.sqlite"
     if path.suffix == ".ipynb":
         return path.parent / ".dtwork" / "runs.sqlite"
@@ -120,6 +125,9 @@ class Database:
         self._busy_ms = round(busy_seconds * 1000)  # how long a statement waits for another's lock
         self._lock = threading.RLock()  # reentrant: a write inside a write is a savepoint of it
         self._depth = 0  # writes open on this connection (the lock's owner's)
+        # The metric keys (run, name, rank, kind, cell) -> id this connection wrote or read: a key is
+        # never changed or deleted once committed, and the map is emptied when a write rolls back.
+        self.metric_keys: dict[tuple[int, str, int, str, int], int] = {}
         if readonly:
             if not path.is_file():
                 raise DtworkError(f"no run store at {path}: run a %%dtrain cell first, or set DTWORK_STORE")
@@ -155,6 +163,13 @@ class Database:
             raise DtworkError(f"{self.path} is not a dtwork run store ({exc})") from exc
         check_version(self.path, version, self.readonly)
         if version < SCHEMA_VERSION:
+            if version:
+                print(
+                    f"dtwork: upgrading the run store {self.path} from version {version} to {SCHEMA_VERSION} "
+                    "(once: its metric rows are moved, a minute for a store of many millions)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             with self.write() as cur:
                 if 0 < create_or_upgrade(cur) < ROLLUPS_SINCE:
                     backfill(cur)
@@ -197,6 +212,7 @@ class Database:
             try:
                 yield cur
             except BaseException:
+                self.metric_keys.clear()  # it may hold keys of the rows rolled back
                 if self.connection().in_transaction:  # SQLite rolls back by itself on a full disk
                     cur.execute(f"ROLLBACK TO {name}" if self._depth > 1 else "ROLLBACK")
                     if self._depth > 1:

@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 import sqlite3
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
-from dtwork.store.schema import NAN_TEXT
+from dtwork.store.schema import AGGREGATED_RANK, NAN_TEXT, NO_CELL
 
 __all__ = [
     "AGGREGATED_RANK",
@@ -50,8 +50,6 @@ RAW_RANKS = 32  # past this many ranks a run's raw window in all is that of RAW_
 MIN_RAW_ROWS = 300  # the least raw window of a series, however many ranks
 PRUNE_EVERY = 500  # a series' raw window is trimmed each time it grows by this many rows (or a quarter)
 PRUNED_KINDS = ("perf", "gpu")
-AGGREGATED_RANK = -1  # rank NULL (aggregated over ranks) as the rollup and series keys store it
-NO_CELL = 0  # cell_seq NULL as the rollup key stores it (cells are numbered from 1)
 
 # (run_id, cell_seq, kind, step, rank, name, value, time): a metric row as metrics.add inserts it
 InsertedRow = tuple[int, "int | None", str, int, "int | None", str, "float | str | None", float]
@@ -219,9 +217,9 @@ ON CONFLICT (run_id, name, level, cell_seq, rank, bucket) DO UPDATE SET
 """
 
 
-def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow]) -> None:
-    """Bring the run's series, rollups and raw window up to date with ``rows`` (just inserted),
-    inside the caller's write transaction."""
+def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow], *, trim: bool = True) -> None:
+    """Bring the run's series, rollups and (with ``trim``) raw window up to date with ``rows`` (just
+    inserted), inside the caller's write transaction."""
     if not rows:
         return
     # Only the summaries of the names in the batch are read, and the run's span by aggregate: a
@@ -273,7 +271,7 @@ def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow]) -> None:
     keep = raw_rows(None if found is None else found[0])
     every = min(PRUNE_EVERY, max(1, keep // 4))
     for (name, rank), s in touched.items():
-        if s.kind in PRUNED_KINDS and s.n > keep and s.n // every > s.n0 // every:
+        if trim and s.kind in PRUNED_KINDS and s.n > keep and s.n // every > s.n0 // every:
             s.raw_from = _trim(cur, run_id, name, rank, s.raw_from, keep)
     cur.executemany(
         _SERIES_UPSERT,
@@ -385,52 +383,69 @@ class MemoryRollups:
 
 def _trim(cur: sqlite3.Cursor, run_id: int, name: str, rank: int, raw_from: int, keep: int) -> int:
     """Delete the series' raw rows before its last ``keep``; return the first step kept."""
+    keys = [
+        int(r[0])
+        for r in cur.execute(
+            "SELECT id FROM metric_keys WHERE run_id = ? AND name = ? AND rank = ?", (run_id, name, rank)
+        )
+    ]
+    marks = ", ".join("?" * len(keys))
     row = cur.execute(
-        "SELECT step FROM metrics WHERE run_id = ? AND name = ? AND rank = ? "
-        "ORDER BY step DESC LIMIT 1 OFFSET ?",
-        (run_id, name, rank, keep - 1),
+        f"SELECT step FROM points WHERE key IN ({marks}) ORDER BY step DESC LIMIT 1 OFFSET ?",
+        (*keys, keep - 1),
     ).fetchone()
     if row is None or int(row[0]) <= raw_from:
         return raw_from
     cut = int(row[0])
-    cur.execute(
-        "DELETE FROM metrics WHERE run_id = ? AND name = ? AND rank = ? AND step < ?",
-        (run_id, name, rank, cut),
-    )
+    cur.execute(f"DELETE FROM points WHERE key IN ({marks}) AND step < ?", (*keys, cut))
     return cut
 
 
 def backfill(cur: sqlite3.Cursor, chunk: int = 50_000) -> None:
     """Build the series and rollups of every run from the rows a store of an older version holds
-    (its upgrade), trimming perf and gpu rows to the raw window; user metrics are all kept."""
-    last = 0
-    while True:
-        got = cur.execute(
-            "SELECT rowid, run_id, cell_seq, kind, step, rank, name, value, time FROM metrics "
-            "WHERE rowid > ? ORDER BY rowid LIMIT ?",
-            (last, chunk),
-        ).fetchall()
-        if not got:
-            return
-        last = int(got[-1][0])
-        by_run: dict[int, list[InsertedRow]] = {}
-        for r in got:
-            by_run.setdefault(int(r["run_id"]), []).append(_stored(r))
-        for run_id, rows in by_run.items():
-            fold(cur, run_id, rows)
+    (its upgrade), then trim perf and gpu rows to the raw window; user metrics are all kept."""
+    keys = cur.execute(
+        "SELECT id, run_id, cell_seq, kind, rank, name FROM metric_keys ORDER BY id"
+    ).fetchall()
+    for kid, run_id, cell, kind, rank, name in keys:
+        cell_seq = None if cell == NO_CELL else cell
+        at: tuple[int, int] = (-(2**63), -(2**63))
+        while True:
+            got = cur.execute(
+                "SELECT step, seq, value, time FROM points WHERE key = ? AND (step, seq) > (?, ?) "
+                "ORDER BY step, seq LIMIT ?",
+                (kid, *at, chunk),
+            ).fetchall()
+            if not got:
+                break
+            at = (int(got[-1][0]), int(got[-1][1]))
+            rows = [
+                (
+                    run_id,
+                    cell_seq,
+                    kind,
+                    int(step),
+                    None if rank == AGGREGATED_RANK else rank,
+                    name,
+                    *_stored(v, t),
+                )
+                for step, _, v, t in got
+            ]
+            fold(cur, run_id, rows, trim=False)
+    # Trimmed once all is folded: a trim during the fold would cut rows not folded yet.
+    for run_id, name, rank, raw_from, world in cur.execute(
+        "SELECT s.run_id, s.name, s.rank, s.raw_from, r.world_size FROM series s LEFT JOIN runs r "
+        f"ON r.id = s.run_id WHERE s.kind IN ({', '.join('?' * len(PRUNED_KINDS))}) ORDER BY s.run_id",
+        PRUNED_KINDS,
+    ).fetchall():
+        cut = _trim(cur, run_id, name, rank, raw_from, raw_rows(world))
+        cur.execute(
+            "UPDATE series SET raw_from = ? WHERE run_id = ? AND name = ? AND rank = ?",
+            (cut, run_id, name, rank),
+        )
 
 
-def _stored(r: sqlite3.Row) -> InsertedRow:
-    value = r["value"]
-    value = value if value == NAN_TEXT or value is None else float(value)
-    stamp = 0.0 if r["time"] is None else float(r["time"])
-    return (
-        int(r["run_id"]),
-        r["cell_seq"],
-        str(r["kind"]),
-        int(r["step"]),
-        r["rank"],
-        str(r["name"]),
-        value,
-        stamp,
-    )
+def _stored(value: object, stamp: object) -> tuple[float | str | None, float]:
+    """A stored value and time as ``fold`` takes them."""
+    value = value if value == NAN_TEXT or value is None else float(cast(float, value))
+    return value, 0.0 if stamp is None else float(cast(float, stamp))

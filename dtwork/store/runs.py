@@ -145,7 +145,9 @@ class RunStore:
         tables: dict[str, list[dict[str, object]]] = {}
         for table in _RUN_TABLES:
             key = "id" if table == "runs" else "run_id"
-            order = "" if table in _KEYED_TABLES else " ORDER BY rowid"
+            order = (
+                "" if table in _KEYED_TABLES else " ORDER BY seq" if table == "metrics" else " ORDER BY rowid"
+            )
             rows = self._db.query(f"SELECT * FROM {table} WHERE {key} = ?{order}", (rid,))
             tables[table] = [
                 {k: v for k, v in r.items() if not (k == "id" and table != "runs")} for r in rows
@@ -155,8 +157,11 @@ class RunStore:
         with into.db.write() as cur:
             if cur.execute("SELECT 1 FROM runs WHERE id = ?", (rid,)).fetchone() is not None:
                 raise DtworkError(f"{into.path} already holds a run {rid}: not copying run {rid} into it")
+            # the view's rows, in its columns: the tuples metric_rows.add inserts
+            copied = [tuple(r[c] for c in metric_rows.COLUMNS) for r in tables["metrics"]]
+            metric_rows.insert(into.db, cur, copied)  # type: ignore[arg-type]
             for table, rows in tables.items():
-                for row in rows:
+                for row in rows if table != "metrics" else ():
                     cols = ", ".join(row)
                     marks = ", ".join("?" * len(row))
                     cur.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(row.values()))

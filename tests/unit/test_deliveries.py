@@ -21,6 +21,7 @@ from dtwork.runtime.core.journal import Journal
 from dtwork.runtime.debug import stacks
 from dtwork.shared.records import Record, batch_key, batch_mark, make_record
 from dtwork.store.runs import RunStore
+from dtwork.store.schema import SCHEMA_VERSION
 from dtwork.store.writer import StoreWriter
 
 
@@ -168,7 +169,7 @@ def test_an_older_store_gets_the_deliveries_table_and_keeps_its_rows(tmp_path: P
     conn.executescript("DROP TABLE deliveries; PRAGMA user_version = 4;")
     conn.close()
     with RunStore(path) as store:
-        assert store.db.connection().execute("PRAGMA user_version").fetchone()[0] == 6
+        assert store.db.connection().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert [r["value"] for r in store.metrics(run, "loss")] == [1.0]
         assert store.series(run)[0]["n"] == 1  # its rollups were not built a second time
         store.mark_delivered(run, 1, [(0, "s", 2)])

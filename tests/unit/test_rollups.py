@@ -249,12 +249,12 @@ def test_a_v3_store_upgrades_in_place_keeping_every_user_metric(tmp_path: Path, 
     ).fetchall()
     conn.close()
     with RunStore(path) as store:
-        assert store.db.connection().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert store.db.connection().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
         user_after = (
             store.db.connection()
             .execute(
                 "SELECT run_id, cell_seq, step, rank, name, value, time, kind FROM metrics "
-                "WHERE kind != 'perf' ORDER BY rowid"
+                "WHERE kind != 'perf' ORDER BY seq"
             )
             .fetchall()
         )

@@ -78,7 +78,7 @@ def test_a_v5_store_opens_and_gets_the_search_tables_with_its_runs_kept(tmp_path
     with pytest.raises(DtworkError, match="older dtwork"):  # read-only: it cannot be upgraded there
         RunStore(path, readonly=True)
     with RunStore(path) as store:
-        assert store.db.connection().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert store.db.connection().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert [r["value"] for r in store.metrics(run, "loss")] == [1.0]
         assert searches.list_searches(store.db) == []
         sid = searches.create(store.db, _new([{"lr": 0.1}]))

@@ -60,9 +60,9 @@ def test_creates_parent_dirs_schema_and_pragmas(store: RunStore, store_path: Pat
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert {"runs", "cells", "metrics", "events", "environment", "results"} <= tables
-        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-        assert "metrics_run_name_rank_step" in indexes
+        assert {"runs", "cells", "metric_keys", "points", "events", "environment", "results"} <= tables
+        views = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'")}
+        assert views == {"metrics"}
     finally:
         conn.close()
     assert store.db.connection().execute("PRAGMA busy_timeout").fetchone()[0] == 5000
