@@ -199,6 +199,11 @@ def _cached(store: RunStore, row: RunRow, what: str, compute: Callable[[], T]) -
     return cast(T, _cache[key])
 
 
+def forget() -> None:
+    """Drop every memoised read: the next poll reads each run afresh (what a run that changed costs)."""
+    _cache.clear()
+
+
 def _run_summary(store: RunStore, row: RunRow, root_dir: str, n_points: int, key: str = "") -> RunSummary:
     """One run as the panel lists it (matches RunSummary in extension/src/types.ts); ``key``: its
     store's (:mod:`dtwork.server.stores`)."""
