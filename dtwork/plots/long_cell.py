@@ -28,12 +28,16 @@ class LongCell:
     of a cell too long to keep every row (:attr:`long`)."""
 
     def __init__(
-        self, global_batch: int | None = None, recent: int = 20, cell_seq: int | None = None
+        self,
+        global_batch: int | None = None,
+        recent: int = 20,
+        cell_seq: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         """``recent``: the step times kept per rank (the header's ETA averages them)."""
         self.global_batch = global_batch
         self.recent = recent
-        self.rollups = MemoryRollups(cell_seq)
+        self.rollups = MemoryRollups(cell_seq, world_size)
         self.version = 0  # bumped by every add that took a row
         self._long = False  # drawn from the rollups (set once: rows only grow)
         self.rates: dict[int, tuple[int, float]] = {}  # rank -> (its highest step, samples/s there)
@@ -80,7 +84,7 @@ class LongCell:
         coarse = r.buckets(LEVELS[-1])
         if not coarse:
             return drawn_series([], self.global_batch)
-        rows = bucket_rows(0, coarse, r.buckets, len(r.counts), r.span)  # series with a finite value
+        rows = bucket_rows(0, coarse, r.buckets, len(r.counts), r.levels)  # series with a finite value
         return drawn_series(rows, self.global_batch)
 
     def size(self) -> int:

@@ -7,8 +7,9 @@ Three things are maintained incrementally, in the transaction that inserts a bat
   card and ``dtwork runs show`` read a few rows however long the run was.
 * ``rollups``: per bucket of ``10 ** level`` steps, per cell, name and rank, the count, sum, min and
   max of the finite values (and the steps where min and max fell, the bucket's time span and last
-  value). A level is kept while the run spans at most ``KEEP_BUCKETS`` of its buckets, the coarsest
-  always, so a figure of any range reads at most a screen's width of buckets with every spike.
+  value). A level is kept while the run spans at most ``keep_buckets(world_size)`` of its buckets
+  (``KEEP_BUCKETS``; fewer past ``RAW_RANKS`` ranks, as the raw window), the coarsest always, so a
+  figure of any range reads at most a screen's width of buckets with every spike.
 * The raw window: ``perf`` and ``gpu`` rows (the ranks' timings and GPU telemetry) are kept at full
   resolution for each series' last ``raw_rows(world_size)`` rows only; older ones live on in the
   rollups. Up to ``RAW_RANKS`` ranks that is ``RAW_ROWS``; past it the run's window in all stays that
@@ -45,6 +46,7 @@ __all__ = [
 
 LEVELS = (1, 2, 3, 4)  # bucket widths 10, 100, 1000 and 10000 steps
 KEEP_BUCKETS = 2000  # a level is kept while the run spans at most this many of its buckets
+MIN_KEEP_BUCKETS = 200  # however many ranks: a run card's sparkline of 200 points reads one level
 RAW_ROWS = 3000  # perf and gpu rows kept at full resolution, per series, up to RAW_RANKS ranks
 RAW_RANKS = 32  # past this many ranks a run's raw window in all is that of RAW_RANKS ranks
 MIN_RAW_ROWS = 300  # the least raw window of a series, however many ranks
@@ -68,9 +70,19 @@ def raw_rows(world_size: int | None) -> int:
     return max(MIN_RAW_ROWS, RAW_ROWS * RAW_RANKS // world_size)
 
 
-def active_levels(span: int) -> list[int]:
-    """The levels kept for a run spanning ``span`` steps (the coarsest always)."""
-    return [lv for lv in LEVELS if lv == LEVELS[-1] or span < width(lv) * KEEP_BUCKETS]
+def keep_buckets(world_size: int | None) -> int:
+    """The buckets a level may span before it is dropped (the rule of ``raw_rows``: a wide run's
+    levels in all span those of ``RAW_RANKS`` ranks; its figures draw at most ``MIN_BUCKETS`` of
+    dtwork.store.views a series, so its ranks' 10-step buckets were most of its store)."""
+    if world_size is None or world_size <= RAW_RANKS:
+        return KEEP_BUCKETS
+    return max(MIN_KEEP_BUCKETS, KEEP_BUCKETS * RAW_RANKS // world_size)
+
+
+def active_levels(span: int, world_size: int | None = None) -> list[int]:
+    """The levels kept for a run of ``world_size`` ranks spanning ``span`` steps (the coarsest always)."""
+    keep = keep_buckets(world_size)
+    return [lv for lv in LEVELS if lv == LEVELS[-1] or span < width(lv) * keep]
 
 
 class Bucket(NamedTuple):
@@ -236,9 +248,11 @@ def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow], *, trim:
         "SELECT MIN(first_step), MAX(last_step) FROM series WHERE run_id = ?", (run_id,)
     ).fetchone()
     span_before = 0 if first is None else int(last) - int(first)
+    found = cur.execute("SELECT world_size FROM runs WHERE id = ?", (run_id,)).fetchone()
+    world = None if found is None else found[0]
     fine: dict[tuple[str, int, int, int], _Agg] = {}  # by the finest buckets first: one update a row
     touched: dict[tuple[str, int], _Series] = {}
-    levels = active_levels(span_before)
+    levels = active_levels(span_before, world)
     for _, cell_seq, kind, step, rank, name, value, stamp in rows:
         key = (name, AGGREGATED_RANK if rank is None else rank)
         s = known.get(key)
@@ -267,8 +281,7 @@ def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow], *, trim:
         if LEVELS[0] in levels:
             buckets[(name, LEVELS[0], cell, rank, b10)] = agg
     cur.executemany(_ROLLUP_UPSERT, [(run_id, *k, *v.row()) for k, v in buckets.items()])
-    found = cur.execute("SELECT world_size FROM runs WHERE id = ?", (run_id,)).fetchone()
-    keep = raw_rows(None if found is None else found[0])
+    keep = raw_rows(world)
     every = min(PRUNE_EVERY, max(1, keep // 4))
     for (name, rank), s in touched.items():
         if trim and s.kind in PRUNED_KINDS and s.n > keep and s.n // every > s.n0 // every:
@@ -297,7 +310,7 @@ def fold(cur: sqlite3.Cursor, run_id: int, rows: Sequence[InsertedRow], *, trim:
     hi = max(
         [s.last_step for s in touched.values() if s.last_step is not None] + ([] if last is None else [last])
     )
-    for lv in set(levels) - set(active_levels(hi - lo)):
+    for lv in set(levels) - set(active_levels(hi - lo, world)):
         cur.execute("DELETE FROM rollups WHERE run_id = ? AND level = ?", (run_id, lv))
 
 
@@ -307,8 +320,9 @@ class MemoryRollups:
     ``KEEP_BUCKETS`` of its buckets), so that a figure drawn from either is the same. Its size grows
     with the levels kept, not with the rows taken (the kernel's live view of a long cell)."""
 
-    def __init__(self, cell_seq: int | None = None) -> None:
+    def __init__(self, cell_seq: int | None = None, world_size: int | None = None) -> None:
         self.cell_seq = cell_seq
+        self.world_size = world_size  # the run's ranks: a wide run keeps its levels shorter
         self.first: int | None = None  # the lowest and highest step taken
         self.last: int | None = None
         self.series: dict[tuple[str, int], str] = {}  # every (name, rank) taken, with its kind
@@ -349,7 +363,7 @@ class MemoryRollups:
 
     def _drop(self) -> None:
         if len(self._kept) > 1:
-            for lv in set(self._kept) - set(active_levels(self.span)):
+            for lv in set(self._kept) - set(active_levels(self.span, self.world_size)):
                 del self._kept[lv]
 
     def buckets(self, level: int) -> list[Bucket]:

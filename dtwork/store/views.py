@@ -96,9 +96,8 @@ def _buckets(
     ]
 
 
-def _level(span: int, run_span: int, most: int) -> int:
-    """The finest level kept for the run whose buckets over ``span`` steps number at most ``most``."""
-    kept = active_levels(run_span)
+def _level(span: int, kept: Sequence[int], most: int) -> int:
+    """The finest level of ``kept`` whose buckets over ``span`` steps number at most ``most``."""
     return next((lv for lv in kept if span // width(lv) + 1 <= most), kept[-1])
 
 
@@ -161,7 +160,7 @@ def points(
         rows = metric_rows.select(db, run_id, name, rank="aggregated" if rank is None else rank)
         return total, [(r["step"], r["value"], r["time"]) for r in rows]
     span = int(cast(int, s["last_step"])) - int(cast(int, s["first_step"]))
-    level = _level(span, _run_span(db, run_id), most)
+    level = _level(span, _kept(db, run_id), most)
     buckets = _merged(_buckets(db, run_id, [name], level, " AND rank = ?", [key]))
     buckets.sort(key=lambda b: b.bucket)
     return total, [(b.last_step, b.total / b.n, b.last_time) for b in buckets]
@@ -186,11 +185,15 @@ def last_step(db: Database, run_id: int, cell: int | None) -> int | None:
     return None if row["s"] is None else int(cast(int, row["s"]))
 
 
-def _run_span(db: Database, run_id: int) -> int:
+def _kept(db: Database, run_id: int) -> list[int]:
+    """The rollup levels the store keeps for the run now (``rollups.active_levels``)."""
     row = db.query(
-        "SELECT MIN(first_step) AS a, MAX(last_step) AS b FROM series WHERE run_id = ?", (run_id,)
+        "SELECT MIN(first_step) AS a, MAX(last_step) AS b, (SELECT world_size FROM runs WHERE id = ?) AS w "
+        "FROM series WHERE run_id = ?",
+        (run_id, run_id),
     )[0]
-    return 0 if row["a"] is None else int(cast(int, row["b"])) - int(cast(int, row["a"]))
+    span = 0 if row["a"] is None else int(cast(int, row["b"])) - int(cast(int, row["a"]))
+    return active_levels(span, cast("int | None", row["w"]))
 
 
 def reads_raw(rows: int, longest: int) -> bool:
@@ -241,7 +244,7 @@ def figure_rows(
         return _buckets(db, run_id, names, level, where, list(params))
 
     drawn = len(series) if cell is None else len({(b.name, b.rank) for b in coarse})  # the cell's own
-    return bucket_rows(run_id, coarse, read, drawn, _run_span(db, run_id), most, last=cell is None)
+    return bucket_rows(run_id, coarse, read, drawn, _kept(db, run_id), most, last=cell is None)
 
 
 def bucket_rows(
@@ -249,7 +252,7 @@ def bucket_rows(
     coarse: Sequence[Bucket],
     read: Callable[[int], list[Bucket]],
     series: int,
-    run_span: int,
+    kept: Sequence[int],
     most: int = FIGURE_BUCKETS,
     *,
     last: bool = False,
@@ -258,15 +261,14 @@ def bucket_rows(
     same for every rank, so means over ranks stay aligned), at most about ``most`` buckets per series.
 
     ``coarse``: the coarsest level's buckets of what is drawn; ``read(level)``: that level's;
-    ``series``: how many series are drawn; ``run_span``: the run's span of steps (the levels it
-    keeps); ``last``: each series' last value closes it, as the raw rows of a whole run would."""
+    ``series``: how many series are drawn; ``kept``: the levels its source keeps; ``last``: each series' last value closes it, as the raw rows of a whole run would."""
     # the steps drawn: from the earliest extreme of the first buckets to the last step (near enough)
     span = max(b.last_step for b in coarse) - min(min(b.lo_step, b.hi_step) for b in coarse)
     most = max(MIN_BUCKETS, min(most, FIGURE_ROWS // (2 * max(1, series))))  # many ranks: fewer each
     # Up to JOIN buckets read per one drawn while their rows fit READ_ROWS; many ranks' series read a
     # level at most ``most`` buckets wide, so what is read stays bounded by series x most.
     join = max(1, min(JOIN, READ_ROWS // (max(1, series) * most)))
-    level = _level(span, run_span, most * join)
+    level = _level(span, kept, most * join)
     k = -(-(span // width(level) + 1) // most)  # neighbours joined: the levels are 10x apart
     w = width(level) * k
     buckets = _merged(read(level), k)

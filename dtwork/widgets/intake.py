@@ -56,7 +56,7 @@ class Intake:
     def __init__(self, ranks: int, global_batch: int | None, max_points: int) -> None:
         self.series = plots.cell_series(global_batch)
         # every row as rollups too: the series are drawn from them once the cell is long
-        self.long = LongCell(global_batch, ETA_WINDOW)
+        self.long = LongCell(global_batch, ETA_WINDOW, world_size=ranks)
         # the long cell's version its series were last drawn from, and when they may be drawn again
         self._built: tuple[int, float] = (0, 0.0)
         self.builds = 0  # how often the long cell's series were drawn again

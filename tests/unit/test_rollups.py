@@ -270,3 +270,42 @@ def test_a_v3_store_upgrades_in_place_keeping_every_user_metric(tmp_path: Path, 
         assert last["loss"] == pytest.approx(2.0 - 399 / 400) and last["global_batch"] == 64.0
         assert store.get_run(1)["last_step"] == 399
         assert store.metric_names(1) == ["b_simple", "global_batch", "loss", "samples_per_s"]
+
+
+def test_a_wide_run_keeps_its_levels_for_fewer_buckets_in_the_store_and_the_live_view(
+    tmp_path: Path, small: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past RAW_RANKS ranks a level is kept for KEEP_BUCKETS x RAW_RANKS / ranks buckets (the store's
+    size at 256 ranks was mostly its ranks' 10-step buckets); the store, its readers and the kernel's
+    live view keep the same levels, so a figure drawn from either is the same."""
+    from dtwork.plots import drawn_series
+    from dtwork.plots.long_cell import LongCell
+
+    monkeypatch.setattr(rollups, "MIN_KEEP_BUCKETS", 5)
+    world = 4 * rollups.RAW_RANKS  # the records come from 3 of its ranks
+    assert rollups.keep_buckets(world) == 7 and rollups.keep_buckets(8) == 30
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        run = store.create_run(world_size=world, backend="nccl")
+        store.add_cell(run, "train()")
+        writer = StoreWriter(lambda: store, store.path, say=lambda _: None)
+        live = LongCell(cell_seq=1, world_size=world)
+        written: list[tuple] = []
+        recs = _records(range(0, 150), ranks=3, seed=5)
+        for i in range(0, len(recs), 41):
+            writer.records(run, 1, recs[i : i + 41])
+            assert writer.flush(force=True)
+        for rec in recs:
+            rank = None if rec["kind"] == "log" else rec["rank"]
+            written += [(n, rank, 1, rec["step"], v, rec["time"]) for n, v in rec["values"].items()]
+            live.add([{**rec, "name": n, "value": v, "rank": rank} for n, v in rec["values"].items()])
+        # 150 steps: 15 buckets of 10 steps, past 7; a run of 8 ranks would keep them (below 30)
+        kept = rollups.active_levels(149, world)
+        assert kept == [2, 3, 4] and rollups.active_levels(149, 8) == list(rollups.LEVELS)
+        for level in rollups.LEVELS:
+            _same(_stored(store, run, level), _expected(written, level) if level in kept else {})
+        assert live.rollups.levels == kept and live.long
+        mine = drawn_series(store.figure_rows(run, cell=1))
+        theirs = live.series()
+        assert {k: [list(t.y) for t in s.traces(None)] for k, s in mine.items()} == {
+            k: [list(t.y) for t in s.traces(None)] for k, s in theirs.items()
+        }

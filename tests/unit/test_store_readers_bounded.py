@@ -92,11 +92,13 @@ def test_a_figure_of_many_ranks_reads_at_most_its_drawn_buckets_a_series() -> No
         return []
 
     coarse = [Bucket("loss", "log", None, 1, 0, 1, 1.0, 1.0, 1.0, 0, 0, 0.0, 1.0, 14_400, 1.0)]
-    views.bucket_rows(1, coarse, read, 2563, 14_400)
+    views.bucket_rows(1, coarse, read, 2563, rollups.active_levels(14_400))
     most = views.MIN_BUCKETS  # 12,000 rows / (2 x 2,563 series) is fewer: the floor
     assert asked and all(14_400 // rollups.width(lv) + 1 <= most for lv in asked), asked
     asked.clear()
-    views.bucket_rows(1, coarse, read, 2, 14_400)  # two series: buckets read 4 for 1 as before
+    views.bucket_rows(
+        1, coarse, read, 2, rollups.active_levels(14_400)
+    )  # two series: buckets read 4 for 1 as before
     assert asked == [1]  # 1,441 buckets of 10 steps read for 500 drawn
 
 
