@@ -166,7 +166,7 @@ class Database:
             if version:
                 print(
                     f"dtwork: upgrading the run store {self.path} from version {version} to {SCHEMA_VERSION} "
-                    "(once: its metric rows are moved, a minute for a store of many millions)",
+                    "(once: its metric rows are moved, minutes for tens of millions)",
                     file=sys.stderr,
                     flush=True,
                 )
