@@ -28,7 +28,7 @@ from benchmarks.turns import rotate
 from benchmarks.util import ROOT, log, silenced
 
 if TYPE_CHECKING:
-    from benchmarks.suite import Plan
+    from benchmarks.plan import Plan
     from dtwork import Cluster
 
 SCRIPT = ROOT / "benchmarks" / "adaptive_train.py"

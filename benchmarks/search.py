@@ -20,7 +20,7 @@ from benchmarks.turns import rotate
 from benchmarks.util import log
 
 if TYPE_CHECKING:
-    from benchmarks.suite import Plan
+    from benchmarks.plan import Plan
 
 # an MLP regression whose width and learning rate the search draws; its length is the searcher's
 CELL = """
