@@ -2,9 +2,11 @@
 
 Records at dtwork's own rates (each rank's perf record every 0.1 s with 5 values, its NVML telemetry
 every second with 5 values, 3 user metrics at 4 steps/s) go through the real ``StoreWriter`` into a
-real store, one simulated second per write, after ``EARLIER`` short runs. After 10 simulated minutes
-and at the end, each reader is timed: the sidebar's run list and run card, the reopened cell's figure,
-``dtwork runs show`` and the report export.
+real store, ``WRITE_EVERY`` simulated seconds per write, after ``EARLIER`` short runs, and into the
+live view's data side (``Intake``: fed every simulated second, read and snapshot at every write, as
+a redraw does), so that the process's CPU and memory are the kernel's for them (no widgets, no
+comm). After 10 simulated minutes and at the end, each reader is timed: the sidebar's run list and
+run card, the reopened cell's figure, ``dtwork runs show`` and the report export.
 """
 
 from __future__ import annotations
@@ -105,16 +107,30 @@ def readers(root: Path, store: Path, run_id: int, seq: int) -> dict[str, float]:
     }
 
 
-def _write(writer: Any, run_id: int, seq: int, seconds: range, ranks: int) -> int:
-    rows = 0
+def _write(writer: Any, view: Any, run_id: int, seq: int, seconds: range, ranks: int) -> tuple[int, float]:
+    """Hand ``seconds`` of records to the writer and the live view as a cell's watcher does; return the
+    rows written and the CPU seconds this process took for them."""
+    rows, cpu = 0, time.process_time()
     for t in seconds:
         recs = _second(t, ranks)
         rows += sum(len(r["values"]) for r in recs)
         writer.records(run_id, seq, recs)
-        if (t + 1) % WRITE_EVERY == 0 and not writer.flush():
-            raise RuntimeError(f"the store refused writes: {writer.problem}")
+        view.feed(recs)
+        if (t + 1) % WRITE_EVERY == 0:
+            if not writer.flush():
+                raise RuntimeError(f"the store refused writes: {writer.problem}")
+            view.read_queued()
+            view.snapshot()  # what a redraw reads (its figures drawn again within their share of a core)
     writer.flush()
-    return rows
+    return rows, time.process_time() - cpu
+
+
+def _view(ranks: int) -> Any:
+    """The live view's data side (what a cell's dashboard reads records into and redraws from)."""
+    from dtwork.widgets.dashboard import MAX_POINTS
+    from dtwork.widgets.intake import Intake
+
+    return Intake(ranks, None, MAX_POINTS)
 
 
 def measure(hours: float, ranks: int, folder: Path) -> dict[str, Any]:
@@ -130,18 +146,21 @@ def measure(hours: float, ranks: int, folder: Path) -> dict[str, Any]:
         writer = StoreWriter(lambda: store, path, say=lambda _: None, rows_every=0)
         for _ in range(EARLIER):
             rid = store.create_run(world_size=ranks, backend="nccl", name="short")
-            _write(writer, rid, store.add_cell(rid, "train()"), range(EARLIER_SECONDS), ranks)
+            _write(writer, _view(ranks), rid, store.add_cell(rid, "train()"), range(EARLIER_SECONDS), ranks)
             store.set_run_status(rid, "completed", ended=True)
         run_id = store.create_run(world_size=ranks, backend="nccl", name="day")
         seq = store.add_cell(run_id, "train()")
+        view = _view(ranks)
         rss0, t0 = _rss_mib(), time.perf_counter()
-        rows = _write(writer, run_id, seq, range(FIRST_CHECK), ranks)
+        rows, cpu = _write(writer, view, run_id, seq, range(FIRST_CHECK), ranks)
         write_s = time.perf_counter() - t0
         at_10 = readers(folder, path, run_id, seq) | {"store_mib": _mib(path)}
         t1 = time.perf_counter()
-        rows += _write(writer, run_id, seq, range(FIRST_CHECK, end), ranks)
+        more, more_cpu = _write(writer, view, run_id, seq, range(FIRST_CHECK, end), ranks)
+        rows, cpu = rows + more, cpu + more_cpu
         write_s += time.perf_counter() - t1
         rss = _rss_mib() - rss0
+        held = view.long.size()
     at_end = readers(folder, path, run_id, seq) | {"store_mib": _mib(path)}
     return {
         "hours": hours,
@@ -149,7 +168,9 @@ def measure(hours: float, ranks: int, folder: Path) -> dict[str, Any]:
         "rows_written": rows,
         "write_rows_per_s": rows / write_s,
         "simulated_s_per_wall_s": end / write_s,
-        "writer_rss_growth_mib": rss,
+        "kernel_rss_growth_mib": rss,
+        "kernel_cpu_share": cpu / end,  # of one core, at the run's real rate
+        "live_view_held": held,
         "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "after_10_min": at_10,
         "at_end": at_end,

@@ -215,10 +215,12 @@ def long_run_table(r: dict[str, Any]) -> str:
             )
         ok = "yes" if b["store_mib"] <= 100 else "no"
         rows.append([run, "store (MiB)", fmt(a["store_mib"], 1), fmt(b["store_mib"], 1), "", "<= 100", ok])
-        grew = x["writer_rss_growth_mib"]
+        grew = x.get("kernel_rss_growth_mib", x.get("writer_rss_growth_mib"))
         rows.append(
-            [run, "writer RSS growth (MiB)", "", fmt(grew, 1), "", "<= 200", "yes" if grew <= 200 else "no"]
+            [run, "kernel RSS growth (MiB)", "", fmt(grew, 1), "", "<= 200", "yes" if grew <= 200 else "no"]
         )
+        if "kernel_cpu_share" in x:
+            rows.append([run, "kernel CPU (share of a core)", "", fmt(x["kernel_cpu_share"], 3), "", "", ""])
         rows.append([run, "write (rows/s)", "", fmt(x["write_rows_per_s"], 0), "", "", ""])
     return table("run | reader | after 10 min (s) | at the end (s) | end / 10 min | target | met", rows)
 

@@ -1,5 +1,5 @@
 """The long-run phase (opt-in, so the smoke run never drives it) still writes through the real writer
-and times every reader, at its smallest: 1 rank, just past its 10-minute reading."""
+and the live view's data side, and times every reader, at its smallest: 1 rank, just past its 10-minute reading."""
 
 from __future__ import annotations
 
@@ -22,3 +22,5 @@ def test_the_long_run_phase_writes_its_rows_and_times_every_reader(tmp_path: Pat
             "store_mib",
         }
         assert all(v > 0 for v in r[when].values())
+    # the live view took every record too, and the process's CPU for both is reported
+    assert r["live_view_held"] > 0 and 0 < r["kernel_cpu_share"] < 1
