@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 # The metrics table and index of version 6, in place of the view and tables of version 7.
-_TO_V6 = """
+TO_V6 = """
 DROP VIEW metrics;
 DROP TABLE points;
 DROP TABLE metric_keys;
@@ -39,7 +39,7 @@ def measure(rows: int, path: Path) -> dict[str, float]:
     with RunStore(path) as store:
         store.create_run(world_size=8, backend="nccl")
     conn = sqlite3.connect(path)
-    conn.executescript(_TO_V6)
+    conn.executescript(TO_V6)
     conn.execute(_ROWS, (rows,))
     conn.commit()
     conn.close()

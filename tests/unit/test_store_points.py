@@ -9,22 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.store_upgrade import TO_V6
 from dtwork.store import metrics as metric_rows
 from dtwork.store.runs import RunStore
 from dtwork.store.schema import SCHEMA_VERSION
-
-# The run store's metrics table and index as dtwork wrote them at version 6 (the other tables come
-# from a real store, made and then turned back into this shape).
-V6_METRICS = """
-DROP VIEW metrics;
-DROP TABLE points;
-DROP TABLE metric_keys;
-DROP TABLE counters;
-CREATE TABLE metrics (run_id INTEGER NOT NULL, cell_seq INTEGER, step INT NOT NULL, rank INT,
-    name TEXT NOT NULL, value REAL, time REAL, kind TEXT NOT NULL DEFAULT 'log');
-CREATE INDEX metrics_run_name_rank_step ON metrics (run_id, name, rank, step);
-PRAGMA user_version = 6;
-"""
 
 COLS = "run_id, cell_seq, step, rank, name, value, time, kind"
 
@@ -36,7 +24,7 @@ def _v6_store(path: Path) -> list[tuple[object, ...]]:
         store.create_run(world_size=2, backend="gloo")
         store.create_run(world_size=2, backend="gloo")
     conn = sqlite3.connect(path)
-    conn.executescript(V6_METRICS)
+    conn.executescript(TO_V6)
     rows: list[tuple[object, ...]] = []
     for step in range(300):
         for run in (1, 2):
